@@ -1,0 +1,348 @@
+"""Validated configs: a Scenario (one simulated run) and a Study (a sweep of scenarios).
+
+Validation only: nothing here writes files. Every error becomes one line naming the file, the
+field and what is allowed (:func:`load_study` raises :class:`ConfigError`).
+
+YAML shape of a study::
+
+    name: load
+    base:                      # a Scenario
+      hardware: {profile: gfx1151-llama31-8b-q4km-vulkan}
+      acceptance: {profile: dspark-qwen3, domain_mix: {chat: 1.0}}
+      workload: {trace: ../data/traces/azure2023_conv.csv, mode: closed_loop, concurrency: 8,
+                 num_requests: 300}
+      engine: {max_batch_tokens: 512, prefill_chunk_tokens: 256}
+      policy: {name: dspark, gamma: 7}
+    sweep: {workload.concurrency: [1, 2, 4, 8]}   # cartesian product of dotted paths
+    policies: [{name: no_spec}, {name: dspark}]  # optional: overrides base.policy
+    seeds: [0, 1]
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from .errors import CalibrationError, ConfigError
+
+__all__ = [
+    "HardwareConfig",
+    "AcceptanceConfig",
+    "WorkloadConfig",
+    "EngineConfig",
+    "PolicySpec",
+    "Scenario",
+    "Study",
+    "load_study",
+    "load_scenario",
+    "format_validation_error",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HardwareConfig(_Strict):
+    profile: str = Field("gfx1151-llama31-8b-q4km-vulkan", description="shipped profile name or YAML path")
+
+    @field_validator("profile")
+    @classmethod
+    def _exists(cls, v: str, info: ValidationInfo) -> str:
+        from .hardware import load_profile
+
+        v = _resolve_path(v, info) if v.endswith((".yaml", ".yml")) else v
+        try:
+            load_profile(v)
+        except CalibrationError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
+class AcceptanceConfig(_Strict):
+    profile: str | None = Field("dspark-qwen3", description="acceptance profile (fitted to DSpark Table 1)")
+    alpha: float | None = Field(None, gt=0.0, lt=1.0, description="fixed i.i.d. per-position acceptance")
+    domain_mix: dict[str, float] = Field(default_factory=lambda: {"chat": 1.0},
+                                         description="probability of each domain")
+
+    @model_validator(mode="after")
+    def _check(self) -> "AcceptanceConfig":
+        from .acceptance import load_acceptance
+
+        if self.alpha is not None:
+            return self
+        try:
+            model = load_acceptance(self.profile)
+        except CalibrationError as e:
+            raise ValueError(str(e)) from None
+        unknown = sorted(set(self.domain_mix) - set(model.domains))
+        if unknown:
+            raise ValueError(f"domain_mix: unknown domain(s) {unknown}; allowed: {', '.join(model.domains)}")
+        if any(w < 0 for w in self.domain_mix.values()) or sum(self.domain_mix.values()) <= 0:
+            raise ValueError("domain_mix: weights must be >= 0 with a positive sum")
+        return self
+
+
+class WorkloadConfig(_Strict):
+    trace: str = Field(..., description="trace CSV path, relative to the YAML file")
+    mode: Literal["trace", "poisson", "closed_loop"] = "closed_loop"
+    num_requests: PositiveInt = 300
+    rate_scale: PositiveFloat = Field(1.0, description="trace mode: arrival-rate multiplier")
+    rate_per_s: PositiveFloat | None = Field(None, description="poisson mode: requests per second")
+    concurrency: PositiveInt | None = Field(None, description="closed_loop mode: concurrent users")
+    think_time_s: float = Field(0.0, ge=0.0)
+    start_offset_s: float = Field(0.0, ge=0.0)
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_exists(cls, v: str, info: ValidationInfo) -> str:
+        p = _resolve_path(v, info)
+        if not Path(p).is_file():
+            raise ValueError(f"trace file not found: {p}")
+        return p
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> "WorkloadConfig":
+        if self.mode == "poisson" and self.rate_per_s is None:
+            raise ValueError("mode poisson needs rate_per_s (> 0)")
+        if self.mode == "closed_loop" and self.concurrency is None:
+            raise ValueError("mode closed_loop needs concurrency (>= 1)")
+        return self
+
+
+class EngineConfig(_Strict):
+    max_batch_tokens: PositiveInt = Field(512, description="token budget of one forward pass (B cap)")
+    prefill_chunk_tokens: PositiveInt = Field(256, description="prefill tokens per pass at most (chunked prefill)")
+    max_num_seqs: PositiveInt = Field(256, description="running requests at most")
+    kv_watermark_frac: float = Field(0.01, ge=0.0, lt=1.0, description="KV blocks kept free at admission")
+    prefill: Literal["colocated", "disaggregated"] = Field(
+        "colocated",
+        description="colocated: chunked prefill shares this GPU's passes; disaggregated: a separate "
+        "prefill GPU of the same profile computes prompts (the DSpark paper's production setting)",
+    )
+    prefill_gpus: PositiveInt = Field(1, description="disaggregated: prefill GPUs feeding this decode GPU")
+
+
+class PolicySpec(BaseModel):
+    """``{name: <policy>, **params}``; params are validated by the policy's own model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str
+
+    @model_validator(mode="after")
+    def _params(self) -> "PolicySpec":
+        from .policies import policy_class
+
+        try:
+            cls = policy_class(self.name)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        try:
+            cls.Params(**self.params)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(x) for x in err["loc"])
+            allowed = ", ".join(cls.Params.model_fields) or "no parameters"
+            if err["type"] == "extra_forbidden":
+                raise ValueError(f"{field}: unknown parameter of policy {self.name!r}; allowed: {allowed}") from None
+            raise ValueError(f"{field}: {err['msg']} (got {err.get('input')!r})") from None
+        return self
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def label(self) -> str:
+        from .policies import make_policy
+
+        return make_policy(self.name, self.params).describe()
+
+
+class Scenario(_Strict):
+    """One simulated run (without its seed)."""
+
+    hardware: HardwareConfig = Field(default_factory=HardwareConfig)
+    acceptance: AcceptanceConfig = Field(default_factory=AcceptanceConfig)
+    workload: WorkloadConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    policy: PolicySpec = Field(default_factory=lambda: PolicySpec(name="dspark"))
+
+    @model_validator(mode="after")
+    def _fits_profile(self) -> "Scenario":
+        from .hardware import load_profile
+
+        prof = load_profile(self.hardware.profile)
+        if self.engine.max_batch_tokens > prof.sps.max_batch_tokens and prof.sps.beyond_max == "error":
+            raise ValueError(
+                f"engine.max_batch_tokens: {self.engine.max_batch_tokens} exceeds the largest measured B "
+                f"({prof.sps.max_batch_tokens}) of profile {prof.name}; allowed: <= {prof.sps.max_batch_tokens}"
+            )
+        if self.engine.prefill_chunk_tokens >= self.engine.max_batch_tokens:
+            raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
+        return self
+
+
+class Study(_Strict):
+    """A sweep of scenarios: base x sweep (cartesian) x policies x seeds."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    base: Scenario
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    policies: list[PolicySpec] | None = None
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_lists(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for k, vals in v.items():
+            if not vals:
+                raise ValueError(f"{k}: sweep values must be a non-empty list")
+        return v
+
+    def expand(self, *, source: str = "<study>") -> list[tuple[dict[str, Any], Scenario, int]]:
+        """All runs: (labels, scenario, seed), in a stable order.
+
+        Raises:
+            ConfigError: a sweep value makes an invalid scenario (message names the sweep key).
+        """
+        base = self.base.model_dump(mode="python")
+        base["policy"] = self._policy_dict(self.base.policy)
+        keys = list(self.sweep)
+        policies = self.policies or [self.base.policy]
+        out = []
+        for values in itertools.product(*(self.sweep[k] for k in keys)):
+            for pol in policies:
+                doc = copy.deepcopy(base)
+                for k, v in zip(keys, values):
+                    _set_dotted(doc, k, v, source)
+                doc["policy"] = self._policy_dict(pol)
+                try:
+                    scen = Scenario.model_validate(doc)
+                except ValidationError as e:
+                    where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, values))
+                    raise ConfigError(format_validation_error(e, f"{source} (sweep {where})")) from None
+                labels = dict(zip(keys, values))
+                labels["policy"] = pol.label()
+                for seed in self.seeds:
+                    out.append((labels, scen, int(seed)))
+        return out
+
+    @staticmethod
+    def _policy_dict(p: PolicySpec) -> dict[str, Any]:
+        return {"name": p.name, **p.params}
+
+
+def _set_dotted(doc: dict[str, Any], key: str, value: Any, source: str) -> None:
+    parts = key.split(".")
+    node = doc
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            raise ConfigError(f"{source}: sweep.{key}: {p!r} is not a section of the scenario")
+        node = node[p]
+    if parts[-1] not in node and parts[0] != "policy":
+        raise ConfigError(f"{source}: sweep.{key}: unknown field; allowed in {'.'.join(parts[:-1]) or 'scenario'}: "
+                          f"{', '.join(sorted(node))}")
+    node[parts[-1]] = value
+
+
+def _resolve_path(v: str, info: ValidationInfo) -> str:
+    base_dir = (info.context or {}).get("base_dir") if info is not None else None
+    p = Path(v).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = Path(base_dir) / p
+    return str(p.resolve()) if p.exists() else str(p)
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    cur: Any = model
+    for part in loc:
+        if isinstance(part, int) or cur is None:
+            continue
+        field = getattr(cur, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        cur = next((a for a in (getattr(ann, "__args__", None) or (ann,))
+                    if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if cur is None and part == loc[-1]:
+            return None
+    return sorted(getattr(cur, "model_fields", {})) if cur is not None else None
+
+
+def format_validation_error(e: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
+    """One line: ``<source>: <field>: <what is wrong> (got <value>)``, plus a count of other errors."""
+    errs = e.errors()
+    err = errs[0]
+    loc = tuple(err["loc"])
+    field = ".".join(str(x) for x in loc) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(model, loc[:-1]) if model is not None else None
+        msg = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        line = f"{source}: {field}: {msg}"
+    elif err["type"] == "missing":
+        line = f"{source}: {field}: required field is missing"
+    elif err["type"] == "value_error" or "input" not in err:
+        line = f"{source}: {field}: {msg}"
+    else:
+        got = err["input"]
+        got_s = repr(got) if not isinstance(got, dict) else "a mapping"
+        line = f"{source}: {field}: {msg} (got {got_s})"
+    if len(errs) > 1:
+        line += f" [+{len(errs) - 1} more error(s)]"
+    return line
+
+
+def _read_yaml(path: str | Path) -> tuple[Path, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level (name, base, sweep, policies, seeds)")
+    return p, doc
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study YAML; relative paths resolve against the YAML's folder.
+
+    Raises:
+        ConfigError: unreadable file, unknown key, wrong type, bad value, missing file.
+    """
+    p, doc = _read_yaml(path)
+    try:
+        study = Study.model_validate(doc, context={"base_dir": str(p.parent)})
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, str(path), Study)) from None
+    study.expand(source=str(path))  # surface sweep errors now, before anything runs
+    return study
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a single-scenario YAML (the ``base`` section shape)."""
+    p, doc = _read_yaml(path)
+    try:
+        return Scenario.model_validate(doc, context={"base_dir": str(p.parent)})
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, str(path), Scenario)) from None

@@ -1,0 +1,464 @@
+"""The serving engine: one GPU, continuous batching, paged KV memory, speculative rounds.
+
+SimPy drives time: an arrival process (open loop) or one process per user (closed loop) submits
+requests, and one engine process runs rounds. Per-request state lives in numpy arrays indexed by
+request id; each round is vectorised over the decoding requests.
+
+One round (DESIGN.md section 1), at time t:
+
+1. **Admit** waiting requests first-come-first-served while ``max_num_seqs`` and the KV cache
+   allow: a request is admitted when blocks for its whole prefill (prompt, plus the tokens already
+   generated if it was preempted) fit with ``kv_watermark_frac`` of the cache kept free. Those
+   blocks are allocated at admission.
+2. **Guarantee anchors**: every decoding request needs room for one more token (its anchor); if
+   the cache cannot hold them, the most recently admitted request is preempted (its blocks freed,
+   recomputed later from scratch: vLLM's recompute preemption) until it can.
+3. **Place prefill** (chunked, Sarathi-style): up to ``prefill_chunk_tokens`` prompt tokens of
+   admitted requests, first-admitted first, in the budget left after one anchor per decoding
+   request. Prefill tokens share the verify pass and count toward its B.
+4. **Draft**: every decoding request drafts ``policy.draft_len`` tokens; the drafter's time
+   ``T_draft(R, gamma)`` comes from the profile. Acceptance probabilities of the drafted
+   positions are drawn now; the (calibrated) confidence head reports them to the policy.
+5. **Schedule**: the policy picks verify lengths; speculative tokens that would overflow the KV
+   cache are trimmed (drafts are optional, anchors are not).
+6. **Verify**: one forward pass of ``B = R + sum(lengths) + prefill tokens`` taking
+   ``1 / SPS(B)``.
+7. **Accept**: request r keeps its leading accepted drafts plus one bonus token (capped at its
+   remaining output); rejected drafts' KV is dropped. A request whose prefill completes emits its
+   first token at the end of the pass.
+
+Invariants checked every round (a violation raises ``AssertionError`` at once): KV blocks in use
+never exceed capacity; tokens emitted never exceed a request's output.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from .acceptance import AcceptanceModel
+from .hardware import HardwareProfile
+from .policies.base import Policy, RoundView
+from .workload import Workload
+
+__all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
+
+# request status codes
+PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
+REJECT_REASONS = ("exceeds_max_model_len", "exceeds_kv_capacity")
+
+ROUND_FIELDS = (
+    "start_s", "duration_s", "draft_s", "verify_s", "num_decode", "num_prefill", "prefill_tokens",
+    "batch_tokens", "gamma", "verify_tokens", "accepted_tokens", "emitted_tokens", "num_waiting",
+    "num_running", "kv_blocks_peak", "kv_blocks_after", "theta", "theta_global", "num_preempted",
+    "num_trimmed",
+)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine knobs (see :class:`memtp_sim.config.EngineConfig`)."""
+
+    max_batch_tokens: int = 512
+    prefill_chunk_tokens: int = 256
+    max_num_seqs: int = 256
+    kv_watermark_frac: float = 0.01
+    prefill: str = "colocated"
+    prefill_gpus: int = 1
+
+
+class _RoundLog:
+    """Growable columnar store for per-round records."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.n = 0
+        self.cols = {f: np.empty(capacity) for f in ROUND_FIELDS}
+
+    def append(self, **row: float) -> None:
+        if self.n == next(iter(self.cols.values())).size:
+            for k, v in self.cols.items():
+                self.cols[k] = np.concatenate([v, np.empty_like(v)])
+        i = self.n
+        for k, v in row.items():
+            self.cols[k][i] = v
+        self.n += 1
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: v[: self.n].copy() for k, v in self.cols.items()}
+
+
+@dataclass
+class EngineState:
+    """Raw per-request arrays and counters after a run (input to :mod:`memtp_sim.metrics`).
+
+    All ``*_at_s`` arrays have shape (n,) and are NaN where the event never happened.
+    """
+
+    arrival_at_s: np.ndarray
+    admitted_at_s: np.ndarray
+    first_token_at_s: np.ndarray
+    finished_at_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    generated_tokens: np.ndarray
+    domain: np.ndarray
+    difficulty: np.ndarray
+    status: np.ndarray
+    reject_reason: np.ndarray  # object array of str ("" when not rejected)
+    num_preemptions: np.ndarray
+    num_rounds: np.ndarray  # decode rounds each request took part in
+    draft_tokens_verified: np.ndarray
+    draft_tokens_accepted: np.ndarray
+    rounds: dict[str, np.ndarray]
+    kv_capacity_blocks: int
+    end_s: float
+    last_arrival_s: float
+
+
+class Engine:
+    """One simulated GPU running ``policy`` on ``workload`` (see module docstring).
+
+    Args:
+        profile: hardware profile (SPS table, drafter cost, memory).
+        acceptance: acceptance model of the drafter on this target.
+        workload: requests (arrays).
+        policy: verification-length policy.
+        settings: engine knobs.
+        rng: the run's random generator (the only source of randomness).
+        progress: optional callback ``progress(num_done, num_total)`` called every ~2% of requests.
+    """
+
+    def __init__(self, profile: HardwareProfile, acceptance: AcceptanceModel, workload: Workload,
+                 policy: Policy, settings: EngineSettings, rng: np.random.Generator,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.profile = profile
+        self.acc = acceptance
+        self.wl = workload
+        self.policy = policy
+        self.cfg = settings
+        self.rng = rng
+        self.progress = progress
+        self.env = simpy.Environment()
+
+        n = workload.num_requests
+        self.n = n
+        self.prompt = workload.prompt_tokens.astype(np.int64)
+        self.output = workload.output_tokens.astype(np.int64)
+        self.domain = workload.domain.astype(np.int64)
+        self.difficulty = acceptance.sample_difficulty(rng, n)
+        nan = np.full(n, np.nan)
+        self.arrival_at = workload.arrival_s.astype(np.float64).copy() if not workload.closed_loop else nan.copy()
+        self.admitted_at = nan.copy()
+        self.first_token_at = nan.copy()
+        self.finished_at = nan.copy()
+        self.status = np.zeros(n, dtype=np.int8)
+        self.reject_reason = np.full(n, "", dtype=object)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.prefill_target = np.zeros(n, dtype=np.int64)  # tokens to (re)compute before decoding
+        self.prefilled = np.zeros(n, dtype=np.int64)
+        self.kv_tokens = np.zeros(n, dtype=np.int64)  # tokens whose KV is stored
+        self.kv_blocks = np.zeros(n, dtype=np.int64)  # blocks held
+        self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.num_rounds = np.zeros(n, dtype=np.int64)
+        self.verified = np.zeros(n, dtype=np.int64)
+        self.kv_transferred = np.zeros(n, dtype=bool)
+        self.accepted = np.zeros(n, dtype=np.int64)
+
+        mem = profile.memory
+        self.block = mem.kv_block_tokens
+        self.capacity = mem.kv_capacity_blocks(speculative=policy.draft_len > 0)
+        self.watermark = int(np.ceil(settings.kv_watermark_frac * self.capacity))
+        self.blocks_used = 0
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []  # admission order
+        self.num_done = 0
+        self.last_arrival = 0.0
+        self.log = _RoundLog()
+        self._wake: simpy.Event | None = None
+        self._done_events: dict[int, simpy.Event] = {}
+        self._next_request = 0
+        self._progress_step = max(1, n // 50)
+        self._prefill_gpu = simpy.Resource(self.env, capacity=settings.prefill_gpus)
+
+    # ----------------------------------------------------------------- arrivals
+    def _submit(self, i: int) -> None:
+        now = self.env.now
+        self.arrival_at[i] = now
+        self.last_arrival = now
+        if self.prompt[i] + self.output[i] > self.profile.memory.max_model_len:
+            self._reject(i, "exceeds_max_model_len")
+            return
+        if self._blocks_for(self.prompt[i] + self.output[i]) > self.capacity:
+            self._reject(i, "exceeds_kv_capacity")
+            return
+        if self.cfg.prefill == "disaggregated":
+            self.env.process(self._remote_prefill(i))
+            return
+        self._enqueue(i)
+
+    def _enqueue(self, i: int) -> None:
+        self.status[i] = WAITING
+        self.waiting.append(i)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _remote_prefill(self, i: int):
+        # Disaggregated serving (the DSpark paper's production setting, section 5.4): prefill_gpus
+        # separate GPUs with the same profile compute prompts FIFO, one prompt each at a time, in passes of up to
+        # max_batch_tokens tokens, and emits the first token; its KV then moves to this decode GPU
+        # (transfer time not modelled).
+        with self._prefill_gpu.request() as slot:
+            yield slot
+            yield self.env.timeout(self._prefill_time_s(int(self.prompt[i])))
+        self.first_token_at[i] = self.env.now
+        self.generated[i] = 1
+        self.kv_transferred[i] = True
+        if self.generated[i] >= self.output[i]:
+            self.finished_at[i] = self.env.now
+            self.status[i] = FINISHED
+            self._complete(i)
+            return
+        self._enqueue(i)
+
+    def _prefill_time_s(self, prompt: int) -> float:
+        m = self.cfg.max_batch_tokens
+        full, rest = divmod(prompt, m)
+        t = full * float(self.profile.sps.pass_time_s(m))
+        return t + (float(self.profile.sps.pass_time_s(rest)) if rest else 0.0)
+
+    def _reject(self, i: int, reason: str) -> None:
+        self.status[i] = REJECTED
+        self.reject_reason[i] = reason
+        self._complete(i)
+
+    def _open_loop(self):
+        env = self.env
+        for i in np.argsort(self.arrival_at, kind="stable"):
+            delay = self.arrival_at[i] - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            self._submit(int(i))
+
+    def _user(self):
+        env = self.env
+        while self._next_request < self.n:
+            i = self._next_request
+            self._next_request += 1
+            done = env.event()
+            self._done_events[i] = done
+            self._submit(i)
+            yield done
+            if self.wl.think_time_s > 0:
+                yield env.timeout(self.wl.think_time_s)
+
+    def _complete(self, i: int) -> None:
+        self.num_done += 1
+        ev = self._done_events.pop(i, None)
+        if ev is not None:
+            ev.succeed()
+        if self.progress is not None and (self.num_done % self._progress_step == 0 or self.num_done == self.n):
+            self.progress(self.num_done, self.n)
+
+    # ----------------------------------------------------------------- memory
+    def _blocks_for(self, tokens):
+        return -(-tokens // self.block)
+
+    def _preempt(self, i: int) -> None:
+        # Recompute preemption: drop all KV; re-prefill prompt + generated tokens later.
+        self.blocks_used -= int(self.kv_blocks[i])
+        self.kv_blocks[i] = 0
+        self.kv_tokens[i] = 0
+        self.prefilled[i] = 0
+        self.num_preemptions[i] += 1
+        self.kv_transferred[i] = False
+        self.status[i] = WAITING
+        self.running.remove(i)
+        self.waiting.appendleft(i)
+
+    def _admit(self) -> None:
+        cfg = self.cfg
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            i = self.waiting[0]
+            # KV transferred from a prefill GPU covers the prompt (the first token is the anchor);
+            # otherwise prompt + generated tokens are (re)computed here, emitting one token.
+            transferred = bool(self.kv_transferred[i])
+            target = int(self.prompt[i]) if transferred else int(self.prompt[i] + self.generated[i])
+            need = int(self._blocks_for(target))
+            if self.blocks_used + need + self.watermark > self.capacity and self.running:
+                break
+            if self.blocks_used + need > self.capacity:
+                break  # cannot happen for an empty engine: oversize requests were rejected
+            self.waiting.popleft()
+            self.status[i] = RUNNING
+            if np.isnan(self.admitted_at[i]):
+                self.admitted_at[i] = self.env.now
+            self.prefill_target[i] = target
+            self.prefilled[i] = self.kv_tokens[i] = target if transferred else 0
+            self.kv_blocks[i] = need
+            self.blocks_used += need
+            self.running.append(i)
+
+    # ----------------------------------------------------------------- rounds
+    def _engine(self):
+        env = self.env
+        cfg = self.cfg
+        sps = self.profile.sps
+        drafter = self.profile.drafter
+        gamma = int(self.policy.draft_len)
+        block = self.block
+        round_index = 0
+        while self.num_done < self.n:
+            self._admit()
+            if not self.running:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+
+            run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+            decoding_mask = self.prefilled[run] >= self.prefill_target[run]
+            # 2. anchors must fit: preempt the newest admissions until they do
+            num_preempted = 0
+            while True:
+                dec = run[decoding_mask]
+                anchor_blocks = self._blocks_for(self.kv_tokens[dec] + 1)
+                need = self.blocks_used - int(self.kv_blocks[dec].sum()) + int(anchor_blocks.sum())
+                if need <= self.capacity or run.size <= 1:
+                    break
+                victim = int(run[-1])
+                self._preempt(victim)
+                num_preempted += 1
+                run, decoding_mask = run[:-1], decoding_mask[:-1]
+            dec = run[decoding_mask]
+            pre = run[~decoding_mask]
+            num_dec = dec.size
+
+            # 3. chunked prefill, first-admitted first
+            budget = cfg.max_batch_tokens - num_dec
+            chunk_total = 0
+            chunks = np.zeros(pre.size, dtype=np.int64)
+            if pre.size and budget > 0:
+                left = self.prefill_target[pre] - self.prefilled[pre]
+                cum = np.cumsum(left)
+                limit = min(cfg.prefill_chunk_tokens, budget)
+                chunks = np.clip(limit - (cum - left), 0, left)
+                chunk_total = int(chunks.sum())
+
+            # 4. draft + 5. schedule
+            draft_s = 0.0
+            lengths = np.zeros(num_dec, dtype=np.int64)
+            theta = theta_g = np.nan
+            probs = None
+            if num_dec and gamma > 0:
+                draft_s = drafter.round_time_s(num_dec, gamma)
+                probs = self.acc.round_probs(self.rng, self.domain[dec], self.difficulty[dec], gamma)
+                view = RoundView(confidences=probs, sps=sps, prefill_tokens=chunk_total,
+                                 max_batch_tokens=cfg.max_batch_tokens, draft_overhead_s=draft_s,
+                                 round_index=round_index)
+                plan = self.policy.plan(view)
+                lengths = np.asarray(plan.lengths, dtype=np.int64)
+                theta, theta_g = plan.theta, plan.theta_global
+                if lengths.shape != (num_dec,) or lengths.min() < 0 or lengths.max() > gamma:
+                    raise AssertionError(f"policy {self.policy.name} returned invalid lengths {lengths}")
+            # trim drafts that would overflow the KV cache (longest first)
+            num_trimmed = 0
+            peak_dec_blocks = self._blocks_for(self.kv_tokens[dec] + 1 + lengths)
+            others = self.blocks_used - int(self.kv_blocks[dec].sum())
+            while others + int(peak_dec_blocks.sum()) > self.capacity and lengths.sum() > 0:
+                j = int(np.argmax(lengths))
+                lengths[j] -= 1
+                num_trimmed += 1
+                peak_dec_blocks[j] = self._blocks_for(self.kv_tokens[dec[j]] + 1 + lengths[j])
+            kv_peak = others + int(peak_dec_blocks.sum())
+            assert kv_peak <= self.capacity, "KV cache over capacity"
+
+            batch_tokens = num_dec + int(lengths.sum()) + chunk_total
+            assert batch_tokens <= cfg.max_batch_tokens
+            verify_s = float(sps.pass_time_s(batch_tokens))
+            duration = draft_s + verify_s
+            start = env.now
+            num_waiting = len(self.waiting)
+            num_running = len(self.running)
+            yield env.timeout(duration)
+            now = env.now
+
+            # 7. accept
+            accepted_total = emitted_total = 0
+            finished: list[int] = []
+            if num_dec:
+                if probs is not None:
+                    u = self.rng.random(probs.shape)
+                    ok = np.cumprod(u < probs, axis=1)
+                    ok &= np.arange(gamma)[None, :] < lengths[:, None]
+                    acc = ok.sum(axis=1)
+                else:
+                    acc = np.zeros(num_dec, dtype=np.int64)
+                remaining = self.output[dec] - self.generated[dec]
+                emit = np.minimum(acc + 1, remaining)
+                self.generated[dec] += emit
+                self.kv_tokens[dec] += emit  # anchor + accepted drafts stored; rejected dropped
+                self.kv_blocks[dec] = self._blocks_for(self.kv_tokens[dec])
+                self.num_rounds[dec] += 1
+                self.verified[dec] += lengths
+                self.accepted[dec] += acc
+                accepted_total = int(acc.sum())
+                emitted_total = int(emit.sum())
+                finished.extend(dec[self.generated[dec] >= self.output[dec]].tolist())
+            if pre.size and chunk_total:
+                self.prefilled[pre] += chunks
+                self.kv_tokens[pre] += chunks
+                done_pre = pre[self.prefilled[pre] >= self.prefill_target[pre]]
+                if done_pre.size:
+                    self.generated[done_pre] += 1  # the prefill pass's last logits give a token
+                    emitted_total += int(done_pre.size)
+                    first = done_pre[np.isnan(self.first_token_at[done_pre])]
+                    self.first_token_at[first] = now
+                    finished.extend(done_pre[self.generated[done_pre] >= self.output[done_pre]].tolist())
+            self.blocks_used = int(self.kv_blocks[np.fromiter(self.running, dtype=np.int64)].sum()) if self.running else 0
+            for i in finished:
+                self.finished_at[i] = now
+                self.status[i] = FINISHED
+                self.blocks_used -= int(self.kv_blocks[i])
+                self.kv_blocks[i] = 0
+                self.running.remove(i)
+                self._complete(i)
+            assert self.blocks_used <= self.capacity
+
+            self.log.append(
+                start_s=start, duration_s=duration, draft_s=draft_s, verify_s=verify_s,
+                num_decode=num_dec, num_prefill=int((chunks > 0).sum()), prefill_tokens=chunk_total,
+                batch_tokens=batch_tokens, gamma=gamma if num_dec else 0,
+                verify_tokens=int(lengths.sum()), accepted_tokens=accepted_total,
+                emitted_tokens=emitted_total, num_waiting=num_waiting, num_running=num_running,
+                kv_blocks_peak=kv_peak, kv_blocks_after=self.blocks_used, theta=theta,
+                theta_global=theta_g, num_preempted=num_preempted, num_trimmed=num_trimmed,
+            )
+            round_index += 1
+
+    # ----------------------------------------------------------------- run
+    def run(self) -> EngineState:
+        """Simulate until every request has completed or been rejected."""
+        env = self.env
+        if self.wl.closed_loop:
+            for _ in range(min(self.wl.concurrency or 1, self.n)):
+                env.process(self._user())
+        else:
+            env.process(self._open_loop())
+        proc = env.process(self._engine())
+        env.run(until=proc)
+        if not np.all((self.status == FINISHED) | (self.status == REJECTED)):
+            raise AssertionError("engine stopped with requests neither finished nor rejected")
+        return EngineState(
+            arrival_at_s=self.arrival_at, admitted_at_s=self.admitted_at,
+            first_token_at_s=self.first_token_at, finished_at_s=self.finished_at,
+            prompt_tokens=self.prompt, output_tokens=self.output, generated_tokens=self.generated,
+            domain=self.domain, difficulty=self.difficulty, status=self.status,
+            reject_reason=self.reject_reason, num_preemptions=self.num_preemptions,
+            num_rounds=self.num_rounds, draft_tokens_verified=self.verified,
+            draft_tokens_accepted=self.accepted, rounds=self.log.arrays(),
+            kv_capacity_blocks=self.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
+        )

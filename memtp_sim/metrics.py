@@ -1,0 +1,205 @@
+"""From raw engine counts to a frozen :class:`RunResult`.
+
+Every metric is defined once, here (rates are computed from raw counts only when reporting, as in
+vLLM's spec-decode metrics):
+
+* ``ttft_s``: first token time minus arrival (the first token comes out of the prefill pass).
+* ``tpot_ms``: (finish - first token) / (output tokens - 1), requests with >= 2 output tokens.
+* ``tok_per_s_user``: (output tokens - 1) / (finish - first token) = 1000 / tpot_ms: the decode
+  speed one user sees (the DSpark paper's per-user speed).
+* ``e2e_s``: finish minus arrival; ``queue_s``: first admission minus arrival.
+* ``throughput_tok_per_s``: output tokens emitted in the steady window divided by its length.
+  The window runs from the first arrival to the last arrival (while load is offered); when that
+  is shorter than half the run (e.g. a closed loop with more users than requests) the whole run
+  is used. ``makespan_throughput_tok_per_s`` always uses the whole run.
+* ``mean_verify_len``: draft tokens verified per decoding request per round (bonus excluded).
+* ``tau``: tokens accepted per decoding request per round, bonus included (uncapped by the
+  request's remaining output, so it is comparable to the paper's Table 1).
+* ``acceptance_rate``: accepted draft tokens / verified draft tokens.
+* ``wasted_verify_tokens``: verified draft tokens that were rejected.
+* ``early_stop_gap_frac``: for DSpark with early stop, the fraction of rounds where a global
+  search over the same candidates would have found a higher expected rate (the paper's
+  section 5.2 caveat about jagged SPS cliffs).
+* Little's law terms: ``mean_in_system`` (time average of waiting + running requests over the
+  run, sampled at round starts), ``arrival_rate_per_s``, ``mean_e2e_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .engine import FINISHED, REJECTED, EngineState
+
+__all__ = ["RunResult", "compute_metrics"]
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if x.size else float("nan")
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(x.mean()) if x.size else float("nan")
+
+
+def compute_metrics(st: EngineState) -> dict[str, Any]:
+    """Summary metrics of one run (names carry units). See the module docstring for definitions."""
+    done = st.status == FINISHED
+    rej = st.status == REJECTED
+    r = st.rounds
+    arr, first, fin = st.arrival_at_s, st.first_token_at_s, st.finished_at_s
+    ttft = (first - arr)[done]
+    e2e = (fin - arr)[done]
+    queue = (st.admitted_at_s - arr)[done]
+    multi = done & (st.output_tokens >= 2)
+    decode_s = (fin - first)[multi]
+    n_dec_tokens = (st.output_tokens - 1)[multi]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot_ms = np.where(n_dec_tokens > 0, decode_s / n_dec_tokens * 1e3, np.nan)
+        user_tps = np.where(decode_s > 0, n_dec_tokens / decode_s, np.nan)
+    tpot_ms, user_tps = tpot_ms[np.isfinite(tpot_ms)], user_tps[np.isfinite(user_tps)]
+
+    t0 = float(np.nanmin(arr)) if np.isfinite(arr).any() else 0.0
+    makespan = max(st.end_s - t0, 1e-12)
+    end_round = r["start_s"] + r["duration_s"]
+    window_end = st.last_arrival_s if (st.last_arrival_s - t0) >= 0.5 * makespan else st.end_s
+    in_window = (end_round > t0) & (end_round <= window_end + 1e-12)
+    window_len = max(window_end - t0, 1e-12)
+
+    dec_rounds = float(r["num_decode"].sum())
+    verified = float(r["verify_tokens"].sum())
+    accepted = float(r["accepted_tokens"].sum())
+    total_time = float(r["duration_s"].sum())
+    in_system = r["num_waiting"] + r["num_running"]
+    theta, theta_g = r["theta"], r["theta_global"]
+    has_theta = np.isfinite(theta) & np.isfinite(theta_g)
+    gap = has_theta & (theta_g > theta * (1 + 1e-9))
+
+    reasons: dict[str, int] = {}
+    for reason in st.reject_reason[rej]:
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    m: dict[str, Any] = {
+        "num_requests": int(st.status.size),
+        "num_completed": int(done.sum()),
+        "num_rejected": int(rej.sum()),
+        "rejected_by_reason": reasons,
+        "output_tokens_total": int(st.generated_tokens[done].sum()),
+        "makespan_s": makespan,
+        "steady_window_s": window_len,
+        "throughput_tok_per_s": float(r["emitted_tokens"][in_window].sum()) / window_len,
+        "makespan_throughput_tok_per_s": float(st.generated_tokens.sum()) / makespan,
+        "request_throughput_per_s": float(done.sum()) / makespan,
+        "tok_per_s_user_p10": _pct(user_tps, 10),
+        "tok_per_s_user_p50": _pct(user_tps, 50),
+        "tok_per_s_user_p90": _pct(user_tps, 90),
+        "tok_per_s_user_mean": _mean(user_tps),
+        "ttft_s_p50": _pct(ttft, 50),
+        "ttft_s_p90": _pct(ttft, 90),
+        "ttft_s_p99": _pct(ttft, 99),
+        "tpot_ms_p50": _pct(tpot_ms, 50),
+        "tpot_ms_p90": _pct(tpot_ms, 90),
+        "tpot_ms_p99": _pct(tpot_ms, 99),
+        "e2e_s_p50": _pct(e2e, 50),
+        "e2e_s_p90": _pct(e2e, 90),
+        "e2e_s_p99": _pct(e2e, 99),
+        "mean_e2e_s": _mean(e2e),
+        "queue_s_p50": _pct(queue, 50),
+        "queue_s_p90": _pct(queue, 90),
+        "num_rounds": int(r["start_s"].size),
+        "mean_decode_batch": dec_rounds / max(1, int((r["num_decode"] > 0).sum())),
+        "mean_batch_tokens": _mean(r["batch_tokens"]),
+        "mean_verify_len": verified / dec_rounds if dec_rounds else float("nan"),
+        "tau": (accepted + dec_rounds) / dec_rounds if dec_rounds else float("nan"),
+        "acceptance_rate": accepted / verified if verified else float("nan"),
+        "verified_draft_tokens": int(verified),
+        "accepted_draft_tokens": int(accepted),
+        "wasted_verify_tokens": int(verified - accepted),
+        "wasted_verify_frac": (verified - accepted) / max(1.0, float(r["batch_tokens"].sum())),
+        "draft_time_frac": float(r["draft_s"].sum()) / total_time if total_time else 0.0,
+        "busy_frac": total_time / makespan,
+        "kv_capacity_blocks": int(st.kv_capacity_blocks),
+        "kv_peak_frac": float(r["kv_blocks_peak"].max()) / st.kv_capacity_blocks if r["start_s"].size else 0.0,
+        "num_preemptions": int(st.num_preemptions.sum()),
+        "num_draft_trims": int(r["num_trimmed"].sum()),
+        "early_stop_gap_frac": float(gap.sum() / has_theta.sum()) if has_theta.any() else float("nan"),
+        "mean_in_system": float((in_system * r["duration_s"]).sum()) / makespan,
+        "arrival_rate_per_s": float(st.status.size) / max(st.last_arrival_s - t0, 1e-12)
+        if st.last_arrival_s > t0 else float("nan"),
+    }
+    return m
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything one run produced.
+
+    Attributes:
+        scenario: the validated scenario, as a plain dict.
+        seed: the run's seed.
+        metrics: :func:`compute_metrics` output (units in names).
+        state: raw engine arrays (per request and per round).
+        calibration: hardware and acceptance profile summaries with their sources.
+        notes: human-readable remarks (e.g. extrapolation, rejections).
+        version: memtp_sim version that produced it.
+        wall_s: wall-clock seconds the simulation took.
+    """
+
+    scenario: dict[str, Any]
+    seed: int
+    metrics: dict[str, Any]
+    state: EngineState
+    calibration: dict[str, Any]
+    policy_label: str
+    version: str
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def requests_frame(self) -> pd.DataFrame:
+        """Per-request table (one row per request)."""
+        s = self.state
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dec_s = s.finished_at_s - s.first_token_at_s
+            tps = np.where((s.output_tokens >= 2) & (dec_s > 0), (s.output_tokens - 1) / dec_s, np.nan)
+        status = np.array(["pending", "waiting", "running", "finished", "rejected"])[s.status]
+        return pd.DataFrame({
+            "request_id": np.arange(s.status.size),
+            "status": status,
+            "reject_reason": s.reject_reason.astype(str),
+            "domain": s.domain,
+            "prompt_tokens": s.prompt_tokens,
+            "output_tokens": s.output_tokens,
+            "generated_tokens": s.generated_tokens,
+            "arrival_at_s": s.arrival_at_s,
+            "admitted_at_s": s.admitted_at_s,
+            "first_token_at_s": s.first_token_at_s,
+            "finished_at_s": s.finished_at_s,
+            "ttft_s": s.first_token_at_s - s.arrival_at_s,
+            "e2e_s": s.finished_at_s - s.arrival_at_s,
+            "tok_per_s_user": tps,
+            "num_decode_rounds": s.num_rounds,
+            "draft_tokens_verified": s.draft_tokens_verified,
+            "draft_tokens_accepted": s.draft_tokens_accepted,
+            "num_preemptions": s.num_preemptions,
+            "difficulty": s.difficulty,
+        })
+
+    def rounds_frame(self) -> pd.DataFrame:
+        """Per-round table (one row per engine round)."""
+        return pd.DataFrame(self.state.rounds)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary: config, seed, version, calibration sources, metrics, notes."""
+        return {
+            "memtp_sim_version": self.version,
+            "seed": self.seed,
+            "policy": self.policy_label,
+            "scenario": self.scenario,
+            "calibration": self.calibration,
+            "metrics": self.metrics,
+            "notes": self.notes,
+            "wall_s": self.wall_s,
+        }

@@ -1,0 +1,353 @@
+"""Study report: numbers first (pandas), then Plotly figures and one self-contained HTML page.
+
+Figures (one set per combination of the sweep keys other than the load axis):
+
+1. Throughput vs tok/s/user per policy across the load sweep (the DSpark paper's Fig. 7 frontier).
+2. Throughput and mean verify budget vs load (Fig. 8; budget counts the bonus token, so MTP-1 is 2).
+3. Latency distributions (TTFT, TPOT, end-to-end) per policy and load.
+4. The hardware profile's measured SPS(B) with its lookup rule, and where early stop halted.
+
+The page also lists, in words, every load point where DSpark loses to a static policy and why.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .study import atomic_write_text
+
+__all__ = ["StudyResults", "load_results", "aggregate", "write_report", "headline_table", "dspark_losses"]
+
+LOAD_AXES = ("workload.concurrency", "workload.rate_per_s", "workload.rate_scale")
+HEADLINE = [
+    ("throughput_tok_per_s", "throughput tok/s"),
+    ("tok_per_s_user_p50", "tok/s/user p50"),
+    ("tok_per_s_user_p10", "tok/s/user p10"),
+    ("ttft_s_p50", "TTFT p50 s"),
+    ("tpot_ms_p50", "TPOT p50 ms"),
+    ("mean_verify_len", "verify len"),
+    ("tau", "tau"),
+    ("acceptance_rate", "accept rate"),
+    ("num_rejected", "rejected"),
+]
+_COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880"]
+
+
+@dataclass(frozen=True)
+class StudyResults:
+    """A finished study read back from disk."""
+
+    root: Path
+    meta: dict[str, Any]
+    table: pd.DataFrame
+    summaries: dict[str, dict[str, Any]]
+
+    @property
+    def sweep_keys(self) -> list[str]:
+        return list(self.meta.get("sweep_keys", []))
+
+    @property
+    def x_key(self) -> str | None:
+        for k in LOAD_AXES:
+            if k in self.sweep_keys:
+                return k
+        return self.sweep_keys[0] if self.sweep_keys else None
+
+    @property
+    def facet_keys(self) -> list[str]:
+        return [k for k in self.sweep_keys if k != self.x_key]
+
+
+def load_results(root: str | Path) -> StudyResults:
+    """Read runs.csv, study.json and every run's summary.json under a study folder."""
+    root = Path(root)
+    table = pd.read_csv(root / "runs.csv")
+    meta = json.loads((root / "study.json").read_text())
+    summaries = {}
+    for rid in table["run_id"]:
+        f = root / "runs" / rid / "summary.json"
+        if f.is_file():
+            summaries[rid] = json.loads(f.read_text())
+    return StudyResults(root, meta, table, summaries)
+
+
+def aggregate(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Mean, standard deviation and count over seeds for each combination of ``keys``."""
+    g = table.groupby(keys, dropna=False, sort=True)[metrics]
+    mean = g.mean().add_suffix("_mean")
+    sd = g.std(ddof=1).fillna(0.0).add_suffix("_sd")
+    out = pd.concat([mean, sd], axis=1)
+    out["num_seeds"] = g.size()
+    return out.reset_index()
+
+
+def _facets(res: StudyResults) -> list[tuple[str, pd.DataFrame]]:
+    keys = res.facet_keys
+    if not keys:
+        return [("", res.table)]
+    out = []
+    for vals, sub in res.table.groupby(keys, dropna=False, sort=True):
+        vals = vals if isinstance(vals, tuple) else (vals,)
+        out.append((", ".join(f"{k} = {v}" for k, v in zip(keys, vals)), sub))
+    return out
+
+
+def headline_table(res: StudyResults) -> pd.DataFrame:
+    """Headline metrics, mean over seeds, per facet / load point / policy."""
+    keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
+    agg = aggregate(res.table, keys, [m for m, _ in HEADLINE])
+    cols = keys + [f"{m}_mean" for m, _ in HEADLINE]
+    out = agg[cols].rename(columns={f"{m}_mean": label for m, label in HEADLINE})
+    return out
+
+
+def dspark_losses(res: StudyResults, *, margin: float = 0.02) -> list[str]:
+    """Plain-words notes for every load point where a DSpark policy's throughput trails the best
+    static policy (static/mtp1) by more than ``margin`` (and more than the seed spread)."""
+    x = res.x_key
+    if x is None:
+        return []
+    keys = res.facet_keys + [x, "policy"]
+    agg = aggregate(res.table, keys, ["throughput_tok_per_s", "early_stop_gap_frac", "mean_verify_len",
+                                      "mean_batch_tokens"])
+    notes = []
+    for (facet, sub) in agg.groupby(res.facet_keys, dropna=False) if res.facet_keys else [("", agg)]:
+        for xv, pt in sub.groupby(x):
+            ds = pt[pt["policy"].str.startswith("dspark")]
+            st = pt[pt["policy"].str.startswith(("static", "mtp1"))]
+            if ds.empty or st.empty:
+                continue
+            best = st.loc[st["throughput_tok_per_s_mean"].idxmax()]
+            for _, d in ds.iterrows():
+                gap = 1 - d["throughput_tok_per_s_mean"] / best["throughput_tok_per_s_mean"]
+                noise = (d["throughput_tok_per_s_sd"] + best["throughput_tok_per_s_sd"]) / best["throughput_tok_per_s_mean"]
+                if gap > max(margin, noise):
+                    where = f"{facet}, " if facet != "" and not isinstance(facet, tuple) else ""
+                    if isinstance(facet, tuple):
+                        where = ", ".join(f"{k} = {v}" for k, v in zip(res.facet_keys, facet)) + ", "
+                    trapped = d["early_stop_gap_frac_mean"]
+                    why = (
+                        f"in {trapped:.0%} of its rounds early stop halted where a global search over the same "
+                        "candidates expected a higher token rate: the next candidate would cross a jump in the "
+                        "measured SPS(B) (see the SPS figure), so it stops below the cliff even when going "
+                        "past it would pay off (the paper's section 5.2 caveat; dspark with early_stop: false, "
+                        "the production variant's global search, does not stop there)"
+                        if np.isfinite(trapped) and trapped > 0.01 else
+                        "its expected-rate objective counts only this round; with cheap extra tokens a static "
+                        "policy's longer verifies can pay off over several rounds"
+                    )
+                    notes.append(
+                        f"{where}{x} = {xv}: {d['policy']} gives {d['throughput_tok_per_s_mean']:.1f} tok/s vs "
+                        f"{best['policy']} {best['throughput_tok_per_s_mean']:.1f} tok/s "
+                        f"({gap:.1%} lower; mean verify length {d['mean_verify_len_mean']:.2f} vs "
+                        f"{best['mean_verify_len_mean']:.2f}); {why}."
+                    )
+    return notes
+
+
+def _color_map(policies: list[str]) -> dict[str, str]:
+    return {p: _COLORS[i % len(_COLORS)] for i, p in enumerate(policies)}
+
+
+def _frontier_fig(sub: pd.DataFrame, x: str | None, colors: dict[str, str], title: str) -> go.Figure:
+    keys = ([x] if x else []) + ["policy"]
+    agg = aggregate(sub, keys, ["throughput_tok_per_s", "tok_per_s_user_p50"])
+    fig = go.Figure()
+    for pol, d in agg.groupby("policy", sort=False):
+        d = d.sort_values(x) if x else d
+        fig.add_trace(go.Scatter(
+            x=d["tok_per_s_user_p50_mean"], y=d["throughput_tok_per_s_mean"], mode="lines+markers", name=pol,
+            line={"color": colors[pol]},
+            error_x={"type": "data", "array": d["tok_per_s_user_p50_sd"], "visible": True},
+            error_y={"type": "data", "array": d["throughput_tok_per_s_sd"], "visible": True},
+            text=[f"{x}={v}" for v in d[x]] if x else None,
+            hovertemplate="%{text}<br>tok/s/user p50 %{x:.1f}<br>throughput %{y:.1f} tok/s<extra>" + pol + "</extra>",
+        ))
+    fig.update_layout(title=f"Throughput vs per-user speed (paper Fig. 7 frontier){title}",
+                      xaxis_title="tok/s/user (p50)", yaxis_title="throughput (tok/s)", height=460)
+    return fig
+
+
+def _load_fig(sub: pd.DataFrame, x: str, colors: dict[str, str], title: str) -> go.Figure:
+    agg = aggregate(sub, [x, "policy"], ["throughput_tok_per_s", "mean_verify_len", "tok_per_s_user_p50"])
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "throughput (tok/s)", "mean verify budget per request (tokens, incl. bonus)", "tok/s/user (p50)"))
+    for pol, d in agg.groupby("policy", sort=False):
+        d = d.sort_values(x)
+        for col, (m, add) in enumerate([("throughput_tok_per_s", 0.0), ("mean_verify_len", 1.0),
+                                        ("tok_per_s_user_p50", 0.0)], start=1):
+            fig.add_trace(go.Scatter(
+                x=d[x], y=d[f"{m}_mean"] + add, mode="lines+markers", name=pol, legendgroup=pol,
+                showlegend=col == 1, line={"color": colors[pol]},
+                error_y={"type": "data", "array": d[f"{m}_sd"], "visible": True}), row=1, col=col)
+            fig.update_xaxes(title_text=x, type="log", row=1, col=col)
+    fig.update_layout(title=f"Load sweep (paper Fig. 8){title}", height=430)
+    return fig
+
+
+def _latency_fig(res: StudyResults, sub: pd.DataFrame, x: str | None, colors: dict[str, str], title: str) -> go.Figure:
+    first_seed = sub[sub["seed"] == sub["seed"].min()]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (s)", "TPOT (ms)", "end-to-end latency (s)"))
+    for pol in colors:
+        rows = first_seed[first_seed["policy"] == pol]
+        xs, ttft, tpot, e2e = [], [], [], []
+        for _, row in rows.iterrows():
+            f = res.root / "runs" / row["run_id"] / "requests.csv"
+            if not f.is_file():
+                continue
+            rq = pd.read_csv(f, usecols=["status", "ttft_s", "e2e_s", "tok_per_s_user"])
+            rq = rq[rq["status"] == "finished"]
+            xv = str(row[x]) if x else pol
+            xs += [xv] * len(rq)
+            ttft += rq["ttft_s"].tolist()
+            tpot += (1000.0 / rq["tok_per_s_user"]).tolist()
+            e2e += rq["e2e_s"].tolist()
+        if not xs:
+            continue
+        for col, ys in enumerate((ttft, tpot, e2e), start=1):
+            fig.add_trace(go.Box(x=xs, y=ys, name=pol, legendgroup=pol, showlegend=col == 1,
+                                 marker_color=colors[pol], boxpoints=False), row=1, col=col)
+    fig.update_layout(boxmode="group", title=f"Latency distributions, seed {int(sub['seed'].min())}{title}", height=430)
+    for col in (1, 2, 3):
+        fig.update_yaxes(type="log", row=1, col=col)
+        if x:
+            fig.update_xaxes(title_text=x, type="category", row=1, col=col)
+    return fig
+
+
+def _sps_fig(res: StudyResults) -> go.Figure | None:
+    summ = next(iter(res.summaries.values()), None)
+    if summ is None:
+        return None
+    sps = summ["calibration"]["hardware"]["sps"]
+    b = np.array(sps["batch_tokens"])
+    t = np.array(sps["pass_ms"])
+    dense = np.arange(b[0], b[-1] + 1)
+    t_dense = np.interp(dense, b, t)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("pass time (ms) vs B", "SPS(B) x B: verify tokens per second"))
+    fig.add_trace(go.Scatter(x=dense, y=t_dense, mode="lines", name="lookup rule (linear in pass time)",
+                             line={"color": "#999"}), row=1, col=1)
+    fig.add_trace(go.Scatter(x=b, y=t, mode="markers", name="measured", marker={"size": 9, "color": "#ef553b"}),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=dense, y=dense / t_dense * 1000, mode="lines", name="B x SPS(B), rule",
+                             line={"color": "#999"}, showlegend=False), row=1, col=2)
+    fig.add_trace(go.Scatter(x=b, y=b / t * 1000, mode="markers", name="B x SPS(B), measured",
+                             marker={"size": 9, "color": "#ef553b"}, showlegend=False), row=1, col=2)
+    for col in (1, 2):
+        fig.update_xaxes(type="log", title_text="tokens in the pass (B)", row=1, col=col)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_layout(title=f"Hardware profile {summ['calibration']['hardware']['name']}: measured SPS(B)", height=400)
+    return fig
+
+
+def _cliffs(res: StudyResults) -> list[str]:
+    summ = next(iter(res.summaries.values()), None)
+    if summ is None:
+        return []
+    sps = summ["calibration"]["hardware"]["sps"]
+    b, t = np.array(sps["batch_tokens"]), np.array(sps["pass_ms"])
+    out = []
+    for i in range(1, b.size):
+        # a cliff: tokens per second falls from one measured point to the next
+        if b[i] / t[i] < b[i - 1] / t[i - 1] * 0.95:
+            out.append(f"B={b[i-1]} to {b[i]}: pass time {t[i-1]:.1f} to {t[i]:.1f} ms "
+                       f"({b[i-1] / t[i-1] * 1000:.0f} to {b[i] / t[i] * 1000:.0f} verify tok/s)")
+        elif t[i] / t[i - 1] > 1.6:
+            out.append(f"B={b[i-1]} to {b[i]}: pass time jumps {t[i-1]:.1f} to {t[i]:.1f} ms "
+                       f"(x{t[i] / t[i-1]:.2f})")
+    return out
+
+
+def _table_html(df: pd.DataFrame) -> str:
+    return df.to_html(index=False, float_format=lambda v: f"{v:,.2f}", border=0, classes="tbl", na_rep="-")
+
+
+def write_report(root: str | Path) -> Path:
+    """Build ``report.html`` for the study in ``root`` (atomically) and return its path."""
+    res = load_results(root)
+    x = res.x_key
+    policies = list(dict.fromkeys(res.table["policy"]))
+    colors = _color_map(policies)
+    parts: list[str] = []
+    first_plot = True
+
+    def fig_html(fig: go.Figure) -> str:
+        nonlocal first_plot
+        out = fig.to_html(full_html=False, include_plotlyjs=first_plot, config={"displaylogo": False})
+        first_plot = False
+        return out
+
+    meta = res.meta
+    summ = next(iter(res.summaries.values()), {})
+    hw = summ.get("calibration", {}).get("hardware", {})
+    acc = summ.get("calibration", {}).get("acceptance", {})
+    parts.append(f"<h1>memtp_sim study: {html.escape(meta['name'])}</h1>")
+    if meta.get("description"):
+        parts.append(f"<p>{html.escape(meta['description'])}</p>")
+    parts.append(
+        f"<p><b>{len(res.table)} runs</b>: sweep {html.escape(', '.join(res.sweep_keys) or '(none)')}; "
+        f"policies {html.escape(', '.join(policies))}; seeds {sorted(set(res.table['seed']))}. "
+        f"memtp_sim {html.escape(str(summ.get('memtp_sim_version', '?')))}.</p>"
+    )
+    parts.append("<h2>How to read this report</h2><ul>"
+                 "<li><b>throughput</b>: output tokens per second of the GPU while load is offered; "
+                 "<b>tok/s/user</b>: decode speed one user sees, (output tokens - 1) / (finish - first token).</li>"
+                 "<li>Up and to the right is better on the frontier plot; each point is one load level "
+                 "(mean over seeds, bars = standard deviation).</li>"
+                 "<li><b>verify budget</b> = draft tokens verified per request per round + 1 bonus token "
+                 "(MTP-1 is always 2; no speculation is 1).</li>"
+                 "<li>TTFT includes queueing and prefill; TPOT = 1000 / tok/s/user.</li></ul>")
+
+    losses = dspark_losses(res)
+    cliffs = _cliffs(res)
+    parts.append("<h2>Where DSpark loses to a static policy, and why</h2>")
+    if losses:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in losses) + "</ul>")
+    else:
+        parts.append("<p>Nowhere in this study: at every load point a DSpark policy's throughput is within "
+                     "2% (or the seed spread) of the best static policy, or ahead of it.</p>")
+    if cliffs:
+        parts.append("<p>Measured cliffs in this profile's SPS(B): " + html.escape("; ".join(cliffs)) + ".</p>")
+
+    for title, sub in _facets(res):
+        suffix = f" ({title})" if title else ""
+        if title:
+            parts.append(f"<h2>{html.escape(title)}</h2>")
+        parts.append(fig_html(_frontier_fig(sub, x, colors, suffix)))
+        if x:
+            parts.append(fig_html(_load_fig(sub, x, colors, suffix)))
+        parts.append(fig_html(_latency_fig(res, sub, x, colors, suffix)))
+
+    sps_fig = _sps_fig(res)
+    if sps_fig is not None:
+        parts.append("<h2>Calibration</h2>")
+        parts.append(fig_html(sps_fig))
+        parts.append(f"<p>Profile <code>{html.escape(hw.get('name', ''))}</code> ({html.escape(hw.get('chip', ''))}). "
+                     f"Sources: {html.escape('; '.join(f'{k}: {v}' for k, v in hw.get('sources', {}).items()))}</p>")
+        if hw.get("caveats"):
+            parts.append("<p>Caveats: " + html.escape(" ".join(hw["caveats"])) + "</p>")
+        if acc:
+            parts.append(f"<p>Acceptance model <code>{html.escape(str(acc.get('name')))}</code>: "
+                         f"{html.escape(str(acc.get('source')))}; target tau (gamma={acc.get('fit_gamma')}) "
+                         f"{html.escape(json.dumps(acc.get('targets_tau')))}; mean position-1 acceptance "
+                         f"{html.escape(json.dumps(acc.get('position1_mean_acceptance')))}.</p>")
+
+    parts.append("<h2>All results (mean over seeds)</h2>")
+    parts.append(_table_html(headline_table(res)))
+    style = ("body{font-family:system-ui,sans-serif;max-width:1400px;margin:1em auto;padding:0 1em;color:#222}"
+             ".tbl{border-collapse:collapse;font-size:13px}.tbl td,.tbl th{padding:2px 8px;border-bottom:1px solid #ddd;"
+             "text-align:right}code{background:#f4f4f4;padding:0 3px}")
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>memtp_sim: {html.escape(meta['name'])}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    out = Path(root) / "report.html"
+    atomic_write_text(out, page)
+    return out

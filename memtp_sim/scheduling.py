@@ -1,0 +1,206 @@
+"""DSpark's hardware-aware prefix scheduler (paper Algorithm 1).
+
+Given each request's conditional confidences ``c[r, k]`` (probability that draft position k is
+accepted given positions 1..k-1 were), the joint survival ``a[r, j] = prod_{k<=j} c[r, k]`` is the
+expected contribution of verifying position j. Candidates ``(r, j)`` are admitted in order of
+decreasing ``a``; admitting one adds one token to the verify batch B and ``a[r, j]`` to the
+expected accepted tokens tau. The objective is the expected token rate
+
+    Theta(B) = tau(B) / (overhead_s + 1 / SPS(B))        (overhead_s = 0: tau * SPS(B))
+
+starting from ``B = R + prefill_tokens`` (one anchor/bonus slot per request), ``tau = R``.
+With ``early_stop`` the scan stops at the first candidate that does not raise Theta (the paper's
+lossless, non-anticipating rule); without it, the best prefix over the whole scan is taken (the
+global search the paper's production scheduler uses to size its capacity, section 5.2).
+
+Source: Cheng et al. 2026 (DSpark), section 3.2 and Algorithm 1; Appendix A for why early stop
+keeps the output distribution exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .hardware import HardwareProfile, SPSTable, load_profile
+
+__all__ = ["ScheduleResult", "hardware_aware_prefix_scheduler", "as_sps_table", "pad_confidences"]
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """Decision of one scheduling round.
+
+    Attributes:
+        lengths: draft tokens to verify per request, bonus excluded, shape (R,), ints.
+        theta: expected accepted tokens per second of the chosen batch.
+        tau: expected accepted tokens of the round, one bonus per request included
+            (``R + sum of admitted a``).
+        batch_tokens: tokens in the verify pass, ``R + sum(lengths) + prefill_tokens``.
+        theta_global: best Theta over the whole candidate scan (== theta without early stop);
+            NaN when the SPS table does not cover the whole scan.
+        batch_tokens_global: B at ``theta_global`` (-1 when not computed).
+    """
+
+    lengths: np.ndarray
+    theta: float
+    tau: float
+    batch_tokens: int
+    theta_global: float = float("nan")
+    batch_tokens_global: int = -1
+
+    @property
+    def num_candidates(self) -> int:
+        return int(self.lengths.sum())
+
+
+@lru_cache(maxsize=1)
+def _default_table() -> SPSTable:
+    return load_profile(None).sps
+
+
+def as_sps_table(sps: SPSTable | HardwareProfile | Mapping[int, float] | None) -> SPSTable:
+    """Coerce the accepted SPS forms into an :class:`SPSTable` (None = shipped default profile)."""
+    if sps is None:
+        return _default_table()
+    if isinstance(sps, SPSTable):
+        return sps
+    if isinstance(sps, HardwareProfile):
+        return sps.sps
+    if isinstance(sps, Mapping):
+        return SPSTable.from_mapping(sps)
+    raise TypeError(f"sps: expected a mapping {{B: steps/s}}, an SPSTable or a HardwareProfile, got {type(sps).__name__}")
+
+
+def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Turn a 2-D array or a ragged list of lists into (values, valid mask), both shape (R, L).
+
+    Raises:
+        ValueError: values outside [0, 1], NaN, or more than two dimensions.
+    """
+    if isinstance(confidences, np.ndarray) and confidences.ndim == 2:
+        vals = confidences.astype(np.float64, copy=False)
+        mask = np.ones(vals.shape, dtype=bool)
+    else:
+        rows: Sequence[Sequence[float]] = list(confidences)
+        if rows and np.ndim(rows[0]) == 0:
+            raise ValueError("confidences: expected one sequence per request (2-D), got a flat sequence")
+        width = max((len(r) for r in rows), default=0)
+        vals = np.zeros((len(rows), width))
+        mask = np.zeros((len(rows), width), dtype=bool)
+        for i, r in enumerate(rows):
+            arr = np.asarray(r, dtype=np.float64)
+            if arr.ndim != 1:
+                raise ValueError(f"confidences: request {i} is not a 1-D sequence")
+            vals[i, : arr.size] = arr
+            mask[i, : arr.size] = True
+    if np.isnan(vals).any() or (vals[mask] < 0).any() or (vals[mask] > 1).any():
+        bad = vals[mask][~((vals[mask] >= 0) & (vals[mask] <= 1))]
+        raise ValueError(f"confidences: values must lie in [0, 1], got {bad[0]!r}")
+    return vals, mask
+
+
+def hardware_aware_prefix_scheduler(
+    confidences: Any,
+    sps: SPSTable | HardwareProfile | Mapping[int, float] | None = None,
+    *,
+    early_stop: bool = True,
+    prefill_tokens: int = 0,
+    max_batch_tokens: int | None = None,
+    overhead_s: float = 0.0,
+) -> ScheduleResult:
+    """Choose per-request verify lengths maximising the expected token rate (Algorithm 1).
+
+    Args:
+        confidences: conditional confidences ``c[r, k]`` in [0, 1]; a 2-D array (R, gamma) or a
+            list of per-request lists (requests may have different lengths).
+        sps: ``{B: steps per second}``, an :class:`SPSTable`, a :class:`HardwareProfile`, or
+            None for the shipped default profile. Between measured B the table's documented rule
+            (linear in pass time between neighbours) applies.
+        early_stop: stop at the first non-improving candidate (lossless, paper Algorithm 1);
+            False runs the global search (paper section 5.2).
+        prefill_tokens: prefill tokens sharing the verify pass (count toward B, not tau).
+        max_batch_tokens: cap on B (candidates beyond it are not considered).
+        overhead_s: fixed time of the round outside the verify pass (e.g. drafting), seconds.
+
+    Returns:
+        ScheduleResult with ``lengths`` (bonus excluded), ``theta``, ``tau`` (bonus included)
+        and ``batch_tokens`` (one anchor slot per request included).
+
+    Raises:
+        ValueError: confidences outside [0, 1]; an SPS table that lacks a B the search needs
+            (outside its measured range, where the lookup rule does not apply); a negative
+            prefill or a cap below the anchor slots.
+
+    Example:
+        >>> r = hardware_aware_prefix_scheduler([[0.8, 0.9]], {1: 1.0, 2: 0.5, 3: 0.45})
+        >>> r.lengths.tolist(), r.batch_tokens
+        ([0], 1)
+    """
+    table = as_sps_table(sps)
+    vals, mask = pad_confidences(confidences)
+    num_req = vals.shape[0]
+    if prefill_tokens < 0:
+        raise ValueError(f"prefill_tokens: must be >= 0, got {prefill_tokens}")
+    if overhead_s < 0:
+        raise ValueError(f"overhead_s: must be >= 0, got {overhead_s}")
+    base_b = num_req + int(prefill_tokens)
+    if max_batch_tokens is not None and base_b > max_batch_tokens:
+        raise ValueError(f"max_batch_tokens: {max_batch_tokens} is below the {base_b} anchor and prefill tokens")
+    if num_req == 0:
+        return ScheduleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, base_b, 0.0, base_b)
+
+    # Joint survival along each row; padding never becomes a candidate.
+    surv = np.cumprod(np.where(mask, vals, 1.0), axis=1)
+    rows, cols = np.nonzero(mask)
+    a = surv[rows, cols]
+    # Descending a; ties by request then position, so each request's candidates stay a prefix
+    # (a[r, j+1] <= a[r, j] always holds).
+    order = np.lexsort((cols, rows, -a))
+    a_sorted = a[order]
+    r_sorted = rows[order]
+
+    n_max = a_sorted.size
+    if max_batch_tokens is not None:
+        n_max = min(n_max, int(max_batch_tokens) - base_b)
+    b_all = base_b + np.arange(n_max + 1)
+    if not table.covers(base_b):
+        raise ValueError(f"sps: no value for B={base_b} (the anchor batch); measured range "
+                         f"{table.min_batch_tokens}..{table.max_batch_tokens}")
+    # The lookup rule covers one interval of B; the scan is evaluated as far as it reaches.
+    n_cov = n_max if table.covers(int(b_all[-1])) else table.max_batch_tokens - base_b
+    tau = num_req + np.concatenate(([0.0], np.cumsum(a_sorted[:n_cov])))
+    theta = tau / (overhead_s + table.pass_time_s(b_all[: n_cov + 1]))
+
+    if early_stop:
+        not_better = np.flatnonzero(theta[1:] <= theta[:-1])
+        if not_better.size:
+            n_star = int(not_better[0])
+        elif n_cov < n_max:
+            raise ValueError(
+                f"sps: the scan needs B={base_b + n_cov + 1}, beyond the measured range "
+                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens"
+            )
+        else:
+            n_star = n_max
+    else:
+        if n_cov < n_max:
+            raise ValueError(
+                f"sps: the global search needs B up to {base_b + n_max}, beyond the measured range "
+                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens"
+            )
+        n_star = int(np.argmax(theta))
+
+    lengths = np.bincount(r_sorted[:n_star], minlength=num_req).astype(np.int64)
+    g_star = int(np.argmax(theta)) if n_cov == n_max else -1
+    return ScheduleResult(
+        lengths=lengths,
+        theta=float(theta[n_star]),
+        tau=float(tau[n_star]),
+        batch_tokens=int(b_all[n_star]),
+        theta_global=float(theta[g_star]) if g_star >= 0 else float("nan"),
+        batch_tokens_global=int(b_all[g_star]) if g_star >= 0 else -1,
+    )

@@ -1,0 +1,168 @@
+"""Request workloads from real traces: replay, Poisson arrivals, closed loop.
+
+A workload is a set of arrays (one entry per request). Three arrival modes:
+
+* ``trace``: replay the trace's own arrival times, divided by ``rate_scale`` (0.1 = a tenth of
+  the original rate; the raw Azure conversation trace, 5.5 req/s, is far beyond one Strix Halo).
+* ``poisson``: exponential inter-arrival times at ``rate_per_s``; prompt/output lengths drawn
+  (with replacement) from the trace rows.
+* ``closed_loop``: ``concurrency`` users, each submitting its next request ``think_time_s``
+  after the previous one completes (the DSpark paper's Fig. 8 x-axis); lengths drawn from the
+  trace. Arrival times are then decided by the engine.
+
+Traces are CSV files: Azure LLM inference 2023 (``TIMESTAMP, ContextTokens, GeneratedTokens``)
+or Mooncake FAST'25 (``timestamp`` in ms, ``input_length``, ``output_length``). Mooncake
+timestamps are effectively whole seconds; requests sharing one are replayed as a same-instant
+batch (their order kept).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import ConfigError
+
+__all__ = ["Trace", "Workload", "load_trace", "build_workload"]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A request trace: arrival offsets (s, from the first request), prompt and output tokens."""
+
+    path: str
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    format: str
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.size)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests of one run (arrays of shape (n,)).
+
+    Attributes:
+        arrival_s: arrival time of each request, seconds from the start (NaN in closed loop).
+        prompt_tokens: prompt length, tokens.
+        output_tokens: tokens to generate (the request's max_tokens; generation stops there).
+        domain: index into the acceptance model's domains.
+        concurrency: closed-loop users (None for open loop).
+        think_time_s: closed-loop pause between a completion and the user's next request.
+        description: one line for reports.
+    """
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    domain: np.ndarray
+    concurrency: int | None = None
+    think_time_s: float = 0.0
+    description: str = ""
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.prompt_tokens.size)
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.concurrency is not None
+
+
+@lru_cache(maxsize=8)
+def _read_trace(path: str) -> Trace:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: trace file not found")
+    try:
+        head = pd.read_csv(p, nrows=0).columns.tolist()
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+        raise ConfigError(f"{path}: not a readable CSV trace ({e.__class__.__name__})") from None
+    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= set(head):
+        df = pd.read_csv(p, usecols=["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+        ts = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
+        arr = (ts - ts.iloc[0]).dt.total_seconds().to_numpy()
+        prompt, out, fmt = df["ContextTokens"].to_numpy(), df["GeneratedTokens"].to_numpy(), "azure2023"
+    elif {"timestamp", "input_length", "output_length"} <= set(head):
+        df = pd.read_csv(p, usecols=["timestamp", "input_length", "output_length"])
+        arr = (df["timestamp"].to_numpy(dtype=np.float64) - float(df["timestamp"].iloc[0])) / 1000.0
+        prompt, out, fmt = df["input_length"].to_numpy(), df["output_length"].to_numpy(), "mooncake"
+    else:
+        raise ConfigError(
+            f"{path}: unknown trace columns {head}; expected Azure (TIMESTAMP, ContextTokens, "
+            "GeneratedTokens) or Mooncake (timestamp, input_length, output_length)"
+        )
+    if len(df) == 0:
+        raise ConfigError(f"{path}: trace has no rows")
+    order = np.argsort(arr, kind="stable")
+    return Trace(str(p), arr[order], prompt[order].astype(np.int64), out[order].astype(np.int64), fmt)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a trace CSV (cached per path).
+
+    Raises:
+        ConfigError: missing file or unknown columns.
+    """
+    return _read_trace(str(Path(path).resolve()))
+
+
+def build_workload(
+    trace: Trace,
+    *,
+    mode: str,
+    num_requests: int,
+    rng: np.random.Generator,
+    domain_probs: np.ndarray,
+    rate_scale: float = 1.0,
+    rate_per_s: float | None = None,
+    concurrency: int | None = None,
+    think_time_s: float = 0.0,
+    start_offset_s: float = 0.0,
+) -> Workload:
+    """Draw a workload of ``num_requests`` from ``trace``.
+
+    Args:
+        mode: ``"trace"``, ``"poisson"`` or ``"closed_loop"``.
+        domain_probs: probability of each acceptance domain, shape (n_domains,), sums to 1.
+        rate_scale: trace mode: arrival rate multiplier (times are divided by it).
+        rate_per_s: poisson mode: mean arrival rate, requests per second.
+        concurrency: closed-loop users.
+        start_offset_s: trace mode: skip requests that arrived earlier than this (trace time).
+
+    Raises:
+        ConfigError: the trace has fewer rows than requested from ``start_offset_s`` on.
+    """
+    n = int(num_requests)
+    domain = rng.choice(domain_probs.size, size=n, p=domain_probs)
+    if mode == "trace":
+        first = int(np.searchsorted(trace.arrival_s, start_offset_s))
+        if first + n > len(trace):
+            raise ConfigError(
+                f"{trace.path}: only {len(trace) - first} requests after start_offset_s={start_offset_s}, "
+                f"{n} requested"
+            )
+        sl = slice(first, first + n)
+        arrival = (trace.arrival_s[sl] - trace.arrival_s[first]) / rate_scale
+        return Workload(arrival, trace.prompt_tokens[sl].copy(), trace.output_tokens[sl].copy(), domain,
+                        description=f"trace replay x{rate_scale:g} of {Path(trace.path).name}")
+    idx = rng.integers(0, len(trace), size=n)
+    prompt, out = trace.prompt_tokens[idx], trace.output_tokens[idx]
+    if mode == "poisson":
+        assert rate_per_s is not None and rate_per_s > 0
+        arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, size=n))
+        arrival -= arrival[0]
+        return Workload(arrival, prompt, out, domain,
+                        description=f"Poisson {rate_per_s:g} req/s, lengths from {Path(trace.path).name}")
+    if mode == "closed_loop":
+        assert concurrency is not None and concurrency >= 1
+        return Workload(np.full(n, np.nan), prompt, out, domain, concurrency=int(concurrency),
+                        think_time_s=float(think_time_s),
+                        description=f"closed loop, {concurrency} users, lengths from {Path(trace.path).name}")
+    raise ConfigError(f"workload.mode: unknown mode {mode!r}; choose trace, poisson or closed_loop")
