@@ -1,0 +1,960 @@
+"""MEMTP: the memory-elastic draft-head ensemble (DESIGN.md §2).
+
+Each stacked draft head lets the drafter go one position deeper, so the draft length is the
+ensemble depth (``gamma = depth``). Heads cost memory, so the depth "breathes" with the memory
+left over after weights, KV cache in use and a reserve, and it is gated by the drafter's recent
+quality, the *coherence* ``R``::
+
+    g(R)  = 0 if R <= r_low;  1 if R >= r_high;  linear in between
+    depth = clamp(floor(free_gib / head_cost_gib * g(R)), 1, max_depth)
+
+This module holds four independent pieces:
+
+* :func:`coherence_gate` and :func:`memtp_depth`: the formula above, pure.
+* :func:`read_free_memory` and :func:`memtp_depth_live`: the same formula fed by the machine's
+  real free memory (AMD sysfs, then NVIDIA, then ``/proc/meminfo``).
+* :class:`CoherenceEWMA` (behind the :class:`CoherenceEstimator` protocol): the default estimator
+  of ``R`` from accepted / verified draft-token counts.
+* :class:`DepthController`: a pure, stateful wrapper around the formula that the engine calls once
+  per round; it adds dwell-time hysteresis so the depth cannot thrash.
+
+Units: memory is in GiB (2**30 bytes) throughout; coherence and the gate are fractions in [0, 1];
+time is counted in engine rounds. Nothing here imports SimPy or the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import numbers
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import ConfigError, MemtpSimError
+
+__all__ = [
+    "FLOOR_EPSILON",
+    "KNOWN_TELEMETRY_SOURCES",
+    "CoherenceEWMA",
+    "CoherenceEstimator",
+    "DepthChange",
+    "DepthController",
+    "MemoryTelemetry",
+    "TelemetryUnavailableError",
+    "coherence_gate",
+    "memtp_depth",
+    "memtp_depth_live",
+    "read_free_memory",
+]
+
+#: Bytes per GiB.
+_BYTES_PER_GIB = float(1 << 30)
+#: MiB per GiB (``nvidia-smi`` reports MiB).
+_MIB_PER_GIB = 1024.0
+#: KiB per GiB (``/proc/meminfo`` reports "kB", which the kernel means as KiB).
+_KIB_PER_GIB = float(1 << 20)
+
+#: Slack added before flooring the head count, in heads. Products such as ``0.1 * 3`` or
+#: ``20.0 / 4.0 * g`` can land a few ulps *below* the integer they stand for; without the slack
+#: ``floor`` would then drop a whole head. 1e-9 heads is about 4 bytes at 4 GiB per head, far below
+#: anything a measurement can resolve, and adding a constant keeps the result monotone.
+FLOOR_EPSILON = 1e-9
+
+#: Prefixes of :attr:`MemoryTelemetry.source` values :func:`read_free_memory` can return.
+KNOWN_TELEMETRY_SOURCES = ("amd-sysfs:", "nvidia-nvml", "nvidia-smi", "system-meminfo")
+
+#: Timeout for one ``nvidia-smi`` call, in seconds.
+_NVIDIA_SMI_TIMEOUT_S = 5.0
+
+#: Keyword arguments :func:`memtp_depth_live` accepts besides ``max_depth`` and ``coherence``.
+_LIVE_TELEMETRY_KW = ("sysfs_root", "proc_meminfo", "nvidia_smi")
+_LIVE_FORMULA_KW = ("head_cost_gib", "r_low", "r_high", "reserve_gib")
+
+
+class TelemetryUnavailableError(MemtpSimError, RuntimeError):
+    """No memory-telemetry source (AMD sysfs, NVIDIA, /proc/meminfo) could be read."""
+
+
+# --------------------------------------------------------------------------------------------
+# Validation helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _as_real(name: str, value: object) -> float:
+    """Return ``value`` as a float, or raise ``ConfigError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a real number; got {value!r}")
+    return float(value)
+
+
+def _check_unit_interval(name: str, value: object) -> float:
+    """Return ``value`` as a float in [0, 1], or raise ``ConfigError`` naming ``name``."""
+    x = _as_real(name, value)
+    if math.isnan(x) or not 0.0 <= x <= 1.0:
+        raise ConfigError(f"{name} must lie in [0, 1]; got {value!r}")
+    return x
+
+
+def _check_thresholds(r_low: object, r_high: object) -> tuple[float, float]:
+    """Validate the gate thresholds; return them as floats."""
+    lo = _as_real("r_low", r_low)
+    hi = _as_real("r_high", r_high)
+    if math.isnan(lo) or lo < 0.0:
+        raise ConfigError(f"r_low must be >= 0; got {r_low!r}")
+    if math.isnan(hi) or hi > 1.0:
+        raise ConfigError(f"r_high must be <= 1; got {r_high!r}")
+    if lo >= hi:
+        raise ConfigError(
+            f"r_low must be < r_high; got r_low={r_low!r}, r_high={r_high!r} "
+            "(the gate needs a non-empty linear region)"
+        )
+    return lo, hi
+
+
+def _check_free_gib(name: str, value: object) -> float:
+    """Return a finite, non-negative memory amount in GiB, or raise naming ``name``."""
+    x = _as_real(name, value)
+    if math.isnan(x) or x < 0.0:
+        raise ConfigError(f"{name} must be >= 0 GiB; got {value!r}")
+    if math.isinf(x):
+        raise ConfigError(f"{name} must be finite; got {value!r}")
+    return x
+
+
+def _check_head_cost(value: object) -> float:
+    """Return a finite, positive per-head cost in GiB, or raise ``ConfigError``."""
+    x = _as_real("head_cost_gib", value)
+    if not (math.isfinite(x) and x > 0.0):
+        raise ConfigError(f"head_cost_gib must be a finite number > 0 GiB; got {value!r}")
+    return x
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` as an int >= 1, or raise ``ConfigError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an int >= 1; got {value!r}")
+    n = int(value)
+    if n < 1:
+        raise ConfigError(f"{name} must be an int >= 1; got {value!r}")
+    return n
+
+
+def _check_count(name: str, value: object) -> int:
+    """Return ``value`` as an int >= 0, or raise ``ConfigError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an int >= 0; got {value!r}")
+    n = int(value)
+    if n < 0:
+        raise ConfigError(f"{name} must be an int >= 0; got {value!r}")
+    return n
+
+
+def _heads_affordable(free_gib: float, head_cost_gib: float, gate: float) -> int:
+    """``floor(free_gib / head_cost_gib * gate + FLOOR_EPSILON)`` for validated inputs."""
+    return math.floor(free_gib / head_cost_gib * gate + FLOOR_EPSILON)
+
+
+# --------------------------------------------------------------------------------------------
+# The formula
+# --------------------------------------------------------------------------------------------
+
+
+def coherence_gate(coherence: float, r_low: float, r_high: float) -> float:
+    """Gate ``g(R)`` that scales the head budget by the drafter's recent quality.
+
+    ``g`` is 0 at or below ``r_low`` (the drafter is "searching": leave headroom), 1 at or above
+    ``r_high``, and linear in between. It is non-decreasing in ``coherence``.
+
+    Args:
+        coherence: Coherence ``R``, a fraction in [0, 1] (accepted / verified draft tokens).
+        r_low: Threshold at or below which the gate is 0, in [0, 1).
+        r_high: Threshold at or above which the gate is 1, in (r_low, 1].
+
+    Returns:
+        The gate value, a fraction in [0, 1].
+
+    Raises:
+        ConfigError: (a ``ValueError``) if ``r_low >= r_high``, ``r_low < 0``, ``r_high > 1``,
+            or ``coherence`` is NaN or outside [0, 1]. The message names the argument.
+
+    Source:
+        DESIGN.md §2 (MEMTP), definition of ``g(R)``.
+    """
+    lo, hi = _check_thresholds(r_low, r_high)
+    r = _check_unit_interval("coherence", coherence)
+    if r <= lo:
+        return 0.0
+    if r >= hi:
+        return 1.0
+    return (r - lo) / (hi - lo)
+
+
+def memtp_depth(
+    free_gib: float,
+    coherence: float,
+    *,
+    max_depth: int = 16,
+    head_cost_gib: float = 4.0,
+    r_low: float = 0.3,
+    r_high: float = 0.9,
+) -> int:
+    """Ensemble depth (number of draft heads, equal to the draft length ``gamma``).
+
+    ``depth = clamp(floor(free_gib / head_cost_gib * g(R)), 1, max_depth)``. The floor is taken
+    after adding :data:`FLOOR_EPSILON` so that a product which stands for an integer (``20 / 4``,
+    ``0.1 * 3 / 0.1``) is not floored one head low by rounding error. The lower clamp means one
+    head is always kept, even when memory or coherence would fund none.
+
+    Example: 21.49 GiB free at 4 GiB per head gives 5 heads at ``R = 1.0`` and 1 head at
+    ``R = 0.3`` (gate 0, clamped up to 1).
+
+    Args:
+        free_gib: Memory available to fund heads, in GiB (after weights, KV cache in use and any
+            reserve). Finite and >= 0.
+        coherence: Coherence ``R``, a fraction in [0, 1].
+        max_depth: Upper clamp on the depth, in heads; an int >= 1.
+        head_cost_gib: Memory one head holds while alive (weights plus working buffers), in GiB;
+            finite and > 0.
+        r_low: Gate threshold at or below which no memory is spent on extra heads, in [0, 1).
+        r_high: Gate threshold at or above which all free memory may fund heads, in (r_low, 1].
+
+    Returns:
+        The depth, an int in [1, max_depth]. Non-decreasing in ``free_gib`` and in ``coherence``.
+
+    Raises:
+        ConfigError: (a ``ValueError``) naming the offending argument if ``r_low >= r_high``,
+            ``r_low < 0``, ``r_high > 1``, ``coherence`` is NaN or outside [0, 1], ``free_gib``
+            is negative, NaN or infinite, ``head_cost_gib <= 0`` (or not finite), or
+            ``max_depth`` is not an int >= 1.
+
+    Source:
+        DESIGN.md §2 (MEMTP), depth formula and the seed's reference point (21.49 GiB, 4 GiB per
+        head: 5 heads at R = 1.0, 1 head at R = 0.3).
+    """
+    free = _check_free_gib("free_gib", free_gib)
+    cost = _check_head_cost(head_cost_gib)
+    depth_cap = _check_positive_int("max_depth", max_depth)
+    gate = coherence_gate(coherence, r_low, r_high)
+    return max(1, min(depth_cap, _heads_affordable(free, cost, gate)))
+
+
+# --------------------------------------------------------------------------------------------
+# Live telemetry
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryTelemetry:
+    """One reading of the accelerator's (or host's) memory.
+
+    Attributes:
+        free_gib: Memory free for new allocations, in GiB (``total_gib - used_gib``, floored at 0).
+        total_gib: Capacity of the pool that was read, in GiB.
+        used_gib: Memory in use in that pool, in GiB.
+        source: Where the numbers came from: ``"amd-sysfs:<card> vram+gtt"`` (or ``vram`` when
+            the card exposes no GTT files), ``"nvidia-nvml"``, ``"nvidia-smi"`` or
+            ``"system-meminfo"``. Every value starts with one of
+            :data:`KNOWN_TELEMETRY_SOURCES`.
+        details: Source-specific extras (paths, per-pool figures, sources skipped and why).
+    """
+
+    free_gib: float
+    total_gib: float
+    used_gib: float
+    source: str
+    details: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the reading as a plain dict (``details`` copied shallowly)."""
+        return {
+            "free_gib": self.free_gib,
+            "total_gib": self.total_gib,
+            "used_gib": self.used_gib,
+            "source": self.source,
+            "details": dict(self.details),
+        }
+
+
+def _read_int_file(path: Path) -> int:
+    """Read a sysfs file holding one integer (bytes)."""
+    return int(path.read_text(encoding="ascii").strip())
+
+
+_CARD_RE = re.compile(r"card(\d+)")
+
+
+def _read_amd_sysfs(
+    sysfs_root: str | os.PathLike[str], skipped: list[str]
+) -> MemoryTelemetry | None:
+    """Read amdgpu ``mem_info_*`` files under ``sysfs_root``; pick the card with the most memory.
+
+    On a unified-memory APU (e.g. Strix Halo, gfx1151) the VRAM "carve-out" is small and most of
+    what the GPU can allocate comes through GTT (system RAM mapped for the GPU), so the pool that
+    funds draft heads is VRAM + GTT: ``free = (vram_total - vram_used) + (gtt_total - gtt_used)``.
+    On a discrete card GTT is host memory across the bus, so there the figure is an upper bound;
+    ``details`` keeps the VRAM and GTT parts apart for a caller that wants only VRAM.
+    """
+    root = Path(sysfs_root)
+    try:
+        entries = sorted(
+            (int(m.group(1)), p.name)
+            for p in root.iterdir()
+            if (m := _CARD_RE.fullmatch(p.name)) is not None
+        )
+    except OSError as exc:
+        skipped.append(f"amd-sysfs: cannot list {root}: {exc.__class__.__name__}")
+        return None
+    if not entries:
+        skipped.append(f"amd-sysfs: no card* entries under {root}")
+        return None
+
+    best: tuple[int, str, dict[str, int]] | None = None
+    for _, card in entries:
+        device = root / card / "device"
+        try:
+            values = {
+                "vram_total": _read_int_file(device / "mem_info_vram_total"),
+                "vram_used": _read_int_file(device / "mem_info_vram_used"),
+            }
+        except (OSError, ValueError):
+            continue  # not an amdgpu card, or unreadable: try the next one
+        try:
+            values["gtt_total"] = _read_int_file(device / "mem_info_gtt_total")
+            values["gtt_used"] = _read_int_file(device / "mem_info_gtt_used")
+        except (OSError, ValueError):
+            values.pop("gtt_total", None)
+        total = values["vram_total"] + values.get("gtt_total", 0)
+        if best is None or total > best[0]:
+            best = (total, card, values)
+    if best is None:
+        skipped.append(f"amd-sysfs: no readable mem_info_vram_* files under {root}")
+        return None
+
+    total_b, card, v = best
+    vram_free_b = max(0, v["vram_total"] - v["vram_used"])
+    has_gtt = "gtt_total" in v
+    gtt_free_b = max(0, v["gtt_total"] - v["gtt_used"]) if has_gtt else 0
+    used_b = v["vram_used"] + (v["gtt_used"] if has_gtt else 0)
+    details: dict[str, Any] = {
+        "card": card,
+        "device_path": str(root / card / "device"),
+        "vram_total_gib": v["vram_total"] / _BYTES_PER_GIB,
+        "vram_used_gib": v["vram_used"] / _BYTES_PER_GIB,
+        "vram_free_gib": vram_free_b / _BYTES_PER_GIB,
+    }
+    if has_gtt:
+        details.update(
+            gtt_total_gib=v["gtt_total"] / _BYTES_PER_GIB,
+            gtt_used_gib=v["gtt_used"] / _BYTES_PER_GIB,
+            gtt_free_gib=gtt_free_b / _BYTES_PER_GIB,
+        )
+    return MemoryTelemetry(
+        free_gib=(vram_free_b + gtt_free_b) / _BYTES_PER_GIB,
+        total_gib=total_b / _BYTES_PER_GIB,
+        used_gib=used_b / _BYTES_PER_GIB,
+        source=f"amd-sysfs:{card} {'vram+gtt' if has_gtt else 'vram'}",
+        details=details,
+    )
+
+
+def _read_nvml(skipped: list[str]) -> MemoryTelemetry | None:
+    """Read device 0 through ``pynvml`` when it is importable."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        skipped.append("nvidia-nvml: pynvml not importable")
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - any NVML failure means "source unavailable"
+        skipped.append(f"nvidia-nvml: nvmlInit failed: {exc.__class__.__name__}")
+        return None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        total_b, used_b = int(info.total), int(info.used)
+    except Exception as exc:  # noqa: BLE001
+        skipped.append(f"nvidia-nvml: query failed: {exc.__class__.__name__}")
+        return None
+    finally:
+        with contextlib.suppress(Exception):  # a failed shutdown changes nothing we report
+            pynvml.nvmlShutdown()
+    return MemoryTelemetry(
+        free_gib=max(0, total_b - used_b) / _BYTES_PER_GIB,
+        total_gib=total_b / _BYTES_PER_GIB,
+        used_gib=used_b / _BYTES_PER_GIB,
+        source="nvidia-nvml",
+        details={"device_index": 0},
+    )
+
+
+def _read_nvidia_smi(nvidia_smi: str, skipped: list[str]) -> MemoryTelemetry | None:
+    """Run ``nvidia-smi`` (if found on PATH or at the given path) and read GPU 0, in MiB."""
+    exe = shutil.which(nvidia_smi)
+    if exe is None:
+        skipped.append(f"nvidia-smi: {nvidia_smi!r} not found")
+        return None
+    try:
+        proc = subprocess.run(
+            [exe, "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=_NVIDIA_SMI_TIMEOUT_S,
+            check=True,
+        )
+        first = next(line for line in proc.stdout.splitlines() if line.strip())
+        total_s, used_s = (field.strip() for field in first.split(","))
+        total_mib, used_mib = float(total_s), float(used_s)
+        if not (math.isfinite(total_mib) and math.isfinite(used_mib)) or total_mib <= 0:
+            raise ValueError("non-finite or zero memory figures")
+    except (OSError, subprocess.SubprocessError, StopIteration, ValueError) as exc:
+        skipped.append(f"nvidia-smi: unusable output: {exc.__class__.__name__}")
+        return None
+    return MemoryTelemetry(
+        free_gib=max(0.0, total_mib - used_mib) / _MIB_PER_GIB,
+        total_gib=total_mib / _MIB_PER_GIB,
+        used_gib=used_mib / _MIB_PER_GIB,
+        source="nvidia-smi",
+        details={"device_index": 0, "executable": exe},
+    )
+
+
+def _read_meminfo(
+    proc_meminfo: str | os.PathLike[str], skipped: list[str]
+) -> MemoryTelemetry | None:
+    """Read ``MemTotal`` and ``MemAvailable`` (KiB) from a ``/proc/meminfo``-format file."""
+    path = Path(proc_meminfo)
+    fields: dict[str, float] = {}
+    try:
+        for line in path.read_text(encoding="ascii", errors="replace").splitlines():
+            key, sep, rest = line.partition(":")
+            if not sep:
+                continue
+            parts = rest.split()
+            if parts:
+                try:
+                    fields[key.strip()] = float(parts[0])
+                except ValueError:
+                    continue
+    except OSError as exc:
+        skipped.append(f"system-meminfo: cannot read {path}: {exc.__class__.__name__}")
+        return None
+    if "MemTotal" not in fields or "MemAvailable" not in fields:
+        skipped.append(f"system-meminfo: {path} lacks MemTotal or MemAvailable")
+        return None
+    total_kib, avail_kib = fields["MemTotal"], fields["MemAvailable"]
+    avail_kib = min(max(avail_kib, 0.0), total_kib)
+    return MemoryTelemetry(
+        free_gib=avail_kib / _KIB_PER_GIB,
+        total_gib=total_kib / _KIB_PER_GIB,
+        used_gib=(total_kib - avail_kib) / _KIB_PER_GIB,
+        source="system-meminfo",
+        details={"path": str(path)},
+    )
+
+
+def read_free_memory(
+    *,
+    sysfs_root: str | os.PathLike[str] = "/sys/class/drm",
+    proc_meminfo: str | os.PathLike[str] = "/proc/meminfo",
+    nvidia_smi: str = "nvidia-smi",
+) -> MemoryTelemetry:
+    """Read the machine's free accelerator memory, trying sources in a fixed order.
+
+    Order (the first source that yields numbers wins; a missing or broken source is skipped):
+
+    1. AMD sysfs: every ``card<N>/device/`` under ``sysfs_root`` with ``mem_info_vram_total`` and
+       ``mem_info_vram_used`` (bytes), plus ``mem_info_gtt_total``/``mem_info_gtt_used`` when
+       present. The pool is VRAM + GTT, because on a unified-memory APU such as Strix Halo
+       (gfx1151) what the GPU can allocate is the VRAM carve-out plus GTT:
+       ``free = (vram_total - vram_used) + (gtt_total - gtt_used)``. The card with the largest
+       total wins. (On a discrete card this counts host memory reachable through GTT, so it is an
+       upper bound; ``details`` reports the VRAM part alone as ``vram_free_gib``.)
+    2. NVIDIA: ``pynvml`` (device 0) if importable; otherwise ``nvidia-smi`` (GPU 0, MiB) if
+       the executable is found, with a short timeout.
+    3. Host memory: ``MemAvailable`` / ``MemTotal`` (KiB) from ``proc_meminfo``.
+
+    ``details["skipped"]`` lists the sources tried before the winner and why each was skipped.
+
+    Args:
+        sysfs_root: Directory holding the DRM ``card<N>`` entries (default ``/sys/class/drm``).
+        proc_meminfo: Path of a ``/proc/meminfo``-format file.
+        nvidia_smi: Name or path of the ``nvidia-smi`` executable.
+
+    Returns:
+        The reading, in GiB, with its source.
+
+    Raises:
+        TelemetryUnavailableError: (a ``RuntimeError``) if no source could be read; the message
+            lists what was tried.
+
+    Source:
+        DESIGN.md §2 (``depth --live``); Linux amdgpu driver sysfs documentation
+        (``mem_info_vram_*``, ``mem_info_gtt_*``, in bytes); NVML ``nvmlDeviceGetMemoryInfo``
+        (bytes); ``nvidia-smi --query-gpu`` (MiB with ``nounits``); proc(5) ``/proc/meminfo`` (kB).
+    """
+    skipped: list[str] = []
+    reading = (
+        _read_amd_sysfs(sysfs_root, skipped)
+        or _read_nvml(skipped)
+        or _read_nvidia_smi(nvidia_smi, skipped)
+        or _read_meminfo(proc_meminfo, skipped)
+    )
+    if reading is None:
+        raise TelemetryUnavailableError(
+            "no memory telemetry source could be read; tried: " + "; ".join(skipped)
+        )
+    if skipped:
+        reading.details["skipped"] = list(skipped)
+    return reading
+
+
+def memtp_depth_live(
+    max_depth: int = 16, coherence: float = 1.0, **kw: Any
+) -> tuple[int, dict[str, Any]]:
+    """Depth from the machine's real free memory (``memtp_sim depth --live``).
+
+    Reads :func:`read_free_memory`, subtracts the reserve
+    (``free_for_heads = max(0, free_gib - reserve_gib)``) and applies :func:`memtp_depth`.
+
+    Args:
+        max_depth: Upper clamp on the depth, in heads.
+        coherence: Coherence ``R`` in [0, 1] (default 1.0: assume a coherent drafter).
+        **kw: Optional. Telemetry: ``sysfs_root``, ``proc_meminfo``, ``nvidia_smi`` (see
+            :func:`read_free_memory`). Formula: ``head_cost_gib`` (GiB, default 4.0),
+            ``r_low`` (0.3), ``r_high`` (0.9), ``reserve_gib`` (GiB kept back, default 0.0).
+
+    Returns:
+        ``(depth, info)`` where ``info`` has the keys ``source``, ``free_gib``, ``total_gib``,
+        ``used_gib`` (the reading, GiB), ``reserve_gib``, ``head_cost_gib``, ``coherence``,
+        ``r_low``, ``r_high``, ``max_depth`` (the inputs) and ``depth``.
+
+    Raises:
+        TypeError: for an unknown keyword argument (named in the message).
+        ConfigError: (a ``ValueError``) for an invalid formula argument, or a negative, NaN or
+            infinite ``reserve_gib``.
+        TelemetryUnavailableError: (a ``RuntimeError``) if no telemetry source could be read.
+
+    Source:
+        DESIGN.md §2 (MEMTP formula; "``depth --live`` reads the machine's real free memory").
+    """
+    for name in kw:
+        if name not in _LIVE_TELEMETRY_KW and name not in _LIVE_FORMULA_KW:
+            allowed = ", ".join(_LIVE_TELEMETRY_KW + _LIVE_FORMULA_KW)
+            raise TypeError(
+                f"memtp_depth_live() got an unexpected keyword argument {name!r} "
+                f"(allowed: {allowed})"
+            )
+    head_cost_gib = kw.get("head_cost_gib", 4.0)
+    r_low = kw.get("r_low", 0.3)
+    r_high = kw.get("r_high", 0.9)
+    reserve_gib = _check_free_gib("reserve_gib", kw.get("reserve_gib", 0.0))
+    # Validate the formula's inputs before touching the machine.
+    memtp_depth(
+        0.0, coherence, max_depth=max_depth, head_cost_gib=head_cost_gib, r_low=r_low, r_high=r_high
+    )
+    reading = read_free_memory(**{k: kw[k] for k in _LIVE_TELEMETRY_KW if k in kw})
+    free_for_heads = max(0.0, reading.free_gib - reserve_gib)
+    depth = memtp_depth(
+        free_for_heads,
+        coherence,
+        max_depth=max_depth,
+        head_cost_gib=head_cost_gib,
+        r_low=r_low,
+        r_high=r_high,
+    )
+    info: dict[str, Any] = {
+        "source": reading.source,
+        "free_gib": reading.free_gib,
+        "total_gib": reading.total_gib,
+        "used_gib": reading.used_gib,
+        "reserve_gib": reserve_gib,
+        "head_cost_gib": float(head_cost_gib),
+        "coherence": float(coherence),
+        "r_low": float(r_low),
+        "r_high": float(r_high),
+        "max_depth": int(max_depth),
+        "depth": depth,
+    }
+    return depth, info
+
+
+# --------------------------------------------------------------------------------------------
+# Coherence estimation
+# --------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class CoherenceEstimator(Protocol):
+    """Anything that turns per-round draft outcomes into a coherence ``R`` in [0, 1].
+
+    The engine calls :meth:`update` once per round with counts summed over the batch, then reads
+    :attr:`value` and hands it to :class:`DepthController`.
+    """
+
+    @property
+    def value(self) -> float:
+        """Current coherence estimate, a fraction in [0, 1]."""
+        ...
+
+    def update(self, accepted_draft_tokens: int, verified_draft_tokens: int) -> float:
+        """Fold in one round's counts (bonus tokens excluded); return the new estimate."""
+        ...
+
+
+class CoherenceEWMA:
+    """Coherence ``R`` as an exponentially weighted mean of the per-round acceptance ratio.
+
+    Each round with ``verified > 0`` draft tokens sets
+    ``R <- (1 - alpha) * R + alpha * accepted / verified`` with
+    ``alpha = 1 - 2 ** (-1 / half_life_rounds)``, so a round's weight halves every
+    ``half_life_rounds`` rounds. The ratio is of *draft* tokens across the batch, bonus tokens
+    excluded. A round that verified no draft tokens carries no evidence and leaves ``R`` as is.
+
+    Args:
+        half_life_rounds: Half-life of a round's weight, in rounds; finite and > 0.
+        initial: Starting value of ``R``, a fraction in [0, 1] (default 1.0: trust the drafter
+            until shown otherwise).
+
+    Raises:
+        ConfigError: (a ``ValueError``) if ``half_life_rounds`` is not finite and > 0, or
+            ``initial`` is outside [0, 1] or NaN.
+
+    Source:
+        DESIGN.md §2 ("an EWMA of accepted/verified draft tokens is the default estimator").
+    """
+
+    def __init__(self, half_life_rounds: float = 8.0, initial: float = 1.0) -> None:
+        h = _as_real("half_life_rounds", half_life_rounds)
+        if not (math.isfinite(h) and h > 0.0):
+            raise ConfigError(
+                f"half_life_rounds must be a finite number > 0; got {half_life_rounds!r}"
+            )
+        self._half_life_rounds = h
+        self._alpha = 1.0 - 2.0 ** (-1.0 / h)
+        self._value = _check_unit_interval("initial", initial)
+        self._num_updates = 0
+
+    @property
+    def value(self) -> float:
+        """Current coherence ``R``, a fraction in [0, 1]."""
+        return self._value
+
+    @property
+    def alpha(self) -> float:
+        """Weight of the newest round, ``1 - 2 ** (-1 / half_life_rounds)``."""
+        return self._alpha
+
+    @property
+    def half_life_rounds(self) -> float:
+        """Half-life of a round's weight, in rounds."""
+        return self._half_life_rounds
+
+    @property
+    def num_updates(self) -> int:
+        """Rounds that changed the estimate (rounds with verified draft tokens)."""
+        return self._num_updates
+
+    def update(self, accepted_draft_tokens: int, verified_draft_tokens: int) -> float:
+        """Fold in one round's batch-wide counts and return the new ``R``.
+
+        Args:
+            accepted_draft_tokens: Draft tokens accepted this round, summed over the batch
+                (bonus tokens excluded); an int in [0, verified_draft_tokens].
+            verified_draft_tokens: Draft tokens sent to verification this round, summed over the
+                batch; an int >= 0. Zero leaves ``R`` unchanged.
+
+        Returns:
+            The updated coherence ``R`` in [0, 1].
+
+        Raises:
+            ConfigError: (a ``ValueError``) if either count is negative or not an int, or
+                ``accepted_draft_tokens > verified_draft_tokens``.
+        """
+        accepted = _check_count("accepted_draft_tokens", accepted_draft_tokens)
+        verified = _check_count("verified_draft_tokens", verified_draft_tokens)
+        if accepted > verified:
+            raise ConfigError(
+                f"accepted_draft_tokens ({accepted}) must not exceed "
+                f"verified_draft_tokens ({verified})"
+            )
+        if verified == 0:
+            return self._value
+        ratio = accepted / verified
+        new = (1.0 - self._alpha) * self._value + self._alpha * ratio
+        self._value = min(1.0, max(0.0, new))  # guard rounding at the ends of [0, 1]
+        self._num_updates += 1
+        return self._value
+
+
+# --------------------------------------------------------------------------------------------
+# Depth controller
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthChange:
+    """One change of the ensemble depth made by :class:`DepthController`.
+
+    Attributes:
+        round_index: Engine round at which the change was decided.
+        old_depth: Depth before the change, in heads.
+        new_depth: Depth after the change, in heads.
+        reason: ``"memory"`` (immediate shrink: heads no longer fit), ``"coherence"`` (shrink
+            after the target stayed below the depth for the dwell) or ``"grow"`` (one head added
+            after the target stayed above the depth for the dwell).
+    """
+
+    round_index: int
+    old_depth: int
+    new_depth: int
+    reason: str
+
+
+class DepthController:
+    """Round-by-round MEMTP depth with hysteresis, so the ensemble breathes without thrashing.
+
+    The engine calls :meth:`propose` once per round (or less often) with the memory that can fund
+    heads and the current coherence; the controller returns the depth to use. Each call computes
+    the formula's target ``memtp_depth(free_gib, coherence, ...)`` and the memory cap
+    ``clamp(floor(free_gib / head_cost_gib), 1, max_depth)`` (what memory alone could hold), then
+    applies these rules in order of precedence:
+
+    1. **KV memory pressure first: heads are released before KV would overflow.** If the current
+       depth exceeds the memory cap, the depth drops to the cap at once, whatever the dwell.
+       Only as many heads as memory requires are released; a further coherence-driven shrink, if
+       any, goes through rule 2.
+    2. **Coherence shrink, after a dwell.** If the target has been below the depth on every
+       observed round for ``min_dwell_rounds`` rounds, the depth drops to the highest target
+       seen during that run (the gentlest shrink the evidence supports).
+    3. **Growth, after a dwell, one head at a time.** If the target has been above the depth
+       on every observed round for ``min_dwell_rounds`` rounds, and the memory cap computed
+       on ``free_gib - grow_margin_gib`` also allows one more head, the depth grows by exactly
+       one head.
+
+    Any change resets both runs, so between two changes made by rules 2 or 3 at least
+    ``min_dwell_rounds`` rounds pass. Rule 1 only ever lowers the depth and each growth adds one
+    head, so over ``n`` rounds the number of changes is at most
+    ``2 * (n / min_dwell_rounds + 1) + max_depth - 1``; when free memory merely flickers around
+    a head boundary (up for fewer than ``min_dwell_rounds`` rounds at a time) the depth shrinks
+    once and then stays put.
+
+    "Observed" rounds are the calls to :meth:`propose`; when calls skip rounds, a run counts from
+    the first round it was observed to the current ``round_index`` (inclusive), so a dwell of
+    ``k`` means the condition held at ``k`` consecutive round indices if called every round.
+    With ``min_dwell_rounds = 1`` the controller follows the target at once when shrinking and
+    grows one head per round.
+
+    ``free_gib`` must be the memory that can fund heads *including the memory the live heads
+    already hold*: capacity minus weights, minus KV cache in use, minus any reserve. (The
+    memory held by ``depth`` heads is ``depth * head_cost_gib``; the shrink in rule 1 fires
+    exactly when ``free_gib < depth * head_cost_gib``, up to :data:`FLOOR_EPSILON`.) The depth
+    never goes below 1, matching the formula's clamp, so the engine must be able to fund one
+    head regardless.
+
+    Args:
+        max_depth: Upper clamp on the depth, in heads; an int >= 1.
+        head_cost_gib: Memory one head holds while alive, in GiB; finite and > 0.
+        r_low: Coherence gate lower threshold, in [0, 1).
+        r_high: Coherence gate upper threshold, in (r_low, 1].
+        min_dwell_rounds: Rounds the target must stay beyond the depth before a non-memory
+            change; an int >= 1.
+        grow_margin_gib: Extra free memory, in GiB, growth requires beyond the next head's cost
+            (hysteresis against memory noise); finite and >= 0. Default 0.
+        initial_depth: Starting depth, in heads; an int in [1, max_depth]. Default 1 (start lean
+            and grow as evidence arrives); pass ``memtp_depth(free0, r0, ...)`` to start at the
+            formula's value.
+
+    Raises:
+        ConfigError: (a ``ValueError``) naming the argument for any invalid value (the same
+            checks as :func:`memtp_depth`, plus the ones above).
+
+    Source:
+        DESIGN.md §2 (MEMTP depth formula; the ensemble "breathes" as KV fills). The dwell and
+        one-head growth rules are this module's design, chosen to bound the change rate.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_depth: int = 16,
+        head_cost_gib: float = 4.0,
+        r_low: float = 0.3,
+        r_high: float = 0.9,
+        min_dwell_rounds: int = 32,
+        grow_margin_gib: float = 0.0,
+        initial_depth: int = 1,
+    ) -> None:
+        self._max_depth = _check_positive_int("max_depth", max_depth)
+        self._head_cost_gib = _check_head_cost(head_cost_gib)
+        self._r_low, self._r_high = _check_thresholds(r_low, r_high)
+        self._min_dwell_rounds = _check_positive_int("min_dwell_rounds", min_dwell_rounds)
+        self._grow_margin_gib = _check_free_gib("grow_margin_gib", grow_margin_gib)
+        depth0 = _check_positive_int("initial_depth", initial_depth)
+        if depth0 > self._max_depth:
+            raise ConfigError(
+                f"initial_depth must be <= max_depth ({self._max_depth}); got {initial_depth!r}"
+            )
+        self._depth = depth0
+        self._last_round: int | None = None
+        self._last_target: int | None = None
+        self._above_since: int | None = None  # first round of the current "target > depth" run
+        self._below_since: int | None = None  # first round of the current "target < depth" run
+        self._below_max_target = 0  # highest target seen during the current "below" run
+        self._changes: list[DepthChange] = []
+
+    # -- read-only state ----------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Current depth, in heads (equals the draft length ``gamma``)."""
+        return self._depth
+
+    @property
+    def max_depth(self) -> int:
+        """Upper clamp on the depth, in heads."""
+        return self._max_depth
+
+    @property
+    def head_cost_gib(self) -> float:
+        """Memory one head holds, in GiB."""
+        return self._head_cost_gib
+
+    @property
+    def r_low(self) -> float:
+        """Coherence gate lower threshold."""
+        return self._r_low
+
+    @property
+    def r_high(self) -> float:
+        """Coherence gate upper threshold."""
+        return self._r_high
+
+    @property
+    def min_dwell_rounds(self) -> int:
+        """Rounds a target must persist before a non-memory change."""
+        return self._min_dwell_rounds
+
+    @property
+    def grow_margin_gib(self) -> float:
+        """Extra free memory growth requires, in GiB."""
+        return self._grow_margin_gib
+
+    @property
+    def heads_gib(self) -> float:
+        """Memory the current heads hold, ``depth * head_cost_gib``, in GiB."""
+        return self._depth * self._head_cost_gib
+
+    @property
+    def last_target(self) -> int | None:
+        """The formula's target at the last :meth:`propose` call (``None`` before the first)."""
+        return self._last_target
+
+    @property
+    def last_round_index(self) -> int | None:
+        """``round_index`` of the last :meth:`propose` call (``None`` before the first)."""
+        return self._last_round
+
+    @property
+    def num_changes(self) -> int:
+        """Depth changes made so far."""
+        return len(self._changes)
+
+    @property
+    def changes(self) -> tuple[DepthChange, ...]:
+        """Every depth change so far, oldest first."""
+        return tuple(self._changes)
+
+    # -- the decision -------------------------------------------------------------------------
+
+    def _memory_cap(self, free_gib: float) -> int:
+        """Heads that ``free_gib`` can hold, clamped to [1, max_depth]."""
+        return max(1, min(self._max_depth, _heads_affordable(free_gib, self._head_cost_gib, 1.0)))
+
+    def _set_depth(self, new_depth: int, round_index: int, reason: str) -> None:
+        self._changes.append(DepthChange(round_index, self._depth, new_depth, reason))
+        self._depth = new_depth
+        self._above_since = None
+        self._below_since = None
+        self._below_max_target = 0
+
+    def propose(self, free_gib: float, coherence: float, round_index: int) -> int:
+        """Decide the depth for round ``round_index`` and return it.
+
+        Args:
+            free_gib: Memory that can fund heads, in GiB, *including* what the current heads
+                hold (capacity - weights - KV in use - reserve); finite and >= 0.
+            coherence: Coherence ``R`` in [0, 1] (e.g. :attr:`CoherenceEWMA.value`).
+            round_index: Engine round number, an int >= 0, strictly greater than at the
+                previous call.
+
+        Returns:
+            The depth to use from this round on, an int in [1, max_depth].
+
+        Raises:
+            ConfigError: (a ``ValueError``) if ``free_gib`` is negative, NaN or infinite,
+                ``coherence`` is outside [0, 1] or NaN, or ``round_index`` is not an int >= 0
+                greater than the previous one.
+        """
+        free = _check_free_gib("free_gib", free_gib)
+        t = _check_count("round_index", round_index)
+        if self._last_round is not None and t <= self._last_round:
+            raise ConfigError(
+                f"round_index must increase between calls; got {round_index!r} after "
+                f"{self._last_round}"
+            )
+        target = memtp_depth(
+            free,
+            coherence,
+            max_depth=self._max_depth,
+            head_cost_gib=self._head_cost_gib,
+            r_low=self._r_low,
+            r_high=self._r_high,
+        )
+        self._last_round = t
+        self._last_target = target
+        dwell = self._min_dwell_rounds
+
+        # Rule 1: memory pressure. Release heads at once, only as many as needed.
+        memory_cap = self._memory_cap(free)
+        if self._depth > memory_cap:
+            self._set_depth(memory_cap, t, "memory")
+            return self._depth
+
+        if target < self._depth:
+            # Rule 2: coherence shrink after the dwell.
+            self._above_since = None
+            if self._below_since is None:
+                self._below_since = t
+                self._below_max_target = target
+            else:
+                self._below_max_target = max(self._below_max_target, target)
+            if t - self._below_since + 1 >= dwell:
+                self._set_depth(self._below_max_target, t, "coherence")
+        elif target > self._depth:
+            # Rule 3: growth after the dwell, one head at a time, with the memory margin.
+            self._below_since = None
+            self._below_max_target = 0
+            if self._above_since is None:
+                self._above_since = t
+            if t - self._above_since + 1 >= dwell:
+                margin_cap = self._memory_cap(max(0.0, free - self._grow_margin_gib))
+                if margin_cap >= self._depth + 1:
+                    self._set_depth(self._depth + 1, t, "grow")
+        else:
+            self._above_since = None
+            self._below_since = None
+            self._below_max_target = 0
+        return self._depth
+
+    def __repr__(self) -> str:
+        return (
+            f"DepthController(depth={self._depth}, max_depth={self._max_depth}, "
+            f"head_cost_gib={self._head_cost_gib}, r_low={self._r_low}, r_high={self._r_high}, "
+            f"min_dwell_rounds={self._min_dwell_rounds}, num_changes={self.num_changes})"
+        )
