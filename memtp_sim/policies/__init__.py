@@ -3,6 +3,7 @@
 from .base import Policy, PolicyParams, RoundPlan, RoundView
 from .builtin import DSparkPolicy, Mtp1Policy, NoSpecPolicy, StaticPolicy
 from .registry import available_policies, make_policy, policy_class, register
+from .rival import DSparkAsyncPolicy, GoodputPolicy, ThresholdPolicy
 
 __all__ = [
     "Policy",
@@ -13,6 +14,9 @@ __all__ = [
     "StaticPolicy",
     "Mtp1Policy",
     "DSparkPolicy",
+    "DSparkAsyncPolicy",
+    "ThresholdPolicy",
+    "GoodputPolicy",
     "available_policies",
     "make_policy",
     "policy_class",
