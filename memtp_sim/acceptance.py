@@ -28,7 +28,15 @@ from scipy.special import expit, logit
 
 from .errors import CalibrationError
 
-__all__ = ["AcceptanceModel", "load_acceptance", "expected_tau_iid", "DEFAULT_ACCEPTANCE"]
+__all__ = [
+    "AcceptanceModel",
+    "ConfidenceHead",
+    "calibration_stream",
+    "conditional_acceptance",
+    "expected_tau_iid",
+    "load_acceptance",
+    "DEFAULT_ACCEPTANCE",
+]
 
 DEFAULT_ACCEPTANCE = "dspark-qwen3"
 _GH_NODES, _GH_WEIGHTS = np.polynomial.hermite_e.hermegauss(64)
@@ -141,14 +149,40 @@ class AcceptanceModel:
             "sigma_round": self.sigma_round,
             "fit_gamma": self.fit_gamma,
             "targets_tau": dict(self.targets),
-            "position1_mean_acceptance": {
-                d: round(_mean_p(float(self.mu[i]), self.sigma_total), 4) for i, d in enumerate(self.domains)
+            "conditional_acceptance": {
+                d: [round(float(x), 4) for x in conditional_acceptance(
+                    float(self.mu[i]), float(self.slope[i]), self.sigma_total, self.fit_gamma)]
+                for i, d in enumerate(self.domains)
             },
         }
 
 
-def _mean_p(mu: float, sigma: float) -> float:
-    return float(np.dot(_GH_WEIGHTS, expit(mu + sigma * _GH_NODES)))
+def conditional_acceptance(mu: float, slope: float, sigma: float, gamma: int) -> np.ndarray:
+    """Population conditional acceptance P(position k accepted | 1..k-1 accepted), k = 1..gamma.
+
+    Under shared per-round noise, rounds that survive to deep positions are the easy ones, so this
+    rises along the block unless ``slope`` offsets it. Shape (gamma,).
+    """
+    z = sigma * _GH_NODES[:, None]
+    p = expit(mu + slope * np.arange(gamma)[None, :] + z)
+    joint = _GH_WEIGHTS @ np.cumprod(p, axis=1)  # E[prod_{i<=k} p_i]
+    prev = np.concatenate(([1.0], joint[:-1]))
+    return joint / prev
+
+
+def _fit_mu(target: float, slope: float, sigma: float, gamma: int) -> float:
+    return brentq(lambda m: _expected_tau(m, slope, sigma, gamma) - target, -12.0, 12.0, xtol=1e-10)
+
+
+def _fit_flat(target: float, sigma: float, gamma: int) -> tuple[float, float]:
+    """(mu, slope) with E[tau] = target and equal conditional acceptance at positions 1 and gamma."""
+
+    def tilt(slope: float) -> float:
+        ca = conditional_acceptance(_fit_mu(target, slope, sigma, gamma), slope, sigma, gamma)
+        return float(ca[-1] - ca[0])
+
+    slope = brentq(tilt, -1.0, 0.5, xtol=1e-8) if sigma > 0 else 0.0
+    return _fit_mu(target, slope, sigma, gamma), slope
 
 
 @lru_cache(maxsize=4096)
@@ -198,10 +232,14 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
         rows = d["table1_tau"]
         vals = [float(v) for row in rows.values() for v in row]
         target = float(np.mean(vals))
-        slope = float(d.get("slope", 0.0))
         if not 1.0 < target < gamma + 1:
             raise CalibrationError(f"{where}: domains.{dname}: target tau {target} outside (1, {gamma + 1})")
-        mu = brentq(lambda m: _expected_tau(m, slope, sigma, gamma) - target, -12.0, 12.0, xtol=1e-10)
+        shape = d.get("slope", "flat")
+        if shape == "flat":
+            mu, slope = _fit_flat(target, sigma, gamma)
+        else:
+            slope = float(shape)
+            mu = _fit_mu(target, slope, sigma, gamma)
         names.append(dname)
         mus.append(mu)
         slopes.append(slope)
@@ -209,3 +247,54 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
     return AcceptanceModel(tuple(names), np.array(mus), np.array(slopes), s_req, s_round,
                            name=str(doc.get("name", Path(path).stem)), source=str(doc.get("source", "")),
                            fit_gamma=gamma, targets=targets)
+
+
+@dataclass(frozen=True)
+class ConfidenceHead:
+    """The drafter's confidence head: a noisy, over-confident view of the true acceptance.
+
+    ``c_raw = sigmoid(overconfidence * (logit(p) + e))`` with ``e ~ N(0, noise_sd^2)`` per
+    position: ``noise_sd`` lowers discrimination (AUC), ``overconfidence > 1`` pushes scores away
+    from 0.5 (the raw heads' over-confidence the DSpark paper reports, Fig. 6). The serving engine
+    then calibrates: ``c = sigmoid(logit(c_raw) / (T_k * temperature))`` with per-position STS
+    temperatures ``T_k`` and a global ``temperature`` knob. ``oracle=True`` reports the true ``p``
+    (a perfectly calibrated, maximally discriminative head).
+
+    Source: DSpark paper section 3.2 (c_k, STS) and Fig. 6 (raw ECE 3-8%, AUC 0.81-0.91).
+    """
+
+    noise_sd: float = 0.5
+    overconfidence: float = 1.35
+    oracle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.noise_sd < 0:
+            raise ValueError(f"noise_sd: must be >= 0, got {self.noise_sd}")
+        if self.overconfidence <= 0:
+            raise ValueError(f"overconfidence: must be > 0, got {self.overconfidence}")
+
+    def raw_logits(self, rng: np.random.Generator, true_logits: np.ndarray) -> np.ndarray:
+        """Raw head logits for true acceptance logits of shape (R, gamma)."""
+        if self.oracle:
+            return true_logits
+        noisy = true_logits + rng.normal(0.0, self.noise_sd, size=true_logits.shape) if self.noise_sd else true_logits
+        return self.overconfidence * noisy
+
+
+def calibration_stream(acceptance: AcceptanceModel, head: ConfidenceHead, rng: np.random.Generator,
+                       num_rounds: int, gamma: int, domain_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out (confidence, outcome) pairs for fitting STS, independent of any evaluated run.
+
+    Draws ``num_rounds`` fresh requests (domain from ``domain_probs``) with one round each, the
+    head's raw confidences and the acceptance outcome of every position (True while all positions
+    up to k are accepted).
+
+    Returns:
+        (raw confidences (num_rounds, gamma), accepted prefix flags (num_rounds, gamma) bool).
+    """
+    dom = rng.choice(len(acceptance.domains), size=num_rounds, p=domain_probs)
+    diff = acceptance.sample_difficulty(rng, num_rounds)
+    logits = acceptance.round_logits(rng, dom, diff, gamma)
+    accepted = np.cumprod(rng.random(logits.shape) < expit(logits), axis=1).astype(bool)
+    conf = expit(head.raw_logits(rng, logits))
+    return conf, accepted

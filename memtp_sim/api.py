@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .acceptance import AcceptanceModel, load_acceptance
+from .acceptance import AcceptanceModel, ConfidenceHead, calibration_stream, load_acceptance
+from .calibration import sequential_temperature_scaling
 from .config import Scenario
 from .engine import Engine, EngineSettings
 from .hardware import HardwareProfile, load_profile
@@ -16,7 +17,7 @@ from .metrics import RunResult, compute_metrics
 from .policies import make_policy
 from .workload import build_workload, load_trace
 
-__all__ = ["run", "build_acceptance"]
+__all__ = ["run", "build_acceptance", "confidence_setup"]
 
 
 @lru_cache(maxsize=16)
@@ -30,6 +31,40 @@ def build_acceptance(scenario: Scenario) -> AcceptanceModel:
     if cfg.alpha is not None:
         return AcceptanceModel.fixed(cfg.alpha)
     return load_acceptance(cfg.profile)
+
+
+_STS_CACHE: dict[tuple, tuple[float, ...]] = {}
+
+
+def _fit_sts(acc: AcceptanceModel, mix: np.ndarray, head: ConfidenceHead, gamma: int, rounds: int,
+             seed: int) -> np.ndarray:
+    # Cached per process: every policy of a sweep point shares the same held-out fit.
+    key = (acc.name, tuple(acc.mu), tuple(acc.slope), acc.sigma_request, acc.sigma_round, tuple(mix), head,
+           gamma, rounds, seed)
+    if key not in _STS_CACHE:
+        conf, accepted = calibration_stream(acc, head, np.random.default_rng([seed, 2]), rounds, gamma, mix)
+        _STS_CACHE[key] = tuple(float(t) for t in sequential_temperature_scaling(conf, accepted))
+    return np.array(_STS_CACHE[key])
+
+
+def confidence_setup(scenario: Scenario, acc: AcceptanceModel, domain_probs: np.ndarray, gamma: int,
+                     seed: int) -> tuple[ConfidenceHead, np.ndarray]:
+    """The scenario's confidence head and the per-position temperatures the engine applies.
+
+    STS (``sts: fit``) is fitted on a held-out calibration stream drawn from random stream
+    ``[seed, 2]``, never on the evaluated run. Returns (head, temperatures of shape (gamma,)) where
+    each temperature already includes the global ``temperature`` knob.
+    """
+    cfg = scenario.confidence
+    head = ConfidenceHead(cfg.noise_sd, cfg.overconfidence, oracle=cfg.head == "oracle")
+    sts = np.ones(gamma)
+    if gamma > 0 and cfg.head == "model":
+        if cfg.sts == "fit":
+            sts = _fit_sts(acc, domain_probs, head, gamma, cfg.sts_rounds, seed)
+        elif isinstance(cfg.sts, list):
+            given = np.array(cfg.sts, dtype=np.float64)
+            sts = np.concatenate([given, np.full(max(0, gamma - given.size), given[-1])])[:gamma]
+    return head, sts * cfg.temperature
 
 
 def run(scenario: Scenario, *, seed: int = 0,
@@ -68,8 +103,10 @@ def run(scenario: Scenario, *, seed: int = 0,
         start_offset_s=wl_cfg.start_offset_s,
     )
     policy = make_policy(scenario.policy.name, scenario.policy.params)
+    head, temps = confidence_setup(scenario, acc, probs, int(policy.draft_len), seed)
     settings = EngineSettings(**scenario.engine.model_dump())
-    engine = Engine(profile, acc, wl, policy, settings, np.random.default_rng([seed, 1]), progress=progress)
+    engine = Engine(profile, acc, wl, policy, settings, np.random.default_rng([seed, 1]), progress=progress,
+                    head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]))
     state = engine.run()
     metrics = compute_metrics(state)
     notes: list[str] = []
@@ -77,7 +114,11 @@ def run(scenario: Scenario, *, seed: int = 0,
         notes.append(f"{metrics['num_rejected']} request(s) rejected: {metrics['rejected_by_reason']}")
     if metrics["num_preemptions"]:
         notes.append(f"{metrics['num_preemptions']} preemption(s) (KV cache full; recomputed)")
-    calibration: dict[str, Any] = {"hardware": profile.summary(), "acceptance": acc.summary()}
+    calibration: dict[str, Any] = {
+        "hardware": profile.summary(),
+        "acceptance": acc.summary(),
+        "confidence": {**scenario.confidence.model_dump(mode="json"), "applied_temperatures": temps.tolist()},
+    }
     return RunResult(
         scenario=scenario.model_dump(mode="json"),
         seed=int(seed),

@@ -43,6 +43,7 @@ from .errors import CalibrationError, ConfigError
 __all__ = [
     "HardwareConfig",
     "AcceptanceConfig",
+    "ConfidenceConfig",
     "WorkloadConfig",
     "EngineConfig",
     "PolicySpec",
@@ -96,6 +97,19 @@ class AcceptanceConfig(_Strict):
         if any(w < 0 for w in self.domain_mix.values()) or sum(self.domain_mix.values()) <= 0:
             raise ValueError("domain_mix: weights must be >= 0 with a positive sum")
         return self
+
+
+class ConfidenceConfig(_Strict):
+    """The confidence head and how the engine calibrates it (DSpark section 3.2, Fig. 6)."""
+
+    head: Literal["model", "oracle"] = Field(
+        "model", description="model: noisy, over-confident head; oracle: reports the true acceptance")
+    noise_sd: float = Field(0.5, ge=0.0, description="logit noise of the head (lower AUC)")
+    overconfidence: float = Field(1.35, gt=0.0, description="raw logit scale; > 1 is over-confident")
+    temperature: float = Field(1.0, gt=0.0, description="global temperature on top of STS")
+    sts: Literal["fit", "none"] | list[PositiveFloat] = Field(
+        "fit", description="per-position temperatures: fit on a held-out stream, none, or a list")
+    sts_rounds: PositiveInt = Field(20000, description="held-out rounds for the STS fit")
 
 
 class WorkloadConfig(_Strict):
@@ -178,6 +192,7 @@ class Scenario(_Strict):
 
     hardware: HardwareConfig = Field(default_factory=HardwareConfig)
     acceptance: AcceptanceConfig = Field(default_factory=AcceptanceConfig)
+    confidence: ConfidenceConfig = Field(default_factory=ConfidenceConfig)
     workload: WorkloadConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
     policy: PolicySpec = Field(default_factory=lambda: PolicySpec(name="dspark"))

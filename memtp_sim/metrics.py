@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .calibration import per_position_metrics, reliability_curve
 from .engine import FINISHED, REJECTED, EngineState
 
 __all__ = ["RunResult", "compute_metrics"]
@@ -130,7 +131,44 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
         "arrival_rate_per_s": float(st.status.size) / max(st.last_arrival_s - t0, 1e-12)
         if st.last_arrival_s > t0 else float("nan"),
     }
+    m.update(_calibration_metrics(st))
     return m
+
+
+def _calibration_metrics(st: EngineState) -> dict[str, Any]:
+    """ECE / AUC / Brier of the cumulative confidence per position, raw head vs what the policy saw.
+
+    Outcomes are the simulated acceptance of every drafted position (the simulator knows them even
+    where a position was not verified); only the first ``Engine.DIAG_ROUNDS`` request-rounds are used.
+    """
+    raw, used, ok = st.confidence_raw, st.confidence_used, st.confidence_outcome
+    if raw.size == 0 or raw.shape[0] < 50:
+        return {"ece_raw_mean": float("nan"), "ece_mean": float("nan"), "auc_mean": float("nan")}
+    m_raw = per_position_metrics(raw, ok)
+    m_used = per_position_metrics(used, ok)
+    a_used = np.cumprod(used, axis=1)
+    a_raw = np.cumprod(raw, axis=1)
+    curves = {}
+    for k in range(raw.shape[1]):
+        for name, a in (("raw", a_raw), ("used", a_used)):
+            c = reliability_curve(a[:, k], ok[:, k], n_bins=10)
+            curves[f"{name}_{k + 1}"] = {"mean_prob": np.round(c.mean_prob, 4).tolist(),
+                                          "frac_positive": np.round(c.frac_positive, 4).tolist(),
+                                          "counts": c.counts.tolist()}
+    return {
+        "ece_raw_mean": float(np.nanmean(m_raw.ece)),
+        "ece_mean": float(np.nanmean(m_used.ece)),
+        "auc_mean": float(np.nanmean(m_used.auc)),
+        "calibration_by_position": {
+            "num_request_rounds": int(raw.shape[0]),
+            "ece_raw": np.round(m_raw.ece, 5).tolist(),
+            "ece": np.round(m_used.ece, 5).tolist(),
+            "auc": np.round(m_used.auc, 5).tolist(),
+            "brier_raw": np.round(m_raw.brier, 5).tolist(),
+            "brier": np.round(m_used.brier, 5).tolist(),
+            "reliability": curves,
+        },
+    }
 
 
 @dataclass(frozen=True)
