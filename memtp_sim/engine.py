@@ -40,7 +40,9 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from .acceptance import AcceptanceModel
+from scipy.special import expit
+
+from .acceptance import AcceptanceModel, ConfidenceHead
 from .hardware import HardwareProfile
 from .policies.base import Policy, RoundView
 from .workload import Workload
@@ -72,23 +74,17 @@ class EngineSettings:
 
 
 class _RoundLog:
-    """Growable columnar store for per-round records."""
+    """Per-round records as tuples in ``ROUND_FIELDS`` order; columns are built once at the end."""
 
-    def __init__(self, capacity: int = 4096) -> None:
-        self.n = 0
-        self.cols = {f: np.empty(capacity) for f in ROUND_FIELDS}
-
-    def append(self, **row: float) -> None:
-        if self.n == next(iter(self.cols.values())).size:
-            for k, v in self.cols.items():
-                self.cols[k] = np.concatenate([v, np.empty_like(v)])
-        i = self.n
-        for k, v in row.items():
-            self.cols[k][i] = v
-        self.n += 1
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+        self.append = self.rows.append
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: v[: self.n].copy() for k, v in self.cols.items()}
+        if not self.rows:
+            return {f: np.empty(0) for f in ROUND_FIELDS}
+        table = np.array(self.rows, dtype=np.float64)
+        return {f: table[:, i].copy() for i, f in enumerate(ROUND_FIELDS)}
 
 
 @dataclass
@@ -117,6 +113,9 @@ class EngineState:
     kv_capacity_blocks: int
     end_s: float
     last_arrival_s: float
+    confidence_raw: np.ndarray  # (n_diag, gamma) raw head confidences, first request-rounds
+    confidence_used: np.ndarray  # (n_diag, gamma) after temperatures (what the policy saw)
+    confidence_outcome: np.ndarray  # (n_diag, gamma) bool, positions 1..k all accepted
 
 
 class Engine:
@@ -130,12 +129,29 @@ class Engine:
         settings: engine knobs.
         rng: the run's random generator (the only source of randomness).
         progress: optional callback ``progress(num_done, num_total)`` called every ~2% of requests.
+        head: confidence head (default: oracle, c = p).
+        temperatures: per-position calibration temperatures applied to the head's logits,
+            shape (>= draft_len,) (default: ones).
+        head_rng: random generator of the head's noise (kept apart from ``rng`` so that head
+            settings do not shift the acceptance draws).
     """
+
+    #: request-rounds of (confidence, outcome) kept for calibration diagnostics
+    DIAG_ROUNDS = 20000
 
     def __init__(self, profile: HardwareProfile, acceptance: AcceptanceModel, workload: Workload,
                  policy: Policy, settings: EngineSettings, rng: np.random.Generator,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, head: ConfidenceHead | None = None,
+                 temperatures: np.ndarray | None = None, head_rng: np.random.Generator | None = None) -> None:
         self.profile = profile
+        self.head = head if head is not None else ConfidenceHead(oracle=True)
+        gamma = int(policy.draft_len)
+        self.temps = np.ones(gamma) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:gamma]
+        self.head_rng = head_rng if head_rng is not None else np.random.default_rng(0)
+        self.diag_raw = np.empty((self.DIAG_ROUNDS, gamma))
+        self.diag_used = np.empty((self.DIAG_ROUNDS, gamma))
+        self.diag_ok = np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)
+        self.diag_n = 0
         self.acc = acceptance
         self.wl = workload
         self.policy = policy
@@ -310,6 +326,8 @@ class Engine:
         drafter = self.profile.drafter
         gamma = int(self.policy.draft_len)
         block = self.block
+        positions = np.arange(gamma)[None, :]
+        kv_tokens, kv_blocks = self.kv_tokens, self.kv_blocks
         round_index = 0
         while self.num_done < self.n:
             self._admit()
@@ -321,31 +339,28 @@ class Engine:
 
             run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
             decoding_mask = self.prefilled[run] >= self.prefill_target[run]
-            # 2. anchors must fit: preempt the newest admissions until they do
+            # 2. every decoding request's anchor needs a KV slot; a request whose stored tokens
+            # fill its last block needs a new block. Preempt the newest admissions until they fit.
             num_preempted = 0
             while True:
                 dec = run[decoding_mask]
-                anchor_blocks = self._blocks_for(self.kv_tokens[dec] + 1)
-                need = self.blocks_used - int(self.kv_blocks[dec].sum()) + int(anchor_blocks.sum())
+                need = self.blocks_used + int(np.count_nonzero(kv_tokens[dec] % block == 0))
                 if need <= self.capacity or run.size <= 1:
                     break
-                victim = int(run[-1])
-                self._preempt(victim)
+                self._preempt(int(run[-1]))
                 num_preempted += 1
                 run, decoding_mask = run[:-1], decoding_mask[:-1]
-            dec = run[decoding_mask]
-            pre = run[~decoding_mask]
+            pre = run[~decoding_mask] if dec.size < run.size else run[:0]
             num_dec = dec.size
 
             # 3. chunked prefill, first-admitted first
             budget = cfg.max_batch_tokens - num_dec
             chunk_total = 0
-            chunks = np.zeros(pre.size, dtype=np.int64)
+            chunks = None
             if pre.size and budget > 0:
                 left = self.prefill_target[pre] - self.prefilled[pre]
-                cum = np.cumsum(left)
                 limit = min(cfg.prefill_chunk_tokens, budget)
-                chunks = np.clip(limit - (cum - left), 0, left)
+                chunks = np.clip(limit - (np.cumsum(left) - left), 0, left)
                 chunk_total = int(chunks.sum())
 
             # 4. draft + 5. schedule
@@ -355,28 +370,33 @@ class Engine:
             probs = None
             if num_dec and gamma > 0:
                 draft_s = drafter.round_time_s(num_dec, gamma)
-                probs = self.acc.round_probs(self.rng, self.domain[dec], self.difficulty[dec], gamma)
-                view = RoundView(confidences=probs, sps=sps, prefill_tokens=chunk_total,
-                                 max_batch_tokens=cfg.max_batch_tokens, draft_overhead_s=draft_s,
-                                 round_index=round_index)
-                plan = self.policy.plan(view)
+                logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
+                probs = expit(logits)
+                raw = self.head.raw_logits(self.head_rng, logits)
+                conf = expit(raw / self.temps)
+                plan = self.policy.plan(RoundView(
+                    confidences=conf, sps=sps, prefill_tokens=chunk_total, max_batch_tokens=cfg.max_batch_tokens,
+                    draft_overhead_s=draft_s, round_index=round_index))
                 lengths = np.asarray(plan.lengths, dtype=np.int64)
                 theta, theta_g = plan.theta, plan.theta_global
                 if lengths.shape != (num_dec,) or lengths.min() < 0 or lengths.max() > gamma:
                     raise AssertionError(f"policy {self.policy.name} returned invalid lengths {lengths}")
-            # trim drafts that would overflow the KV cache (longest first)
+            # KV at the pass's peak: stored tokens + anchor + verified drafts. Drafts that would
+            # overflow the cache are trimmed, longest first (drafts are optional, anchors are not).
             num_trimmed = 0
-            peak_dec_blocks = self._blocks_for(self.kv_tokens[dec] + 1 + lengths)
-            others = self.blocks_used - int(self.kv_blocks[dec].sum())
-            while others + int(peak_dec_blocks.sum()) > self.capacity and lengths.sum() > 0:
+            extra = -(-(kv_tokens[dec] + 1 + lengths) // block) - kv_blocks[dec]
+            kv_peak = self.blocks_used + int(extra.sum())
+            while kv_peak > self.capacity and lengths.any():
                 j = int(np.argmax(lengths))
                 lengths[j] -= 1
                 num_trimmed += 1
-                peak_dec_blocks[j] = self._blocks_for(self.kv_tokens[dec[j]] + 1 + lengths[j])
-            kv_peak = others + int(peak_dec_blocks.sum())
+                kv_peak -= int(extra[j])
+                extra[j] = -(-(kv_tokens[dec[j]] + 1 + lengths[j]) // block) - kv_blocks[dec[j]]
+                kv_peak += int(extra[j])
             assert kv_peak <= self.capacity, "KV cache over capacity"
 
-            batch_tokens = num_dec + int(lengths.sum()) + chunk_total
+            verify_tokens = int(lengths.sum())
+            batch_tokens = num_dec + verify_tokens + chunk_total
             assert batch_tokens <= cfg.max_batch_tokens
             verify_s = float(sps.pass_time_s(batch_tokens))
             duration = draft_s + verify_s
@@ -386,31 +406,38 @@ class Engine:
             yield env.timeout(duration)
             now = env.now
 
-            # 7. accept
+            # 7. accept: leading accepted drafts + one bonus token, capped at the remaining output
             accepted_total = emitted_total = 0
             finished: list[int] = []
             if num_dec:
                 if probs is not None:
-                    u = self.rng.random(probs.shape)
-                    ok = np.cumprod(u < probs, axis=1)
-                    ok &= np.arange(gamma)[None, :] < lengths[:, None]
-                    acc = ok.sum(axis=1)
+                    would = np.cumprod(self.rng.random(probs.shape) < probs, axis=1).astype(bool)
+                    self._record_diag(raw, conf, would)
+                    acc = (would & (positions < lengths[:, None])).sum(axis=1)
+                    accepted_total = int(acc.sum())
                 else:
-                    acc = np.zeros(num_dec, dtype=np.int64)
-                remaining = self.output[dec] - self.generated[dec]
-                emit = np.minimum(acc + 1, remaining)
-                self.generated[dec] += emit
-                self.kv_tokens[dec] += emit  # anchor + accepted drafts stored; rejected dropped
-                self.kv_blocks[dec] = self._blocks_for(self.kv_tokens[dec])
+                    acc = 0
+                emit = np.minimum(acc + 1, self.output[dec] - self.generated[dec])
+                gen = self.generated[dec] + emit
+                self.generated[dec] = gen
+                new_kv = kv_tokens[dec] + emit  # anchor + accepted drafts stored; rejected dropped
+                kv_tokens[dec] = new_kv
+                new_blocks = -(-new_kv // block)
+                self.blocks_used += int((new_blocks - kv_blocks[dec]).sum())
+                kv_blocks[dec] = new_blocks
                 self.num_rounds[dec] += 1
-                self.verified[dec] += lengths
-                self.accepted[dec] += acc
-                accepted_total = int(acc.sum())
+                if probs is not None:
+                    self.verified[dec] += lengths
+                    self.accepted[dec] += acc
                 emitted_total = int(emit.sum())
-                finished.extend(dec[self.generated[dec] >= self.output[dec]].tolist())
-            if pre.size and chunk_total:
+                fin = gen >= self.output[dec]
+                if fin.any():
+                    finished.extend(dec[fin].tolist())
+            num_prefill = 0
+            if chunk_total:
                 self.prefilled[pre] += chunks
-                self.kv_tokens[pre] += chunks
+                kv_tokens[pre] += chunks
+                num_prefill = int(np.count_nonzero(chunks))
                 done_pre = pre[self.prefilled[pre] >= self.prefill_target[pre]]
                 if done_pre.size:
                     self.generated[done_pre] += 1  # the prefill pass's last logits give a token
@@ -418,26 +445,29 @@ class Engine:
                     first = done_pre[np.isnan(self.first_token_at[done_pre])]
                     self.first_token_at[first] = now
                     finished.extend(done_pre[self.generated[done_pre] >= self.output[done_pre]].tolist())
-            self.blocks_used = int(self.kv_blocks[np.fromiter(self.running, dtype=np.int64)].sum()) if self.running else 0
             for i in finished:
                 self.finished_at[i] = now
                 self.status[i] = FINISHED
-                self.blocks_used -= int(self.kv_blocks[i])
-                self.kv_blocks[i] = 0
+                self.blocks_used -= int(kv_blocks[i])
+                kv_blocks[i] = 0
                 self.running.remove(i)
                 self._complete(i)
             assert self.blocks_used <= self.capacity
 
-            self.log.append(
-                start_s=start, duration_s=duration, draft_s=draft_s, verify_s=verify_s,
-                num_decode=num_dec, num_prefill=int((chunks > 0).sum()), prefill_tokens=chunk_total,
-                batch_tokens=batch_tokens, gamma=gamma if num_dec else 0,
-                verify_tokens=int(lengths.sum()), accepted_tokens=accepted_total,
-                emitted_tokens=emitted_total, num_waiting=num_waiting, num_running=num_running,
-                kv_blocks_peak=kv_peak, kv_blocks_after=self.blocks_used, theta=theta,
-                theta_global=theta_g, num_preempted=num_preempted, num_trimmed=num_trimmed,
-            )
+            self.log.append((
+                start, duration, draft_s, verify_s, num_dec, num_prefill, chunk_total, batch_tokens,
+                gamma if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
+                num_running, kv_peak, self.blocks_used, theta, theta_g, num_preempted, num_trimmed,
+            ))
             round_index += 1
+
+    def _record_diag(self, raw: np.ndarray, used: np.ndarray, would: np.ndarray) -> None:
+        # raw: head logits; used: confidences the policy saw; would: acceptance of every position
+        k = min(raw.shape[0], self.DIAG_ROUNDS - self.diag_n)
+        if k > 0:
+            sl = slice(self.diag_n, self.diag_n + k)
+            self.diag_raw[sl], self.diag_used[sl], self.diag_ok[sl] = expit(raw[:k]), used[:k], would[:k]
+            self.diag_n += k
 
     # ----------------------------------------------------------------- run
     def run(self) -> EngineState:
@@ -461,4 +491,6 @@ class Engine:
             num_rounds=self.num_rounds, draft_tokens_verified=self.verified,
             draft_tokens_accepted=self.accepted, rounds=self.log.arrays(),
             kv_capacity_blocks=self.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
+            confidence_raw=self.diag_raw[: self.diag_n], confidence_used=self.diag_used[: self.diag_n],
+            confidence_outcome=self.diag_ok[: self.diag_n],
         )

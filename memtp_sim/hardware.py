@@ -126,6 +126,8 @@ class SPSTable:
             ValueError: some ``b`` lies outside the measured range and the table does not
                 extrapolate.
         """
+        if isinstance(b, (int, np.integer)) and self.min_batch_tokens <= b <= self.max_batch_tokens:
+            return float(self._dense_pass_s[b])  # fast path: one scalar inside the measured range
         arr = np.asarray(b, dtype=np.int64)
         lo, hi = self.min_batch_tokens, self.max_batch_tokens
         if arr.size and (arr.min() < lo or (arr.max() > hi and self.beyond_max != "extrapolate")):
@@ -142,6 +144,12 @@ class SPSTable:
         else:
             out = self._dense_pass_s[arr]
         return float(out) if np.ndim(b) == 0 else out
+
+    def pass_time_range_s(self, b_first: int, b_last: int) -> np.ndarray:
+        """Pass times for every B in ``b_first..b_last`` (inclusive), shape (b_last - b_first + 1,)."""
+        if self.min_batch_tokens <= b_first and b_last <= self.max_batch_tokens:
+            return self._dense_pass_s[b_first: b_last + 1]
+        return self.pass_time_s(np.arange(b_first, b_last + 1))
 
     def _extrapolate_s(self, b: np.ndarray) -> np.ndarray:
         if self.batch_tokens.size < 2:

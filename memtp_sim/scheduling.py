@@ -75,32 +75,38 @@ def as_sps_table(sps: SPSTable | HardwareProfile | Mapping[int, float] | None) -
     raise TypeError(f"sps: expected a mapping {{B: steps/s}}, an SPSTable or a HardwareProfile, got {type(sps).__name__}")
 
 
-def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray]:
+def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """Turn a 2-D array or a ragged list of lists into (values, valid mask), both shape (R, L).
 
+    The mask is None when every entry is valid (a rectangular input).
+
     Raises:
-        ValueError: values outside [0, 1], NaN, or more than two dimensions.
+        ValueError: values outside [0, 1], NaN, or not one sequence per request.
     """
     if isinstance(confidences, np.ndarray) and confidences.ndim == 2:
         vals = confidences.astype(np.float64, copy=False)
-        mask = np.ones(vals.shape, dtype=bool)
-    else:
-        rows: Sequence[Sequence[float]] = list(confidences)
-        if rows and np.ndim(rows[0]) == 0:
-            raise ValueError("confidences: expected one sequence per request (2-D), got a flat sequence")
-        width = max((len(r) for r in rows), default=0)
-        vals = np.zeros((len(rows), width))
-        mask = np.zeros((len(rows), width), dtype=bool)
-        for i, r in enumerate(rows):
-            arr = np.asarray(r, dtype=np.float64)
-            if arr.ndim != 1:
-                raise ValueError(f"confidences: request {i} is not a 1-D sequence")
-            vals[i, : arr.size] = arr
-            mask[i, : arr.size] = True
-    if np.isnan(vals).any() or (vals[mask] < 0).any() or (vals[mask] > 1).any():
-        bad = vals[mask][~((vals[mask] >= 0) & (vals[mask] <= 1))]
-        raise ValueError(f"confidences: values must lie in [0, 1], got {bad[0]!r}")
-    return vals, mask
+        if vals.size and not (vals.min() >= 0.0 and vals.max() <= 1.0):  # NaN fails both
+            bad = vals[~((vals >= 0) & (vals <= 1))]
+            raise ValueError(f"confidences: values must lie in [0, 1], got {bad[0]!r}")
+        return vals, None
+    if isinstance(confidences, np.ndarray) and confidences.ndim != 2:
+        raise ValueError(f"confidences: expected a 2-D array (requests x positions), got {confidences.ndim}-D")
+    rows: Sequence[Sequence[float]] = list(confidences)
+    if rows and np.ndim(rows[0]) == 0:
+        raise ValueError("confidences: expected one sequence per request (2-D), got a flat sequence")
+    width = max((len(r) for r in rows), default=0)
+    vals = np.zeros((len(rows), width))
+    mask = np.zeros((len(rows), width), dtype=bool)
+    for i, r in enumerate(rows):
+        arr = np.asarray(r, dtype=np.float64)
+        if arr.ndim != 1:
+            raise ValueError(f"confidences: request {i} is not a 1-D sequence")
+        vals[i, : arr.size] = arr
+        mask[i, : arr.size] = True
+    inside = (vals >= 0) & (vals <= 1)
+    if not inside[mask].all():
+        raise ValueError(f"confidences: values must lie in [0, 1], got {vals[mask & ~inside][0]!r}")
+    return vals, (None if mask.all() else mask)
 
 
 def hardware_aware_prefix_scheduler(
@@ -154,26 +160,34 @@ def hardware_aware_prefix_scheduler(
         return ScheduleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, base_b, 0.0, base_b)
 
     # Joint survival along each row; padding never becomes a candidate.
-    surv = np.cumprod(np.where(mask, vals, 1.0), axis=1)
-    rows, cols = np.nonzero(mask)
-    a = surv[rows, cols]
-    # Descending a; ties by request then position, so each request's candidates stay a prefix
-    # (a[r, j+1] <= a[r, j] always holds).
-    order = np.lexsort((cols, rows, -a))
-    a_sorted = a[order]
-    r_sorted = rows[order]
+    if mask is None:
+        a = np.cumprod(vals, axis=1).ravel()
+        # Descending a; a stable sort keeps ties in row-major (request, position) order, so each
+        # request's candidates stay a prefix (a[r, j+1] <= a[r, j] always holds).
+        order = np.argsort(-a, kind="stable")
+        a_sorted = a[order]
+        r_sorted = order // vals.shape[1]
+    else:
+        surv = np.cumprod(np.where(mask, vals, 1.0), axis=1)
+        rows, cols = np.nonzero(mask)
+        a = surv[rows, cols]
+        order = np.lexsort((cols, rows, -a))
+        a_sorted = a[order]
+        r_sorted = rows[order]
 
     n_max = a_sorted.size
     if max_batch_tokens is not None:
         n_max = min(n_max, int(max_batch_tokens) - base_b)
-    b_all = base_b + np.arange(n_max + 1)
     if not table.covers(base_b):
         raise ValueError(f"sps: no value for B={base_b} (the anchor batch); measured range "
                          f"{table.min_batch_tokens}..{table.max_batch_tokens}")
     # The lookup rule covers one interval of B; the scan is evaluated as far as it reaches.
-    n_cov = n_max if table.covers(int(b_all[-1])) else table.max_batch_tokens - base_b
-    tau = num_req + np.concatenate(([0.0], np.cumsum(a_sorted[:n_cov])))
-    theta = tau / (overhead_s + table.pass_time_s(b_all[: n_cov + 1]))
+    n_cov = n_max if table.covers(base_b + n_max) else table.max_batch_tokens - base_b
+    tau = np.empty(n_cov + 1)
+    tau[0] = 0.0
+    np.cumsum(a_sorted[:n_cov], out=tau[1:])
+    tau += num_req
+    theta = tau / (overhead_s + table.pass_time_range_s(base_b, base_b + n_cov))
 
     if early_stop:
         not_better = np.flatnonzero(theta[1:] <= theta[:-1])
@@ -200,7 +214,7 @@ def hardware_aware_prefix_scheduler(
         lengths=lengths,
         theta=float(theta[n_star]),
         tau=float(tau[n_star]),
-        batch_tokens=int(b_all[n_star]),
+        batch_tokens=base_b + n_star,
         theta_global=float(theta[g_star]) if g_star >= 0 else float("nan"),
-        batch_tokens_global=int(b_all[g_star]) if g_star >= 0 else -1,
+        batch_tokens_global=base_b + g_star if g_star >= 0 else -1,
     )
