@@ -151,7 +151,7 @@ class AcceptanceModel:
             "targets_tau": dict(self.targets),
             "conditional_acceptance": {
                 d: [round(float(x), 4) for x in conditional_acceptance(
-                    float(self.mu[i]), float(self.slope[i]), self.sigma_total, self.fit_gamma)]
+                    float(self.mu[i]), float(self.slope[i]), self.sigma_total, 16)]
                 for i, d in enumerate(self.domains)
             },
         }
@@ -174,11 +174,13 @@ def _fit_mu(target: float, slope: float, sigma: float, gamma: int) -> float:
     return brentq(lambda m: _expected_tau(m, slope, sigma, gamma) - target, -12.0, 12.0, xtol=1e-10)
 
 
-def _fit_flat(target: float, sigma: float, gamma: int) -> tuple[float, float]:
-    """(mu, slope) with E[tau] = target and equal conditional acceptance at positions 1 and gamma."""
+def _fit_flat(target: float, sigma: float, gamma: int, flat_through: int | None = None) -> tuple[float, float]:
+    """(mu, slope): E[tau] under static ``gamma`` equals ``target``, and the population conditional
+    acceptance is equal at positions 1 and ``flat_through`` (default ``gamma``)."""
+    last = flat_through or gamma
 
     def tilt(slope: float) -> float:
-        ca = conditional_acceptance(_fit_mu(target, slope, sigma, gamma), slope, sigma, gamma)
+        ca = conditional_acceptance(_fit_mu(target, slope, sigma, gamma), slope, sigma, last)
         return float(ca[-1] - ca[0])
 
     slope = brentq(tilt, -1.0, 0.5, xtol=1e-8) if sigma > 0 else 0.0
@@ -222,6 +224,7 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
     doc = yaml.safe_load(Path(path).read_text())
     try:
         gamma = int(doc["fit_gamma"])
+        flat_through = int(doc.get("flat_through", gamma))
         s_req, s_round = float(doc["sigma_request"]), float(doc["sigma_round"])
         domains_doc: dict[str, Any] = doc["domains"]
     except (KeyError, TypeError, ValueError) as e:
@@ -236,7 +239,7 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
             raise CalibrationError(f"{where}: domains.{dname}: target tau {target} outside (1, {gamma + 1})")
         shape = d.get("slope", "flat")
         if shape == "flat":
-            mu, slope = _fit_flat(target, sigma, gamma)
+            mu, slope = _fit_flat(target, sigma, gamma, flat_through)
         else:
             slope = float(shape)
             mu = _fit_mu(target, slope, sigma, gamma)

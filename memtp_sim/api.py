@@ -11,7 +11,7 @@ import numpy as np
 from .acceptance import AcceptanceModel, ConfidenceHead, calibration_stream, load_acceptance
 from .calibration import sequential_temperature_scaling
 from .config import Scenario
-from .engine import Engine, EngineSettings
+from .engine import Engine, EngineSettings, MemtpSettings
 from .hardware import HardwareProfile, load_profile
 from .metrics import RunResult, compute_metrics
 from .policies import make_policy
@@ -99,14 +99,27 @@ def run(scenario: Scenario, *, seed: int = 0,
     wl = build_workload(
         load_trace(wl_cfg.trace), mode=wl_cfg.mode, num_requests=wl_cfg.num_requests,
         rng=np.random.default_rng([seed, 0]), domain_probs=probs, rate_scale=wl_cfg.rate_scale,
-        rate_per_s=wl_cfg.rate_per_s, concurrency=wl_cfg.concurrency, think_time_s=wl_cfg.think_time_s,
+        rate_per_s=wl_cfg.rate_per_s,
+        rate_schedule=[(seg.duration_s, seg.rate_per_s) for seg in wl_cfg.rate_schedule] if wl_cfg.rate_schedule else None,
+        concurrency=wl_cfg.concurrency, think_time_s=wl_cfg.think_time_s,
         start_offset_s=wl_cfg.start_offset_s,
     )
-    policy = make_policy(scenario.policy.name, scenario.policy.params)
-    head, temps = confidence_setup(scenario, acc, probs, int(policy.draft_len), seed)
+    params = dict(scenario.policy.params)
+    memtp = None
+    if scenario.memtp.depth is not None:
+        # The ensemble depth is the draft length: the policy drafts up to max_depth positions and
+        # each round drafts the current depth.
+        memtp = MemtpSettings(**scenario.memtp.model_dump())
+        from .policies import policy_class
+
+        if "gamma" in policy_class(scenario.policy.name).Params.model_fields:
+            params["gamma"] = scenario.memtp.max_depth
+    policy = make_policy(scenario.policy.name, params)
+    max_gamma = memtp.max_depth if memtp is not None else int(policy.draft_len)
+    head, temps = confidence_setup(scenario, acc, probs, max_gamma, seed)
     settings = EngineSettings(**scenario.engine.model_dump())
     engine = Engine(profile, acc, wl, policy, settings, np.random.default_rng([seed, 1]), progress=progress,
-                    head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]))
+                    head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]), memtp=memtp)
     state = engine.run()
     metrics = compute_metrics(state)
     notes: list[str] = []

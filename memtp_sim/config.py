@@ -45,6 +45,7 @@ __all__ = [
     "AcceptanceConfig",
     "ConfidenceConfig",
     "WorkloadConfig",
+    "MemtpConfig",
     "EngineConfig",
     "PolicySpec",
     "Scenario",
@@ -112,12 +113,49 @@ class ConfidenceConfig(_Strict):
     sts_rounds: PositiveInt = Field(20000, description="held-out rounds for the STS fit")
 
 
+class MemtpConfig(_Strict):
+    """MEMTP: the draft-head ensemble whose depth (= draft length) follows free memory (DESIGN.md 2)."""
+
+    depth: Literal["elastic"] | PositiveInt | None = Field(
+        None, description="elastic (controller), a fixed number of heads, or null (classic drafter, policy gamma)")
+    max_depth: PositiveInt = Field(16, description="heads at most")
+    head_cost_gib: PositiveFloat = Field(4.0, description="memory one head holds while alive (weights + buffers)")
+    r_low: float = Field(0.3, ge=0.0, le=1.0, description="coherence at or below which no head is funded")
+    r_high: float = Field(0.9, ge=0.0, le=1.0, description="coherence at or above which free memory is fully used")
+    coherence_half_life_rounds: PositiveFloat = Field(8.0, description="EWMA half-life of coherence R")
+    coherence_estimator: Literal["per_verified", "per_tested"] = Field(
+        "per_verified", description="per_verified: accepted / verified draft tokens (DESIGN default); "
+        "per_tested: accepted / positions actually compared (up to the first rejection), which does not "
+        "fall when the scheduler verifies deeper")
+    min_dwell_rounds: PositiveInt = Field(32, description="rounds a depth target must persist before a change")
+    head_load_gb_per_s: PositiveFloat = Field(
+        84.0, description="copy rate for loading a new head; default: measured CPU<->GPU rate on gfx1151 (lhl)")
+    initial_depth: PositiveInt | None = Field(None, description="elastic: starting depth (default: the formula's)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MemtpConfig":
+        if self.r_low >= self.r_high:
+            raise ValueError(f"r_low ({self.r_low}) must be below r_high ({self.r_high})")
+        if isinstance(self.depth, int) and self.depth > self.max_depth:
+            raise ValueError(f"depth: fixed depth {self.depth} exceeds max_depth {self.max_depth}")
+        if self.initial_depth is not None and self.initial_depth > self.max_depth:
+            raise ValueError(f"initial_depth: {self.initial_depth} exceeds max_depth {self.max_depth}")
+        return self
+
+
+class RateSegment(_Strict):
+    duration_s: PositiveFloat
+    rate_per_s: float = Field(..., ge=0.0)
+
+
 class WorkloadConfig(_Strict):
     trace: str = Field(..., description="trace CSV path, relative to the YAML file")
     mode: Literal["trace", "poisson", "closed_loop"] = "closed_loop"
     num_requests: PositiveInt = 300
     rate_scale: PositiveFloat = Field(1.0, description="trace mode: arrival-rate multiplier")
     rate_per_s: PositiveFloat | None = Field(None, description="poisson mode: requests per second")
+    rate_schedule: list[RateSegment] | None = Field(
+        None, description="poisson mode: piecewise-constant rate (a load ramp), instead of rate_per_s")
     concurrency: PositiveInt | None = Field(None, description="closed_loop mode: concurrent users")
     think_time_s: float = Field(0.0, ge=0.0)
     start_offset_s: float = Field(0.0, ge=0.0)
@@ -132,8 +170,10 @@ class WorkloadConfig(_Strict):
 
     @model_validator(mode="after")
     def _mode_fields(self) -> "WorkloadConfig":
-        if self.mode == "poisson" and self.rate_per_s is None:
-            raise ValueError("mode poisson needs rate_per_s (> 0)")
+        if self.mode == "poisson" and self.rate_per_s is None and not self.rate_schedule:
+            raise ValueError("mode poisson needs rate_per_s (> 0) or rate_schedule")
+        if self.rate_schedule and not any(seg.rate_per_s > 0 for seg in self.rate_schedule):
+            raise ValueError("rate_schedule: at least one segment needs rate_per_s > 0")
         if self.mode == "closed_loop" and self.concurrency is None:
             raise ValueError("mode closed_loop needs concurrency (>= 1)")
         return self
@@ -195,6 +235,7 @@ class Scenario(_Strict):
     confidence: ConfidenceConfig = Field(default_factory=ConfidenceConfig)
     workload: WorkloadConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    memtp: MemtpConfig = Field(default_factory=MemtpConfig)
     policy: PolicySpec = Field(default_factory=lambda: PolicySpec(name="dspark"))
 
     @model_validator(mode="after")
@@ -207,6 +248,13 @@ class Scenario(_Strict):
                 f"engine.max_batch_tokens: {self.engine.max_batch_tokens} exceeds the largest measured B "
                 f"({prof.sps.max_batch_tokens}) of profile {prof.name}; allowed: <= {prof.sps.max_batch_tokens}"
             )
+        if self.memtp.depth is not None and self.policy.name in ("no_spec", "mtp1"):
+            raise ValueError(f"memtp.depth: needs a policy that drafts (dspark, dspark_async, static, threshold, "
+                             f"goodput), not {self.policy.name!r}")
+        gamma = self.policy.params.get("gamma")
+        if self.memtp.depth is not None and gamma is not None and gamma != self.memtp.max_depth:
+            raise ValueError(f"policy.gamma: with memtp.depth set the draft length is the ensemble depth; set "
+                             f"gamma to memtp.max_depth ({self.memtp.max_depth}) or leave it out (got {gamma})")
         if self.engine.prefill_chunk_tokens >= self.engine.max_batch_tokens:
             raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
         return self

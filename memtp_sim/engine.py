@@ -43,11 +43,12 @@ import simpy
 from scipy.special import expit
 
 from .acceptance import AcceptanceModel, ConfidenceHead
-from .hardware import HardwareProfile
+from .hardware import GIB, HardwareProfile
+from .memtp import CoherenceEWMA, DepthController, memtp_depth
 from .policies.base import Policy, RoundView
 from .workload import Workload
 
-__all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
+__all__ = ["EngineSettings", "MemtpSettings", "EngineState", "Engine", "REJECT_REASONS"]
 
 # request status codes
 PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
@@ -57,8 +58,33 @@ ROUND_FIELDS = (
     "start_s", "duration_s", "draft_s", "verify_s", "num_decode", "num_prefill", "prefill_tokens",
     "batch_tokens", "gamma", "verify_tokens", "accepted_tokens", "emitted_tokens", "num_waiting",
     "num_running", "kv_blocks_peak", "kv_blocks_after", "theta", "theta_global", "num_preempted",
-    "num_trimmed",
+    "num_trimmed", "depth", "coherence", "heads_gib", "kv_gib", "free_gib", "kv_capacity_blocks",
+    "head_load_s",
 )
+
+
+@dataclass(frozen=True)
+class MemtpSettings:
+    """MEMTP ensemble settings (see :class:`memtp_sim.config.MemtpConfig`).
+
+    ``depth`` is ``"elastic"`` (a :class:`~memtp_sim.memtp.DepthController` decides each round)
+    or a fixed number of heads. The draft length of every round is the current depth.
+    """
+
+    depth: str | int = "elastic"
+    max_depth: int = 16
+    head_cost_gib: float = 4.0
+    r_low: float = 0.3
+    r_high: float = 0.9
+    coherence_half_life_rounds: float = 8.0
+    coherence_estimator: str = "per_verified"
+    min_dwell_rounds: int = 32
+    head_load_gb_per_s: float = 84.0
+    initial_depth: int | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.depth == "elastic"
 
 
 @dataclass(frozen=True)
@@ -95,6 +121,7 @@ class EngineState:
     """
 
     arrival_at_s: np.ndarray
+    ready_at_s: np.ndarray  # joined this GPU's admission queue (arrival, or remote prefill done)
     admitted_at_s: np.ndarray
     first_token_at_s: np.ndarray
     finished_at_s: np.ndarray
@@ -116,6 +143,8 @@ class EngineState:
     confidence_raw: np.ndarray  # (n_diag, gamma) raw head confidences, first request-rounds
     confidence_used: np.ndarray  # (n_diag, gamma) after temperatures (what the policy saw)
     confidence_outcome: np.ndarray  # (n_diag, gamma) bool, positions 1..k all accepted
+    confidence_width: np.ndarray  # (n_diag,) positions drafted in that round (rest is padding)
+    num_depth_changes: int = 0
 
 
 class Engine:
@@ -142,15 +171,18 @@ class Engine:
     def __init__(self, profile: HardwareProfile, acceptance: AcceptanceModel, workload: Workload,
                  policy: Policy, settings: EngineSettings, rng: np.random.Generator,
                  progress: Callable[[int, int], None] | None = None, head: ConfidenceHead | None = None,
-                 temperatures: np.ndarray | None = None, head_rng: np.random.Generator | None = None) -> None:
+                 temperatures: np.ndarray | None = None, head_rng: np.random.Generator | None = None,
+                 memtp: MemtpSettings | None = None) -> None:
         self.profile = profile
+        self.memtp = memtp
         self.head = head if head is not None else ConfidenceHead(oracle=True)
-        gamma = int(policy.draft_len)
+        gamma = int(memtp.max_depth if memtp is not None else policy.draft_len)
         self.temps = np.ones(gamma) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:gamma]
         self.head_rng = head_rng if head_rng is not None else np.random.default_rng(0)
         self.diag_raw = np.empty((self.DIAG_ROUNDS, gamma))
         self.diag_used = np.empty((self.DIAG_ROUNDS, gamma))
         self.diag_ok = np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)
+        self.diag_width = np.empty(self.DIAG_ROUNDS, dtype=np.int64)
         self.diag_n = 0
         self.acc = acceptance
         self.wl = workload
@@ -168,6 +200,7 @@ class Engine:
         self.difficulty = acceptance.sample_difficulty(rng, n)
         nan = np.full(n, np.nan)
         self.arrival_at = workload.arrival_s.astype(np.float64).copy() if not workload.closed_loop else nan.copy()
+        self.ready_at = nan.copy()
         self.admitted_at = nan.copy()
         self.first_token_at = nan.copy()
         self.finished_at = nan.copy()
@@ -186,7 +219,32 @@ class Engine:
 
         mem = profile.memory
         self.block = mem.kv_block_tokens
-        self.capacity = mem.kv_capacity_blocks(speculative=policy.draft_len > 0)
+        self.block_gib = mem.kv_block_gib
+        self.coherence = CoherenceEWMA(memtp.coherence_half_life_rounds if memtp is not None else 8.0, initial=1.0)
+        self.controller: DepthController | None = None
+        if memtp is None:
+            # classic drafter: fixed weights, draft length = the policy's
+            self.depth = int(policy.draft_len)
+            self.heads_gib = mem.drafter_weights_gib if self.depth > 0 else 0.0
+        else:
+            # the ensemble's heads replace the drafter's weights; depth = draft length
+            if memtp.elastic:
+                free0 = mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib
+                depth0 = memtp.initial_depth or memtp_depth(
+                    max(0.0, free0), 1.0, max_depth=memtp.max_depth, head_cost_gib=memtp.head_cost_gib,
+                    r_low=memtp.r_low, r_high=memtp.r_high)
+                self.controller = DepthController(
+                    max_depth=memtp.max_depth, head_cost_gib=memtp.head_cost_gib, r_low=memtp.r_low,
+                    r_high=memtp.r_high, min_dwell_rounds=memtp.min_dwell_rounds, initial_depth=int(depth0))
+                self.depth = self.controller.depth
+            else:
+                self.depth = int(memtp.depth)
+            self.heads_gib = self.depth * memtp.head_cost_gib
+        self.capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.heads_gib)
+        if self.capacity <= 0:
+            raise ValueError(
+                f"no KV memory left: {mem.gpu_allocatable_gib:.1f} GiB allocatable, weights {mem.weights_gib:.1f}, "
+                f"reserve {mem.reserve_gib:.1f}, draft heads/drafter {self.heads_gib:.1f} GiB")
         self.watermark = int(np.ceil(settings.kv_watermark_frac * self.capacity))
         self.blocks_used = 0
         self.waiting: deque[int] = deque()
@@ -208,7 +266,7 @@ class Engine:
         if self.prompt[i] + self.output[i] > self.profile.memory.max_model_len:
             self._reject(i, "exceeds_max_model_len")
             return
-        if self._blocks_for(self.prompt[i] + self.output[i]) > self.capacity:
+        if self._blocks_for(self.prompt[i] + self.output[i]) > self._max_capacity():
             self._reject(i, "exceeds_kv_capacity")
             return
         if self.cfg.prefill == "disaggregated":
@@ -217,6 +275,7 @@ class Engine:
         self._enqueue(i)
 
     def _enqueue(self, i: int) -> None:
+        self.ready_at[i] = self.env.now
         self.status[i] = WAITING
         self.waiting.append(i)
         if self._wake is not None and not self._wake.triggered:
@@ -280,6 +339,39 @@ class Engine:
             self.progress(self.num_done, self.n)
 
     # ----------------------------------------------------------------- memory
+    def _max_capacity(self) -> int:
+        """KV blocks with the fewest heads this engine can run (elastic: one head)."""
+        if self.controller is None:
+            return self.capacity
+        return self.profile.memory.kv_capacity_blocks(speculative=False, other_gib=self.memtp.head_cost_gib)
+
+    def _update_depth(self, round_index: int) -> float:
+        """Elastic MEMTP: let the controller resize the ensemble; returns head-load stall seconds.
+
+        Memory that can fund heads = allocatable - weights - reserve - KV in use - the KV the
+        head-of-line waiting request needs to be admitted (KV first: heads are released before KV
+        would overflow or a request would wait for memory held by heads).
+        """
+        mem = self.profile.memory
+        pending = 0
+        if self.waiting:
+            i = self.waiting[0]
+            tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
+            pending = int(self._blocks_for(tokens)) + self.watermark
+        kv_gib = (self.blocks_used + pending) * self.block_gib
+        free = max(0.0, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib - kv_gib)
+        old = self.depth
+        new = self.controller.propose(free, self.coherence.value, round_index)
+        if new == old:
+            return 0.0
+        self.depth = new
+        self.heads_gib = new * self.memtp.head_cost_gib
+        self.capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.heads_gib)
+        assert self.blocks_used <= self.capacity, "heads grew into KV in use"
+        if new > old:  # loading new heads stalls the engine
+            return (new - old) * self.memtp.head_cost_gib * GIB / (self.memtp.head_load_gb_per_s * 1e9)
+        return 0.0
+
     def _blocks_for(self, tokens):
         return -(-tokens // self.block)
 
@@ -324,14 +416,20 @@ class Engine:
         cfg = self.cfg
         sps = self.profile.sps
         drafter = self.profile.drafter
-        gamma = int(self.policy.draft_len)
         block = self.block
-        positions = np.arange(gamma)[None, :]
+        positions_all = np.arange(max(1, self.temps.size))[None, :]
         kv_tokens, kv_blocks = self.kv_tokens, self.kv_blocks
+        mem = self.profile.memory
+        fixed_gib = mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib
         round_index = 0
         while self.num_done < self.n:
+            busy = bool(self.running or self.waiting)
+            head_load_s = self._update_depth(round_index) if self.controller is not None and busy else 0.0
+            gamma = self.depth
+            positions = positions_all[:, :gamma]
             self._admit()
             if not self.running:
+                assert not self.waiting, "admission stalled on an idle engine"
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
@@ -373,11 +471,13 @@ class Engine:
                 logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
                 probs = expit(logits)
                 raw = self.head.raw_logits(self.head_rng, logits)
-                conf = expit(raw / self.temps)
+                conf = expit(raw / self.temps[:gamma])
                 plan = self.policy.plan(RoundView(
                     confidences=conf, sps=sps, prefill_tokens=chunk_total, max_batch_tokens=cfg.max_batch_tokens,
                     draft_overhead_s=draft_s, round_index=round_index))
                 lengths = np.asarray(plan.lengths, dtype=np.int64)
+                if self.memtp is not None:
+                    lengths = np.minimum(lengths, gamma)  # a static k verifies at most what was drafted
                 theta, theta_g = plan.theta, plan.theta_global
                 if lengths.shape != (num_dec,) or lengths.min() < 0 or lengths.max() > gamma:
                     raise AssertionError(f"policy {self.policy.name} returned invalid lengths {lengths}")
@@ -399,7 +499,8 @@ class Engine:
             batch_tokens = num_dec + verify_tokens + chunk_total
             assert batch_tokens <= cfg.max_batch_tokens
             verify_s = float(sps.pass_time_s(batch_tokens))
-            duration = draft_s + verify_s
+            duration = head_load_s + draft_s + verify_s
+            assert kv_peak * self.block_gib + self.heads_gib <= fixed_gib + 1e-9, "KV + heads exceed memory"
             start = env.now
             num_waiting = len(self.waiting)
             num_running = len(self.running)
@@ -453,20 +554,34 @@ class Engine:
                 self.running.remove(i)
                 self._complete(i)
             assert self.blocks_used <= self.capacity
+            if probs is not None:
+                if self.memtp is not None and self.memtp.coherence_estimator == "per_tested":
+                    # positions compared against the target: the accepted run plus the first
+                    # rejection (if it lies within the verified length)
+                    self.coherence.update(accepted_total, int(np.minimum(lengths, acc + 1).sum()))
+                else:
+                    self.coherence.update(accepted_total, verify_tokens)
 
+            kv_gib = self.blocks_used * self.block_gib
             self.log.append((
                 start, duration, draft_s, verify_s, num_dec, num_prefill, chunk_total, batch_tokens,
                 gamma if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
                 num_running, kv_peak, self.blocks_used, theta, theta_g, num_preempted, num_trimmed,
+                gamma, self.coherence.value, self.heads_gib, kv_gib, fixed_gib - self.heads_gib - kv_gib,
+                self.capacity, head_load_s,
             ))
             round_index += 1
 
     def _record_diag(self, raw: np.ndarray, used: np.ndarray, would: np.ndarray) -> None:
-        # raw: head logits; used: confidences the policy saw; would: acceptance of every position
+        # raw: head logits; used: confidences the policy saw; would: acceptance of every position.
+        # Rounds may draft fewer positions than the widest (elastic depth): pad and keep the width.
         k = min(raw.shape[0], self.DIAG_ROUNDS - self.diag_n)
         if k > 0:
             sl = slice(self.diag_n, self.diag_n + k)
-            self.diag_raw[sl], self.diag_used[sl], self.diag_ok[sl] = expit(raw[:k]), used[:k], would[:k]
+            w = raw.shape[1]
+            self.diag_raw[sl, :w], self.diag_used[sl, :w], self.diag_ok[sl, :w] = expit(raw[:k]), used[:k], would[:k]
+            self.diag_raw[sl, w:], self.diag_used[sl, w:], self.diag_ok[sl, w:] = 0.5, 0.5, False
+            self.diag_width[sl] = w
             self.diag_n += k
 
     # ----------------------------------------------------------------- run
@@ -483,7 +598,7 @@ class Engine:
         if not np.all((self.status == FINISHED) | (self.status == REJECTED)):
             raise AssertionError("engine stopped with requests neither finished nor rejected")
         return EngineState(
-            arrival_at_s=self.arrival_at, admitted_at_s=self.admitted_at,
+            arrival_at_s=self.arrival_at, ready_at_s=self.ready_at, admitted_at_s=self.admitted_at,
             first_token_at_s=self.first_token_at, finished_at_s=self.finished_at,
             prompt_tokens=self.prompt, output_tokens=self.output, generated_tokens=self.generated,
             domain=self.domain, difficulty=self.difficulty, status=self.status,
@@ -492,5 +607,6 @@ class Engine:
             draft_tokens_accepted=self.accepted, rounds=self.log.arrays(),
             kv_capacity_blocks=self.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
             confidence_raw=self.diag_raw[: self.diag_n], confidence_used=self.diag_used[: self.diag_n],
-            confidence_outcome=self.diag_ok[: self.diag_n],
+            confidence_outcome=self.diag_ok[: self.diag_n], confidence_width=self.diag_width[: self.diag_n],
+            num_depth_changes=self.controller.num_changes if self.controller is not None else 0,
         )

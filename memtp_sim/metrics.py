@@ -7,7 +7,9 @@ vLLM's spec-decode metrics):
 * ``tpot_ms``: (finish - first token) / (output tokens - 1), requests with >= 2 output tokens.
 * ``tok_per_s_user``: (output tokens - 1) / (finish - first token) = 1000 / tpot_ms: the decode
   speed one user sees (the DSpark paper's per-user speed).
-* ``e2e_s``: finish minus arrival; ``queue_s``: first admission minus arrival.
+* ``e2e_s``: finish minus arrival; ``queue_s``: first admission minus the time the request
+  joined this GPU's admission queue (its arrival, or the end of its remote prefill when prefill
+  is disaggregated): waiting for a sequence slot or KV memory.
 * ``throughput_tok_per_s``: output tokens emitted in the steady window divided by its length.
   The window runs from the first arrival to the last arrival (while load is offered); when that
   is shorter than half the run (e.g. a closed loop with more users than requests) the whole run
@@ -39,7 +41,12 @@ __all__ = ["RunResult", "compute_metrics"]
 
 
 def _pct(x: np.ndarray, q: float) -> float:
+    x = x[np.isfinite(x)]
     return float(np.percentile(x, q)) if x.size else float("nan")
+
+
+def _time_avg(x: np.ndarray, w: np.ndarray) -> float:
+    return float((x * w).sum() / w.sum()) if w.size and w.sum() > 0 else float("nan")
 
 
 def _mean(x: np.ndarray) -> float:
@@ -54,7 +61,7 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
     arr, first, fin = st.arrival_at_s, st.first_token_at_s, st.finished_at_s
     ttft = (first - arr)[done]
     e2e = (fin - arr)[done]
-    queue = (st.admitted_at_s - arr)[done]
+    queue = (st.admitted_at_s - st.ready_at_s)[done]
     multi = done & (st.output_tokens >= 2)
     decode_s = (fin - first)[multi]
     n_dec_tokens = (st.output_tokens - 1)[multi]
@@ -125,6 +132,15 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
         "kv_capacity_blocks": int(st.kv_capacity_blocks),
         "kv_peak_frac": float(r["kv_blocks_peak"].max()) / st.kv_capacity_blocks if r["start_s"].size else 0.0,
         "num_preemptions": int(st.num_preemptions.sum()),
+        "mean_depth": _time_avg(r["depth"], r["duration_s"]),
+        "num_depth_changes": int(st.num_depth_changes),
+        "mean_heads_gib": _time_avg(r["heads_gib"], r["duration_s"]),
+        "mean_kv_gib": _time_avg(r["kv_gib"], r["duration_s"]),
+        "peak_kv_gib": float(r["kv_gib"].max()) if r["kv_gib"].size else 0.0,
+        "mean_free_gib": _time_avg(r["free_gib"], r["duration_s"]),
+        "mean_coherence": _time_avg(r["coherence"], r["duration_s"]),
+        "head_load_s_total": float(r["head_load_s"].sum()),
+        "mean_waiting": _time_avg(r["num_waiting"], r["duration_s"]),
         "num_draft_trims": int(r["num_trimmed"].sum()),
         "early_stop_gap_frac": float(gap.sum() / has_theta.sum()) if has_theta.any() else float("nan"),
         "mean_in_system": float((in_system * r["duration_s"]).sum()) / makespan,
@@ -141,31 +157,43 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
     Outcomes are the simulated acceptance of every drafted position (the simulator knows them even
     where a position was not verified); only the first ``Engine.DIAG_ROUNDS`` request-rounds are used.
     """
-    raw, used, ok = st.confidence_raw, st.confidence_used, st.confidence_outcome
+    raw, used, ok, width = st.confidence_raw, st.confidence_used, st.confidence_outcome, st.confidence_width
+    nan = {"ece_raw_mean": float("nan"), "ece_mean": float("nan"), "auc_mean": float("nan")}
     if raw.size == 0 or raw.shape[0] < 50:
-        return {"ece_raw_mean": float("nan"), "ece_mean": float("nan"), "auc_mean": float("nan")}
-    m_raw = per_position_metrics(raw, ok)
-    m_used = per_position_metrics(used, ok)
-    a_used = np.cumprod(used, axis=1)
-    a_raw = np.cumprod(raw, axis=1)
+        return nan
+    ece_raw, ece, auc, brier_raw, brier, counts = [], [], [], [], [], []
     curves = {}
-    for k in range(raw.shape[1]):
-        for name, a in (("raw", a_raw), ("used", a_used)):
-            c = reliability_curve(a[:, k], ok[:, k], n_bins=10)
-            curves[f"{name}_{k + 1}"] = {"mean_prob": np.round(c.mean_prob, 4).tolist(),
-                                          "frac_positive": np.round(c.frac_positive, 4).tolist(),
-                                          "counts": c.counts.tolist()}
+    for k in range(1, raw.shape[1] + 1):
+        rows = width >= k  # rounds that drafted position k (elastic depth varies)
+        if rows.sum() < 50:
+            break
+        m_raw = per_position_metrics(raw[rows, :k], ok[rows, :k])
+        m_used = per_position_metrics(used[rows, :k], ok[rows, :k])
+        ece_raw.append(m_raw.ece[-1])
+        ece.append(m_used.ece[-1])
+        auc.append(m_used.auc[-1])
+        brier_raw.append(m_raw.brier[-1])
+        brier.append(m_used.brier[-1])
+        counts.append(int(rows.sum()))
+        for name, c in (("raw", raw), ("used", used)):
+            a_k = np.prod(c[rows, :k], axis=1)
+            rc = reliability_curve(a_k, ok[rows, k - 1], n_bins=10)
+            curves[f"{name}_{k}"] = {"mean_prob": np.round(rc.mean_prob, 4).tolist(),
+                                     "frac_positive": np.round(rc.frac_positive, 4).tolist(),
+                                     "counts": rc.counts.tolist()}
+    if not ece:
+        return nan
     return {
-        "ece_raw_mean": float(np.nanmean(m_raw.ece)),
-        "ece_mean": float(np.nanmean(m_used.ece)),
-        "auc_mean": float(np.nanmean(m_used.auc)),
+        "ece_raw_mean": float(np.nanmean(ece_raw)),
+        "ece_mean": float(np.nanmean(ece)),
+        "auc_mean": float(np.nanmean(auc)),
         "calibration_by_position": {
-            "num_request_rounds": int(raw.shape[0]),
-            "ece_raw": np.round(m_raw.ece, 5).tolist(),
-            "ece": np.round(m_used.ece, 5).tolist(),
-            "auc": np.round(m_used.auc, 5).tolist(),
-            "brier_raw": np.round(m_raw.brier, 5).tolist(),
-            "brier": np.round(m_used.brier, 5).tolist(),
+            "num_request_rounds": counts,
+            "ece_raw": np.round(ece_raw, 5).tolist(),
+            "ece": np.round(ece, 5).tolist(),
+            "auc": np.round(auc, 5).tolist(),
+            "brier_raw": np.round(brier_raw, 5).tolist(),
+            "brier": np.round(brier, 5).tolist(),
             "reliability": curves,
         },
     }
@@ -212,7 +240,9 @@ class RunResult:
             "output_tokens": s.output_tokens,
             "generated_tokens": s.generated_tokens,
             "arrival_at_s": s.arrival_at_s,
+            "ready_at_s": s.ready_at_s,
             "admitted_at_s": s.admitted_at_s,
+            "queue_s": s.admitted_at_s - s.ready_at_s,
             "first_token_at_s": s.first_token_at_s,
             "finished_at_s": s.finished_at_s,
             "ttft_s": s.first_token_at_s - s.arrival_at_s,

@@ -25,7 +25,8 @@ from plotly.subplots import make_subplots
 
 from .study import atomic_write_text
 
-__all__ = ["StudyResults", "load_results", "aggregate", "write_report", "headline_table", "dspark_losses"]
+__all__ = ["StudyResults", "load_results", "aggregate", "write_report", "headline_table", "dspark_losses",
+           "phase_table"]
 
 LOAD_AXES = ("workload.concurrency", "workload.rate_per_s", "workload.rate_scale")
 HEADLINE = [
@@ -200,9 +201,118 @@ def _load_fig(sub: pd.DataFrame, x: str, colors: dict[str, str], title: str) -> 
                 x=d[x], y=d[f"{m}_mean"] + add, mode="lines+markers", name=pol, legendgroup=pol,
                 showlegend=col == 1, line={"color": colors[pol]},
                 error_y={"type": "data", "array": d[f"{m}_sd"], "visible": True}), row=1, col=col)
-            fig.update_xaxes(title_text=x, type="log", row=1, col=col)
-    fig.update_layout(title=f"Load sweep (paper Fig. 8){title}", height=430)
+            fig.update_xaxes(title_text=x, type="log" if _numeric(sub[x]) else "category", row=1, col=col)
+    name = "Load sweep (paper Fig. 8)" if x in LOAD_AXES else f"Sweep over {x}"
+    fig.update_layout(title=f"{name}{title}", height=430)
     return fig
+
+
+def _numeric(col: pd.Series) -> bool:
+    return bool(pd.to_numeric(col, errors="coerce").notna().all())
+
+
+def _phases(summary: dict[str, Any]) -> list[tuple[float, float, float]]:
+    """(start_s, end_s, rate_per_s) of a run's load-ramp segments, or [] without a ramp."""
+    sched = (summary.get("scenario", {}).get("workload", {}) or {}).get("rate_schedule") or []
+    out, t = [], 0.0
+    for seg in sched:
+        out.append((t, t + float(seg["duration_s"]), float(seg["rate_per_s"])))
+        t += float(seg["duration_s"])
+    return out
+
+
+def _uses_memtp(res: StudyResults) -> bool:
+    return any((s.get("scenario", {}).get("memtp", {}) or {}).get("depth") is not None for s in res.summaries.values())
+
+
+def _timeline_fig(res: StudyResults, x: str | None, bin_s: float = 60.0) -> go.Figure | None:
+    """Depth, free memory, KV in use, coherence R and queue over simulated time (seed 0, first policy)."""
+    t = res.table
+    first = t[(t["seed"] == t["seed"].min()) & (t["policy"] == t["policy"].iloc[0])]
+    if first.empty:
+        return None
+    fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.03, subplot_titles=(
+        "ensemble depth (heads = draft length)", "memory free for heads / KV (GiB)", "KV cache in use (GiB)",
+        "coherence R (EWMA of accepted / verified draft tokens)", "requests waiting for admission"))
+    for i, (_, row) in enumerate(first.iterrows()):
+        f = res.root / "runs" / row["run_id"] / "rounds.parquet"
+        if not f.is_file():
+            continue
+        r = pd.read_parquet(f, columns=["start_s", "duration_s", "depth", "free_gib", "kv_gib", "coherence",
+                                        "num_waiting"])
+        r["bin"] = (r["start_s"] // bin_s) * bin_s
+        w = r["duration_s"]
+        cols = ["depth", "free_gib", "kv_gib", "coherence", "num_waiting"]
+        binned = (r[cols].mul(w, axis=0).groupby(r["bin"]).sum().div(w.groupby(r["bin"]).sum(), axis=0))
+        label = f"{x} = {row[x]}" if x else row["policy"]
+        color = _COLORS[i % len(_COLORS)]
+        for k, c in enumerate(cols, start=1):
+            fig.add_trace(go.Scatter(x=binned.index, y=binned[c], mode="lines", name=label, legendgroup=label,
+                                     showlegend=k == 1, line={"color": color}), row=k, col=1)
+    summ = res.summaries.get(first["run_id"].iloc[0], {})
+    for start, end, rate in _phases(summ):
+        fig.add_vrect(x0=start, x1=end, fillcolor="#888" if rate > 0 else "#fff", opacity=min(0.25, 0.05 + rate),
+                      line_width=0, annotation_text=f"{rate:g} req/s", annotation_position="top left", row=1, col=1)
+    fig.update_xaxes(title_text="simulated time (s)", row=5, col=1)
+    fig.update_layout(title=f"Timeline ({t['policy'].iloc[0]}, seed {int(t['seed'].min())}; {bin_s:g} s bins, "
+                      "time-weighted)", height=1100)
+    return fig
+
+
+def phase_notes(ph: pd.DataFrame, x: str | None) -> list[str]:
+    """One sentence per (policy, phase): which setting of ``x`` gives the best median per-user speed,
+    where the elastic setting stands, and who rejected requests."""
+    if x is None or x not in ph:
+        return []
+    notes = []
+    for (pol, phase), g in ph.groupby(["policy", "phase"], sort=True):
+        best = g.loc[g["tok/s/user p50"].idxmax()]
+        msg = f"{pol}, phase {phase}: fastest per user with {x} = {best[x]} ({best['tok/s/user p50']:.1f} tok/s/user p50)"
+        el = g[g[x].astype(str) == "elastic"]
+        if not el.empty and str(best[x]) != "elastic":
+            e = el.iloc[0]
+            msg += f"; elastic {e['tok/s/user p50']:.1f} at mean depth {e['mean depth']:.1f}"
+        rej = g[g["rejected"] > 0]
+        if not rej.empty:
+            msg += "; rejected (KV cannot fit next to the heads): " + ", ".join(
+                f"{x} = {r[x]}: {r['rejected']:g}" for _, r in rej.iterrows())
+        notes.append(msg)
+    return notes
+
+
+def phase_table(res: StudyResults) -> pd.DataFrame | None:
+    """Per load phase (by arrival time): requests, tok/s/user p50, TTFT p50, queue p90, rejected,
+    time-weighted mean depth; mean over seeds, one row per run group and phase."""
+    rows = []
+    for _, run in res.table.iterrows():
+        summ = res.summaries.get(run["run_id"])
+        phases = _phases(summ or {})
+        if not phases:
+            return None
+        d = res.root / "runs" / run["run_id"]
+        rq = pd.read_csv(d / "requests.csv", usecols=["status", "arrival_at_s", "queue_s", "ttft_s",
+                                                      "tok_per_s_user"])
+        rd = pd.read_parquet(d / "rounds.parquet", columns=["start_s", "duration_s", "depth", "kv_gib"])
+        for k, (start, end, rate) in enumerate(phases):
+            sel = rq[(rq["arrival_at_s"] >= start) & (rq["arrival_at_s"] < end)]
+            done = sel[sel["status"] == "finished"]
+            rr = rd[(rd["start_s"] >= start) & (rd["start_s"] < end)]
+            w = rr["duration_s"].sum()
+            rows.append({
+                **{key: run[key] for key in res.sweep_keys}, "policy": run["policy"], "seed": run["seed"],
+                "phase": f"{k + 1}: {rate:g} req/s",
+                "requests": len(sel), "rejected": int((sel["status"] == "rejected").sum()),
+                "tok/s/user p50": done["tok_per_s_user"].median(),
+                "TTFT p50 s": done["ttft_s"].median(),
+                "queue p90 s": done["queue_s"].quantile(0.9),
+                "mean depth": (rr["depth"] * rr["duration_s"]).sum() / w if w > 0 else np.nan,
+                "peak KV GiB": rr["kv_gib"].max() if len(rr) else np.nan,
+            })
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    keys = res.sweep_keys + ["policy", "phase"]
+    return df.drop(columns="seed").groupby(keys, sort=True).mean(numeric_only=True).reset_index()
 
 
 def _latency_fig(res: StudyResults, sub: pd.DataFrame, x: str | None, colors: dict[str, str], title: str) -> go.Figure:
@@ -337,6 +447,20 @@ def write_report(root: str | Path) -> Path:
         if x:
             parts.append(fig_html(_load_fig(sub, x, colors, suffix)))
         parts.append(fig_html(_latency_fig(res, sub, x, colors, suffix)))
+
+    if _uses_memtp(res):
+        parts.append("<h2>MEMTP: depth, memory and coherence over time</h2>")
+        tl = _timeline_fig(res, x)
+        if tl is not None:
+            parts.append(fig_html(tl))
+        ph = phase_table(res)
+        if ph is not None:
+            parts.append("<p>Per load phase (requests grouped by arrival time; mean over seeds). This is where "
+                         "an elastic ensemble and a fixed depth differ: per-user speed and queueing while load is "
+                         "low and while memory binds, and requests rejected because their KV cannot fit next to "
+                         "the heads.</p>")
+            parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in phase_notes(ph, x)) + "</ul>")
+            parts.append(_table_html(ph))
 
     sps_fig = _sps_fig(res)
     if sps_fig is not None:

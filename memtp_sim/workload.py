@@ -113,6 +113,23 @@ def load_trace(path: str | Path) -> Trace:
     return _read_trace(str(Path(path).resolve()))
 
 
+def _piecewise_poisson(rng: np.random.Generator, n: int, schedule: list[tuple[float, float]]) -> np.ndarray:
+    """Arrival times (at most ``n``) of a Poisson process with a piecewise-constant rate.
+
+    Time rescaling: unit-rate exponential gaps give arrival "mass" coordinates, mapped back to
+    time through the inverse of the cumulative rate. Arrivals after the schedule ends are dropped.
+    """
+    durations = np.array([d for d, _ in schedule], dtype=np.float64)
+    rates = np.array([r for _, r in schedule], dtype=np.float64)
+    edges = np.concatenate(([0.0], np.cumsum(durations * rates)))  # cumulative expected arrivals
+    starts = np.concatenate(([0.0], np.cumsum(durations)))
+    mass = np.cumsum(rng.exponential(1.0, size=n))
+    mass = mass[mass < edges[-1]]
+    # side="right" skips zero-rate segments (their mass interval is empty)
+    seg = np.searchsorted(edges, mass, side="right") - 1
+    return starts[seg] + (mass - edges[seg]) / rates[seg]
+
+
 def build_workload(
     trace: Trace,
     *,
@@ -122,6 +139,7 @@ def build_workload(
     domain_probs: np.ndarray,
     rate_scale: float = 1.0,
     rate_per_s: float | None = None,
+    rate_schedule: list[tuple[float, float]] | None = None,
     concurrency: int | None = None,
     think_time_s: float = 0.0,
     start_offset_s: float = 0.0,
@@ -133,6 +151,9 @@ def build_workload(
         domain_probs: probability of each acceptance domain, shape (n_domains,), sums to 1.
         rate_scale: trace mode: arrival rate multiplier (times are divided by it).
         rate_per_s: poisson mode: mean arrival rate, requests per second.
+        rate_schedule: poisson mode: ``[(duration_s, rate_per_s), ...]`` piecewise-constant rate
+            (a load ramp); arrivals stop at the end of the schedule, so ``num_requests`` is then
+            an upper bound.
         concurrency: closed-loop users.
         start_offset_s: trace mode: skip requests that arrived earlier than this (trace time).
 
@@ -155,11 +176,16 @@ def build_workload(
     idx = rng.integers(0, len(trace), size=n)
     prompt, out = trace.prompt_tokens[idx], trace.output_tokens[idx]
     if mode == "poisson":
-        assert rate_per_s is not None and rate_per_s > 0
-        arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, size=n))
-        arrival -= arrival[0]
-        return Workload(arrival, prompt, out, domain,
-                        description=f"Poisson {rate_per_s:g} req/s, lengths from {Path(trace.path).name}")
+        if rate_schedule:
+            arrival = _piecewise_poisson(rng, n, rate_schedule)
+            prompt, out, domain = prompt[: arrival.size], out[: arrival.size], domain[: arrival.size]
+            desc = "Poisson ramp " + " -> ".join(f"{r:g}/s x {d:g}s" for d, r in rate_schedule)
+        else:
+            assert rate_per_s is not None and rate_per_s > 0
+            arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, size=n))
+            arrival -= arrival[0]
+            desc = f"Poisson {rate_per_s:g} req/s"
+        return Workload(arrival, prompt, out, domain, description=f"{desc}, lengths from {Path(trace.path).name}")
     if mode == "closed_loop":
         assert concurrency is not None and concurrency >= 1
         return Workload(np.full(n, np.nan), prompt, out, domain, concurrency=int(concurrency),
