@@ -267,8 +267,18 @@ class Study(_Strict):
     description: str = ""
     base: Scenario
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] | None = Field(
+        None, description="named sets of dotted-path overrides, e.g. {raw: {confidence.sts: none}}; "
+        "a sweep dimension labelled 'variant'")
     policies: list[PolicySpec] | None = None
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    report_x: str | None = Field(None, description="sweep key for the report's x axis (default: the load axis)")
+
+    @model_validator(mode="after")
+    def _report_x_known(self) -> "Study":
+        if self.report_x is not None and self.report_x not in self.label_keys:
+            raise ValueError(f"report_x: {self.report_x!r} is not a sweep key; allowed: {', '.join(self.label_keys)}")
+        return self
 
     @field_validator("sweep")
     @classmethod
@@ -288,23 +298,32 @@ class Study(_Strict):
         base["policy"] = self._policy_dict(self.base.policy)
         keys = list(self.sweep)
         policies = self.policies or [self.base.policy]
+        variants = list((self.variants or {"": {}}).items())
         out = []
-        for values in itertools.product(*(self.sweep[k] for k in keys)):
-            for pol in policies:
-                doc = copy.deepcopy(base)
-                for k, v in zip(keys, values):
-                    _set_dotted(doc, k, v, source)
-                doc["policy"] = self._policy_dict(pol)
-                try:
-                    scen = Scenario.model_validate(doc)
-                except ValidationError as e:
-                    where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, values))
-                    raise ConfigError(format_validation_error(e, f"{source} (sweep {where})")) from None
-                labels = dict(zip(keys, values))
-                labels["policy"] = pol.label()
-                for seed in self.seeds:
-                    out.append((labels, scen, int(seed)))
+        for vname, overrides in variants:
+            for values in itertools.product(*(self.sweep[k] for k in keys)):
+                for pol in policies:
+                    doc = copy.deepcopy(base)
+                    for k, v in overrides.items():
+                        _set_dotted(doc, k, v, f"{source}: variants.{vname}")
+                    for k, v in zip(keys, values):
+                        _set_dotted(doc, k, v, source)
+                    doc["policy"] = self._policy_dict(pol)
+                    try:
+                        scen = Scenario.model_validate(doc)
+                    except ValidationError as e:
+                        where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={v!r}" for k, v in zip(keys, values)])
+                        raise ConfigError(format_validation_error(e, f"{source} ({where})")) from None
+                    labels = ({"variant": vname} if vname else {}) | dict(zip(keys, values))
+                    labels["policy"] = pol.label()
+                    for seed in self.seeds:
+                        out.append((labels, scen, int(seed)))
         return out
+
+    @property
+    def label_keys(self) -> list[str]:
+        """Sweep dimensions as they appear in run labels (``variant`` first when present)."""
+        return (["variant"] if self.variants else []) + list(self.sweep)
 
     @staticmethod
     def _policy_dict(p: PolicySpec) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from plotly.subplots import make_subplots
 from .study import atomic_write_text
 
 __all__ = ["StudyResults", "load_results", "aggregate", "write_report", "headline_table", "dspark_losses",
-           "phase_table"]
+           "phase_table", "winners_notes"]
 
 LOAD_AXES = ("workload.concurrency", "workload.rate_per_s", "workload.rate_scale")
 HEADLINE = [
@@ -58,6 +58,8 @@ class StudyResults:
 
     @property
     def x_key(self) -> str | None:
+        if self.meta.get("report_x"):
+            return str(self.meta["report_x"])
         for k in LOAD_AXES:
             if k in self.sweep_keys:
                 return k
@@ -164,6 +166,95 @@ def dspark_losses(res: StudyResults, *, margin: float = 0.02) -> list[str]:
                     + " Also, ".join(r[0].upper() + r[1:] for r in reasons) + "."
                 )
     return notes
+
+
+def winners_notes(res: StudyResults, *, tie: float = 0.01) -> list[str]:
+    """In plain words, per facet: which policy gives the highest throughput and which the highest
+    median per-user speed along the sweep axis (mean over seeds). Neighbouring points with the same
+    winner are merged; a lead under ``tie`` (1%) is called a near tie."""
+    x = res.x_key
+    keys = res.facet_keys + ([x] if x else []) + ["policy"]
+    agg = aggregate(res.table, keys, ["throughput_tok_per_s", "tok_per_s_user_p50"])
+    groups = agg.groupby(res.facet_keys, dropna=False, sort=True) if res.facet_keys else [((), agg)]
+    notes = []
+    for facet, sub in groups:
+        facet = facet if isinstance(facet, tuple) else (facet,)
+        where = ", ".join(f"{k} = {v}" for k, v in zip(res.facet_keys, facet))
+        points = list(sub.groupby(x, sort=True)) if x else [("all", sub)]
+        for metric, what in (("throughput_tok_per_s", "highest throughput"),
+                             ("tok_per_s_user_p50", "fastest per user (p50)")):
+            runs: list[dict[str, Any]] = []
+            for xv, pt in points:
+                ranked = pt.sort_values(f"{metric}_mean", ascending=False)
+                best = ranked.iloc[0]
+                second = ranked.iloc[1] if len(ranked) > 1 else None
+                lead = best[f"{metric}_mean"] / second[f"{metric}_mean"] - 1 if second is not None else np.inf
+                if runs and runs[-1]["policy"] == best["policy"]:
+                    runs[-1]["xs"].append(xv)
+                    if lead > runs[-1]["lead"]:
+                        runs[-1].update(lead=lead, second=second["policy"] if second is not None else "")
+                else:
+                    runs.append({"xs": [xv], "policy": best["policy"], "lead": lead,
+                                 "second": second["policy"] if second is not None else ""})
+            parts = []
+            for r in runs:
+                span = (f"{x} {r['xs'][0]}" if len(r["xs"]) == 1 else f"{x} {r['xs'][0]}-{r['xs'][-1]}") if x else ""
+                if r["lead"] < tie:
+                    verdict = f"near tie, {r['policy']} and {r['second']} within {tie:.0%}"
+                else:
+                    verdict = f"{r['policy']}, up to {r['lead']:.0%} ahead of {r['second']}"
+                parts.append(f"{span}: {verdict}" if span else verdict)
+            notes.append(f"{where + ': ' if where else ''}{what}: " + "; ".join(parts) + ".")
+    return notes
+
+
+def _reliability_fig(res: StudyResults, positions: tuple[int, ...] = (1, 3, 5, 7)) -> go.Figure | None:
+    """Reliability diagrams of the cumulative confidence a_k at a few positions: the raw head and
+    what the policy saw after temperatures, one curve per variant (first DSpark-like run, seed 0)."""
+    t = res.table
+    cand = t[(t["seed"] == t["seed"].min()) & t["policy"].str.startswith(("dspark", "threshold", "goodput"))]
+    if cand.empty:
+        return None
+    facet = "variant" if "variant" in t else None
+    picks = cand.groupby(facet, sort=False).head(1) if facet else cand.head(1)
+    fig = make_subplots(rows=1, cols=len(positions), subplot_titles=[f"position {k}" for k in positions])
+    any_curve = False
+    for i, (_, row) in enumerate(picks.iterrows()):
+        cal = res.summaries.get(row["run_id"], {}).get("metrics", {}).get("calibration_by_position")
+        if not cal:
+            continue
+        label = str(row[facet]) if facet else row["policy"]
+        for col, k in enumerate(positions, start=1):
+            for kind, dash in (("raw", "dot"), ("used", "solid")):
+                c = cal["reliability"].get(f"{kind}_{k}")
+                if c is None or (kind == "raw" and i > 0):
+                    continue  # the raw head is the same in every variant: draw it once
+                any_curve = True
+                name = "raw head" if kind == "raw" else f"{label} (as used)"
+                fig.add_trace(go.Scatter(
+                    x=c["mean_prob"], y=c["frac_positive"], mode="lines+markers", name=name, legendgroup=name,
+                    showlegend=col == 1, line={"dash": dash, "color": "#444" if kind == "raw" else _COLORS[i % 8]}),
+                    row=1, col=col)
+            fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line={"color": "#bbb", "width": 1},
+                                     showlegend=False, hoverinfo="skip"), row=1, col=col)
+            fig.update_xaxes(title_text="confidence a_k", range=[0, 1], row=1, col=col)
+            fig.update_yaxes(range=[0, 1], row=1, col=col)
+    if not any_curve:
+        return None
+    fig.update_yaxes(title_text="fraction accepted", row=1, col=1)
+    fig.update_layout(title="Reliability of the cumulative confidence (diagonal = calibrated)", height=380)
+    return fig
+
+
+def _calibration_table(res: StudyResults) -> pd.DataFrame | None:
+    if "ece_mean" not in res.table:
+        return None
+    keys = res.facet_keys + ["policy"]
+    agg = aggregate(res.table, keys, ["ece_raw_mean", "ece_mean", "auc_mean"])
+    if agg["ece_mean_mean"].isna().all():
+        return None
+    return agg[keys + ["ece_raw_mean_mean", "ece_mean_mean", "auc_mean_mean"]].rename(columns={
+        "ece_raw_mean_mean": "raw head ECE", "ece_mean_mean": "ECE as used", "auc_mean_mean": "AUC"})
 
 
 def _color_map(policies: list[str]) -> dict[str, str]:
@@ -428,6 +519,8 @@ def write_report(root: str | Path) -> Path:
                  "(MTP-1 is always 2; no speculation is 1).</li>"
                  "<li>TTFT includes queueing and prefill; TPOT = 1000 / tok/s/user.</li></ul>")
 
+    parts.append("<h2>Which policy wins where</h2><ul>" +
+                 "".join(f"<li>{html.escape(n)}</li>" for n in winners_notes(res)) + "</ul>")
     losses = dspark_losses(res)
     cliffs = _cliffs(res)
     parts.append("<h2>Where DSpark loses to a static policy, and why</h2>")
@@ -447,6 +540,18 @@ def write_report(root: str | Path) -> Path:
         if x:
             parts.append(fig_html(_load_fig(sub, x, colors, suffix)))
         parts.append(fig_html(_latency_fig(res, sub, x, colors, suffix)))
+
+    rel = _reliability_fig(res)
+    cal = _calibration_table(res)
+    if rel is not None or cal is not None:
+        parts.append("<h2>Confidence calibration</h2><p>ECE and AUC of the cumulative confidence a_k = "
+                     "c_1...c_k against 'positions 1..k all accepted', averaged over positions (first "
+                     "20,000 request-rounds of each run). Raw head: before temperatures; as used: after "
+                     "STS and the global temperature, what the policy ranked.</p>")
+        if rel is not None:
+            parts.append(fig_html(rel))
+        if cal is not None:
+            parts.append(_table_html(cal))
 
     if _uses_memtp(res):
         parts.append("<h2>MEMTP: depth, memory and coherence over time</h2>")

@@ -193,6 +193,7 @@ def run_study(
         "description": study.description,
         "source": source,
         "study": study.model_dump(mode="json"),
-        "sweep_keys": list(study.sweep),
+        "sweep_keys": study.label_keys,
+        "report_x": study.report_x,
     }, indent=2))
     return root, table
