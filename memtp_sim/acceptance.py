@@ -266,7 +266,7 @@ class ConfidenceHead:
     Source: DSpark paper section 3.2 (c_k, STS) and Fig. 6 (raw ECE 3-8%, AUC 0.81-0.91).
     """
 
-    noise_sd: float = 0.5
+    noise_sd: float = 0.4
     overconfidence: float = 1.35
     oracle: bool = False
 

@@ -105,7 +105,7 @@ class ConfidenceConfig(_Strict):
 
     head: Literal["model", "oracle"] = Field(
         "model", description="model: noisy, over-confident head; oracle: reports the true acceptance")
-    noise_sd: float = Field(0.5, ge=0.0, description="logit noise of the head (lower AUC)")
+    noise_sd: float = Field(0.4, ge=0.0, description="logit noise of the head (lower AUC)")
     overconfidence: float = Field(1.35, gt=0.0, description="raw logit scale; > 1 is over-confident")
     temperature: float = Field(1.0, gt=0.0, description="global temperature on top of STS")
     sts: Literal["fit", "none"] | list[PositiveFloat] = Field(

@@ -1,0 +1,149 @@
+"""MEMTP in the engine: head memory, elastic depth, breathing under a load ramp.
+
+Oracles: hand-computed capacities (exact binary-fraction memory sizes), the DESIGN.md section 2
+formula's reference point, the invariant "KV + heads + weights never exceed memory", and the
+study's expected breathing (depth lower while memory binds than before and after).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memtp_sim import run
+from memtp_sim.acceptance import AcceptanceModel
+from memtp_sim.config import load_study
+from memtp_sim.engine import Engine, EngineSettings, MemtpSettings
+from memtp_sim.errors import ConfigError
+from memtp_sim.hardware import GIB, DrafterCost, HardwareProfile, MemorySpec, SPSTable
+from memtp_sim.policies import make_policy
+from memtp_sim.study import plan_runs
+from memtp_sim.workload import Workload
+
+REPO = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+
+
+def profile(alloc_gib: float, weights_gib: float = 0.0, reserve_gib: float = 0.0) -> HardwareProfile:
+    # 1 MiB of KV per token, 16-token blocks: one block = 1/64 GiB exactly
+    mem = MemorySpec(gpu_allocatable_gib=alloc_gib, weights_gib=weights_gib, drafter_weights_gib=0.0,
+                     reserve_gib=reserve_gib, kv_bytes_per_token=MIB, kv_block_tokens=16, max_model_len=10**7)
+    sps = SPSTable(np.array([1, 512]), np.array([10.0, 50.0]), source="test")
+    drafter = DrafterCost(0.001, 512, 0.0, 1.0, 0.0001, 0.0, "test")
+    return HardwareProfile("test", "", "", sps, drafter, mem, "<memory>")
+
+
+def engine(prof: HardwareProfile, memtp: MemtpSettings, prompts, outputs, *, concurrency=4, seed=0) -> Engine:
+    prompts, outputs = np.asarray(prompts), np.asarray(outputs)
+    wl = Workload(np.full(prompts.size, np.nan), prompts, outputs, np.zeros(prompts.size, dtype=np.int64),
+                  concurrency=concurrency)
+    pol = make_policy("dspark", {"gamma": memtp.max_depth})
+    return Engine(prof, AcceptanceModel.fixed(0.8), wl, pol,
+                  EngineSettings(max_batch_tokens=512, prefill_chunk_tokens=128, kv_watermark_frac=0.0),
+                  np.random.default_rng(seed), memtp=memtp)
+
+
+def test_fixed_depth_capacity_is_what_the_heads_leave():
+    # 20 GiB, 3 heads of 2.5 GiB -> 12.5 GiB of KV = 800 blocks of 1/64 GiB
+    eng = engine(profile(20.0), MemtpSettings(depth=3, head_cost_gib=2.5, max_depth=8), [100] * 4, [10] * 4)
+    assert eng.capacity == 800
+    state = eng.run()
+    assert np.all(state.rounds["depth"] == 3)
+    assert np.all(state.rounds["heads_gib"] == 7.5)
+    dec = state.rounds["num_decode"] > 0
+    assert np.all(state.rounds["gamma"][dec] == 3)  # the draft length is the ensemble depth
+
+
+def test_elastic_starts_at_the_formula_reference_point():
+    # DESIGN.md section 2: 21.49 GiB free, 4 GiB per head, R = 1 -> depth 5
+    eng = engine(profile(21.49 + 30.0, weights_gib=30.0), MemtpSettings(depth="elastic", max_depth=16), [64], [4],
+                 concurrency=1)
+    assert eng.depth == 5
+    assert eng.capacity == int(np.floor((21.49 - 5 * 4.0) * 64))
+
+
+def test_growing_a_head_stalls_for_its_load_time():
+    # start at 1 head, lots of free memory, dwell 1: the controller grows one head per round
+    ms = MemtpSettings(depth="elastic", max_depth=4, head_cost_gib=1.0, min_dwell_rounds=1, initial_depth=1,
+                       head_load_gb_per_s=2.0)
+    state = engine(profile(40.0), ms, [32] * 2, [200] * 2, concurrency=2).run()
+    r = state.rounds
+    prev = np.concatenate(([1.0], r["depth"][:-1]))  # initial depth 1
+    grew = np.flatnonzero(r["depth"] > prev)
+    assert grew.size == 3  # 1 -> 2 -> 3 -> 4, one head per round
+    assert np.all(r["head_load_s"][r["depth"] <= prev] == 0.0)
+    # one head of 1 GiB at 2 GB/s
+    assert np.allclose(r["head_load_s"][grew], GIB / 2e9)
+    assert np.allclose(r["duration_s"][grew], r["head_load_s"][grew] + r["draft_s"][grew] + r["verify_s"][grew])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    alloc=st.floats(6.0, 24.0),
+    head_cost=st.floats(0.5, 3.0),
+    depth=st.one_of(st.just("elastic"), st.integers(1, 3)),
+    prompts=st.lists(st.integers(16, 3000), min_size=3, max_size=12),
+    conc=st.integers(1, 6),
+    seed=st.integers(0, 10),
+)
+def test_kv_plus_heads_plus_weights_never_exceed_memory(alloc, head_cost, depth, prompts, conc, seed):
+    weights = 2.0
+    ms = MemtpSettings(depth=depth, max_depth=6, head_cost_gib=head_cost, min_dwell_rounds=2)
+    prof = profile(alloc, weights_gib=weights, reserve_gib=0.5)
+    outputs = [20 + (p % 37) for p in prompts]
+    try:
+        eng = engine(prof, ms, prompts, outputs, concurrency=conc, seed=seed)
+    except ValueError:
+        return  # a fixed depth that leaves no KV at all is refused up front
+    state = eng.run()
+    r = state.rounds
+    block_gib = 1.0 / 64
+    used = r["kv_blocks_peak"] * block_gib + r["heads_gib"] + weights + 0.5
+    assert np.all(used <= alloc + 1e-9)
+    assert np.all((r["depth"] >= 1) & (r["depth"] <= 6))
+    finished = state.status == 3
+    rejected = state.status == 4
+    assert np.all(finished | rejected)
+    assert np.array_equal(state.generated_tokens[finished], state.output_tokens[finished])
+
+
+def test_memtp_config_errors_name_the_field(tmp_path):
+    base = (REPO / "studies" / "memtp.yaml").read_text().replace("../data/traces/", str(REPO / "data" / "traces") + "/")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(base.replace("    r_low: 0.3", "    r_low: 0.95"))
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*r_low"):
+        load_study(bad)
+    bad.write_text(base.replace("  policy: {name: dspark, gamma: 16}", "  policy: {name: dspark, gamma: 7}"))
+    with pytest.raises(ConfigError, match=r"gamma"):
+        load_study(bad)
+
+
+@pytest.mark.slow
+def test_ramp_study_breathes_and_hysteresis_bounds_changes():
+    study = load_study(REPO / "studies" / "memtp.yaml")
+    specs = {(s.labels["memtp.depth"], s.labels["policy"].split("(")[0]): s
+             for s in plan_runs(study) if s.seed == 0}
+    res = run(specs[("elastic", "dspark")].scenario, seed=0)
+    r = res.rounds_frame()
+    sched = res.scenario["workload"]["rate_schedule"]
+    ends = np.cumsum([seg["duration_s"] for seg in sched])
+
+    def mean_depth(t0, t1):
+        sel = (r["start_s"] >= t0) & (r["start_s"] < t1)
+        return float((r["depth"][sel] * r["duration_s"][sel]).sum() / r["duration_s"][sel].sum())
+
+    low1, high, low2 = mean_depth(0, ends[0]), mean_depth(ends[0], ends[1]), mean_depth(ends[1], ends[2])
+    assert high < low1 and high < low2, (low1, high, low2)
+    # hysteresis: changes <= 2 * (rounds / dwell + 1) + max_depth - 1 (DepthController's bound)
+    dwell, max_depth = 32, 16
+    bound = 2 * (res.metrics["num_rounds"] / dwell + 1) + max_depth - 1
+    assert 0 < res.metrics["num_depth_changes"] <= bound
+    assert res.metrics["num_rejected"] == 0
+
+    fixed16 = run(specs[(16, "dspark")].scenario, seed=0)
+    # 64 GiB of heads leave ~18 GiB of KV: the longest Mooncake prompts cannot be admitted at all
+    assert fixed16.metrics["rejected_by_reason"].get("exceeds_kv_capacity", 0) > 0
