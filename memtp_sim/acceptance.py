@@ -111,12 +111,15 @@ class AcceptanceModel:
         return float(np.hypot(self.sigma_request, self.sigma_round))
 
     def expected_tau(self, domain: str | int, gamma: int) -> float:
-        """Expected accepted tokens per round (bonus included) under static verification of gamma.
+        """Accepted tokens per round (bonus included) under static verification of ``gamma``, as a
+        benchmark measures it: total accepted tokens / total rounds.
 
-        Integrates the shared logit noise (request + round) with 64-node Gauss-Hermite quadrature.
+        A hard request takes more rounds for the same output, so rounds are not weighted equally
+        across requests: with tau_u the mean over round noise for difficulty u, the ratio is
+        1 / E_u[1 / tau_u] (equal output lengths). Both integrals use Gauss-Hermite quadrature.
         """
         d = self.domain_index(domain) if isinstance(domain, str) else int(domain)
-        return _expected_tau(float(self.mu[d]), float(self.slope[d]), self.sigma_total, gamma)
+        return _expected_tau(float(self.mu[d]), float(self.slope[d]), self.sigma_request, self.sigma_round, gamma)
 
     def sample_difficulty(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Per-request difficulty offsets ``u``, shape (n,)."""
@@ -170,30 +173,38 @@ def conditional_acceptance(mu: float, slope: float, sigma: float, gamma: int) ->
     return joint / prev
 
 
-def _fit_mu(target: float, slope: float, sigma: float, gamma: int) -> float:
-    return brentq(lambda m: _expected_tau(m, slope, sigma, gamma) - target, -12.0, 12.0, xtol=1e-10)
+def _fit_mu(target: float, slope: float, s_req: float, s_round: float, gamma: int) -> float:
+    return brentq(lambda m: _expected_tau(m, slope, s_req, s_round, gamma) - target, -12.0, 12.0, xtol=1e-10)
 
 
-def _fit_flat(target: float, sigma: float, gamma: int, flat_through: int | None = None) -> tuple[float, float]:
-    """(mu, slope): E[tau] under static ``gamma`` equals ``target``, and the population conditional
+def _fit_flat(target: float, s_req: float, s_round: float, gamma: int,
+              flat_through: int | None = None) -> tuple[float, float]:
+    """(mu, slope): tau under static ``gamma`` equals ``target``, and the population conditional
     acceptance is equal at positions 1 and ``flat_through`` (default ``gamma``)."""
     last = flat_through or gamma
+    sigma = float(np.hypot(s_req, s_round))
 
     def tilt(slope: float) -> float:
-        ca = conditional_acceptance(_fit_mu(target, slope, sigma, gamma), slope, sigma, last)
+        ca = conditional_acceptance(_fit_mu(target, slope, s_req, s_round, gamma), slope, sigma, last)
         return float(ca[-1] - ca[0])
 
     slope = brentq(tilt, -1.0, 0.5, xtol=1e-8) if sigma > 0 else 0.0
-    return _fit_mu(target, slope, sigma, gamma), slope
+    return _fit_mu(target, slope, s_req, s_round, gamma), slope
+
+
+_GH32_NODES, _GH32_WEIGHTS = np.polynomial.hermite_e.hermegauss(32)
+_GH32_WEIGHTS = _GH32_WEIGHTS / _GH32_WEIGHTS.sum()
 
 
 @lru_cache(maxsize=4096)
-def _expected_tau(mu: float, slope: float, sigma: float, gamma: int) -> float:
-    # E_z[ sum_{j=0..gamma} prod_{k<=j} sigmoid(mu + slope (k-1) + sigma z) ]
-    z = sigma * _GH_NODES[:, None]
-    p = expit(mu + slope * np.arange(gamma)[None, :] + z)  # (nodes, gamma)
-    surv = np.cumprod(p, axis=1).sum(axis=1) + 1.0
-    return float(np.dot(_GH_WEIGHTS, surv))
+def _expected_tau(mu: float, slope: float, s_req: float, s_round: float, gamma: int) -> float:
+    # tau_u = E_z[ sum_{j=0..gamma} prod_{k<=j} sigmoid(mu + slope (k-1) + u + z) ];  result 1 / E_u[1 / tau_u]
+    u = s_req * _GH32_NODES[:, None, None]
+    z = s_round * _GH32_NODES[None, :, None]
+    p = expit(mu + slope * np.arange(gamma)[None, None, :] + u + z)  # (u nodes, z nodes, gamma)
+    surv = np.cumprod(p, axis=2).sum(axis=2) + 1.0
+    tau_u = surv @ _GH32_WEIGHTS
+    return float(1.0 / np.dot(_GH32_WEIGHTS, 1.0 / tau_u))
 
 
 def _acceptance_dir() -> Path:
@@ -229,7 +240,6 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
         domains_doc: dict[str, Any] = doc["domains"]
     except (KeyError, TypeError, ValueError) as e:
         raise CalibrationError(f"{where}: missing or invalid field ({e})") from None
-    sigma = float(np.hypot(s_req, s_round))
     names, mus, slopes, targets = [], [], [], {}
     for dname, d in domains_doc.items():
         rows = d["table1_tau"]
@@ -239,10 +249,10 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
             raise CalibrationError(f"{where}: domains.{dname}: target tau {target} outside (1, {gamma + 1})")
         shape = d.get("slope", "flat")
         if shape == "flat":
-            mu, slope = _fit_flat(target, sigma, gamma, flat_through)
+            mu, slope = _fit_flat(target, s_req, s_round, gamma, flat_through)
         else:
             slope = float(shape)
-            mu = _fit_mu(target, slope, sigma, gamma)
+            mu = _fit_mu(target, slope, s_req, s_round, gamma)
         names.append(dname)
         mus.append(mu)
         slopes.append(slope)

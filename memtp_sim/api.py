@@ -104,17 +104,10 @@ def run(scenario: Scenario, *, seed: int = 0,
         concurrency=wl_cfg.concurrency, think_time_s=wl_cfg.think_time_s,
         start_offset_s=wl_cfg.start_offset_s,
     )
-    params = dict(scenario.policy.params)
-    memtp = None
-    if scenario.memtp.depth is not None:
-        # The ensemble depth is the draft length: the policy drafts up to max_depth positions and
-        # each round drafts the current depth.
-        memtp = MemtpSettings(**scenario.memtp.model_dump())
-        from .policies import policy_class
-
-        if "gamma" in policy_class(scenario.policy.name).Params.model_fields:
-            params["gamma"] = scenario.memtp.max_depth
-    policy = make_policy(scenario.policy.name, params)
+    # With MEMTP the ensemble depth is the draft length (gamma -> max_depth; each round drafts
+    # the current depth).
+    memtp = MemtpSettings(**scenario.memtp.model_dump()) if scenario.memtp.depth is not None else None
+    policy = make_policy(scenario.policy.name, scenario.effective_policy_params())
     max_gamma = memtp.max_depth if memtp is not None else int(policy.draft_len)
     head, temps = confidence_setup(scenario, acc, probs, max_gamma, seed)
     settings = EngineSettings(**scenario.engine.model_dump())

@@ -163,9 +163,15 @@ class WorkloadConfig(_Strict):
     @field_validator("trace")
     @classmethod
     def _trace_exists(cls, v: str, info: ValidationInfo) -> str:
+        from .workload import load_trace
+
         p = _resolve_path(v, info)
         if not Path(p).is_file():
             raise ValueError(f"trace file not found: {p}")
+        try:
+            load_trace(p)  # cached; checks the columns now rather than when a run starts
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
         return p
 
     @model_validator(mode="after")
@@ -251,13 +257,26 @@ class Scenario(_Strict):
         if self.memtp.depth is not None and self.policy.name in ("no_spec", "mtp1"):
             raise ValueError(f"memtp.depth: needs a policy that drafts (dspark, dspark_async, static, threshold, "
                              f"goodput), not {self.policy.name!r}")
-        gamma = self.policy.params.get("gamma")
-        if self.memtp.depth is not None and gamma is not None and gamma != self.memtp.max_depth:
-            raise ValueError(f"policy.gamma: with memtp.depth set the draft length is the ensemble depth; set "
-                             f"gamma to memtp.max_depth ({self.memtp.max_depth}) or leave it out (got {gamma})")
         if self.engine.prefill_chunk_tokens >= self.engine.max_batch_tokens:
             raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
         return self
+
+
+    def effective_policy_params(self) -> dict[str, Any]:
+        """The policy's parameters as the run uses them: with MEMTP the ensemble depth is the draft
+        length, so a policy's ``gamma`` becomes ``memtp.max_depth`` (each round drafts the current
+        depth)."""
+        from .policies import policy_class
+
+        params = dict(self.policy.params)
+        if self.memtp.depth is not None and "gamma" in policy_class(self.policy.name).Params.model_fields:
+            params["gamma"] = self.memtp.max_depth
+        return params
+
+    def policy_label(self) -> str:
+        from .policies import make_policy
+
+        return make_policy(self.policy.name, self.effective_policy_params()).describe()
 
 
 class Study(_Strict):
@@ -315,7 +334,7 @@ class Study(_Strict):
                         where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={v!r}" for k, v in zip(keys, values)])
                         raise ConfigError(format_validation_error(e, f"{source} ({where})")) from None
                     labels = ({"variant": vname} if vname else {}) | dict(zip(keys, values))
-                    labels["policy"] = pol.label()
+                    labels["policy"] = scen.policy_label()
                     for seed in self.seeds:
                         out.append((labels, scen, int(seed)))
         return out
@@ -396,7 +415,9 @@ def _read_yaml(path: str | Path) -> tuple[Path, Any]:
     if not p.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -59,7 +59,7 @@ ROUND_FIELDS = (
     "batch_tokens", "gamma", "verify_tokens", "accepted_tokens", "emitted_tokens", "num_waiting",
     "num_running", "kv_blocks_peak", "kv_blocks_after", "theta", "theta_global", "num_preempted",
     "num_trimmed", "depth", "coherence", "heads_gib", "kv_gib", "free_gib", "kv_capacity_blocks",
-    "head_load_s",
+    "head_load_s", "num_remote_prefill",
 )
 
 
@@ -144,6 +144,7 @@ class EngineState:
     confidence_used: np.ndarray  # (n_diag, gamma) after temperatures (what the policy saw)
     confidence_outcome: np.ndarray  # (n_diag, gamma) bool, positions 1..k all accepted
     confidence_width: np.ndarray  # (n_diag,) positions drafted in that round (rest is padding)
+    in_system_area: float = 0.0  # integral over time of requests in the system, request-seconds
     num_depth_changes: int = 0
 
 
@@ -250,6 +251,10 @@ class Engine:
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # admission order
         self.num_done = 0
+        self.num_remote_prefill = 0  # requests queued for or in a remote prefill GPU
+        self.in_system = 0
+        self.in_system_area = 0.0
+        self._in_system_since = 0.0
         self.last_arrival = 0.0
         self.log = _RoundLog()
         self._wake: simpy.Event | None = None
@@ -259,7 +264,16 @@ class Engine:
         self._prefill_gpu = simpy.Resource(self.env, capacity=settings.prefill_gpus)
 
     # ----------------------------------------------------------------- arrivals
+    def _count_in_system(self, delta: int) -> None:
+        # time integral of requests in the system (arrived, not yet finished or rejected): the
+        # L of Little's law, kept from the engine's own state changes
+        now = self.env.now
+        self.in_system_area += self.in_system * (now - self._in_system_since)
+        self._in_system_since = now
+        self.in_system += delta
+
     def _submit(self, i: int) -> None:
+        self._count_in_system(+1)
         now = self.env.now
         self.arrival_at[i] = now
         self.last_arrival = now
@@ -270,6 +284,7 @@ class Engine:
             self._reject(i, "exceeds_kv_capacity")
             return
         if self.cfg.prefill == "disaggregated":
+            self.num_remote_prefill += 1
             self.env.process(self._remote_prefill(i))
             return
         self._enqueue(i)
@@ -289,6 +304,7 @@ class Engine:
         with self._prefill_gpu.request() as slot:
             yield slot
             yield self.env.timeout(self._prefill_time_s(int(self.prompt[i])))
+        self.num_remote_prefill -= 1
         self.first_token_at[i] = self.env.now
         self.generated[i] = 1
         self.kv_transferred[i] = True
@@ -331,10 +347,15 @@ class Engine:
                 yield env.timeout(self.wl.think_time_s)
 
     def _complete(self, i: int) -> None:
+        self._count_in_system(-1)
         self.num_done += 1
         ev = self._done_events.pop(i, None)
         if ev is not None:
             ev.succeed()
+        # A request can end outside a round (rejected at arrival, or done at remote prefill)
+        # while the engine sleeps: wake it so it can notice the run is over.
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
         if self.progress is not None and (self.num_done % self._progress_step == 0 or self.num_done == self.n):
             self.progress(self.num_done, self.n)
 
@@ -504,6 +525,7 @@ class Engine:
             start = env.now
             num_waiting = len(self.waiting)
             num_running = len(self.running)
+            num_remote = self.num_remote_prefill
             yield env.timeout(duration)
             now = env.now
 
@@ -568,7 +590,7 @@ class Engine:
                 gamma if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
                 num_running, kv_peak, self.blocks_used, theta, theta_g, num_preempted, num_trimmed,
                 gamma, self.coherence.value, self.heads_gib, kv_gib, fixed_gib - self.heads_gib - kv_gib,
-                self.capacity, head_load_s,
+                self.capacity, head_load_s, num_remote,
             ))
             round_index += 1
 
@@ -606,6 +628,7 @@ class Engine:
             num_rounds=self.num_rounds, draft_tokens_verified=self.verified,
             draft_tokens_accepted=self.accepted, rounds=self.log.arrays(),
             kv_capacity_blocks=self.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
+            in_system_area=self.in_system_area,
             confidence_raw=self.diag_raw[: self.diag_n], confidence_used=self.diag_used[: self.diag_n],
             confidence_outcome=self.diag_ok[: self.diag_n], confidence_width=self.diag_width[: self.diag_n],
             num_depth_changes=self.controller.num_changes if self.controller is not None else 0,

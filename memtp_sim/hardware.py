@@ -310,10 +310,11 @@ def list_profiles() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for p in sorted(calibration_dir().glob("*/*.yaml")):
         try:
-            name = yaml.safe_load(p.read_text())["name"]
-        except Exception:  # noqa: BLE001 - a broken file is reported when loaded by name
-            continue
-        out[str(name)] = p
+            doc = yaml.safe_load(p.read_text())
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            continue  # a broken file is reported when loaded by path
+        if isinstance(doc, dict) and "name" in doc and "verify" in doc and "measurements" in doc:
+            out[str(doc["name"])] = p
     return out
 
 

@@ -22,8 +22,10 @@ vLLM's spec-decode metrics):
 * ``early_stop_gap_frac``: for DSpark with early stop, the fraction of rounds where a global
   search over the same candidates would have found a higher expected rate (the paper's
   section 5.2 caveat about jagged SPS cliffs).
-* Little's law terms: ``mean_in_system`` (time average of waiting + running requests over the
-  run, sampled at round starts), ``arrival_rate_per_s``, ``mean_e2e_s``.
+* Little's law terms: ``mean_in_system`` (time average of requests in the system, integrated
+  from the engine's own arrival/completion events), ``mean_in_system_sampled`` (the same, sampled
+  at round starts: waiting + running + in a remote prefill GPU; idle periods count as 0),
+  ``arrival_rate_per_s``, ``mean_e2e_s``.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
     verified = float(r["verify_tokens"].sum())
     accepted = float(r["accepted_tokens"].sum())
     total_time = float(r["duration_s"].sum())
-    in_system = r["num_waiting"] + r["num_running"]
+    in_system = r["num_waiting"] + r["num_running"] + r["num_remote_prefill"]
     theta, theta_g = r["theta"], r["theta_global"]
     has_theta = np.isfinite(theta) & np.isfinite(theta_g)
     gap = has_theta & (theta_g > theta * (1 + 1e-9))
@@ -143,7 +145,8 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
         "mean_waiting": _time_avg(r["num_waiting"], r["duration_s"]),
         "num_draft_trims": int(r["num_trimmed"].sum()),
         "early_stop_gap_frac": float(gap.sum() / has_theta.sum()) if has_theta.any() else float("nan"),
-        "mean_in_system": float((in_system * r["duration_s"]).sum()) / makespan,
+        "mean_in_system": st.in_system_area / makespan,
+        "mean_in_system_sampled": float((in_system * r["duration_s"]).sum()) / makespan,
         "arrival_rate_per_s": float(st.status.size) / max(st.last_arrival_s - t0, 1e-12)
         if st.last_arrival_s > t0 else float("nan"),
     }
@@ -183,10 +186,15 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
                                      "counts": rc.counts.tolist()}
     if not ece:
         return nan
+
+    def nanmean(v: list[float]) -> float:  # AUC is NaN where every draft was accepted (or rejected)
+        a = np.asarray(v, dtype=np.float64)
+        return float(a[np.isfinite(a)].mean()) if np.isfinite(a).any() else float("nan")
+
     return {
-        "ece_raw_mean": float(np.nanmean(ece_raw)),
-        "ece_mean": float(np.nanmean(ece)),
-        "auc_mean": float(np.nanmean(auc)),
+        "ece_raw_mean": nanmean(ece_raw),
+        "ece_mean": nanmean(ece),
+        "auc_mean": nanmean(auc),
         "calibration_by_position": {
             "num_request_rounds": counts,
             "ece_raw": np.round(ece_raw, 5).tolist(),

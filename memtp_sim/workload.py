@@ -84,24 +84,32 @@ def _read_trace(path: str) -> Trace:
         head = pd.read_csv(p, nrows=0).columns.tolist()
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
         raise ConfigError(f"{path}: not a readable CSV trace ({e.__class__.__name__})") from None
-    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= set(head):
-        df = pd.read_csv(p, usecols=["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
-        ts = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
-        arr = (ts - ts.iloc[0]).dt.total_seconds().to_numpy()
-        prompt, out, fmt = df["ContextTokens"].to_numpy(), df["GeneratedTokens"].to_numpy(), "azure2023"
-    elif {"timestamp", "input_length", "output_length"} <= set(head):
-        df = pd.read_csv(p, usecols=["timestamp", "input_length", "output_length"])
-        arr = (df["timestamp"].to_numpy(dtype=np.float64) - float(df["timestamp"].iloc[0])) / 1000.0
-        prompt, out, fmt = df["input_length"].to_numpy(), df["output_length"].to_numpy(), "mooncake"
-    else:
-        raise ConfigError(
-            f"{path}: unknown trace columns {head}; expected Azure (TIMESTAMP, ContextTokens, "
-            "GeneratedTokens) or Mooncake (timestamp, input_length, output_length)"
-        )
+    try:
+        if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= set(head):
+            df = pd.read_csv(p, usecols=["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+            ts = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
+            arr = (ts - ts.iloc[0]).dt.total_seconds().to_numpy()
+            prompt, out, fmt = df["ContextTokens"].to_numpy(), df["GeneratedTokens"].to_numpy(), "azure2023"
+        elif {"timestamp", "input_length", "output_length"} <= set(head):
+            df = pd.read_csv(p, usecols=["timestamp", "input_length", "output_length"])
+            arr = (df["timestamp"].to_numpy(dtype=np.float64) - float(df["timestamp"].iloc[0])) / 1000.0
+            prompt, out, fmt = df["input_length"].to_numpy(), df["output_length"].to_numpy(), "mooncake"
+        else:
+            raise ConfigError(
+                f"{path}: unknown trace columns {head}; expected Azure (TIMESTAMP, ContextTokens, "
+                "GeneratedTokens) or Mooncake (timestamp, input_length, output_length)"
+            )
+        prompt, out = prompt.astype(np.int64), out.astype(np.int64)
+    except (ValueError, TypeError, IndexError, pd.errors.ParserError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{path}: trace rows could not be parsed ({e.__class__.__name__}: {str(e)[:80]})") from None
     if len(df) == 0:
         raise ConfigError(f"{path}: trace has no rows")
+    if (prompt < 1).any() or (out < 1).any():
+        raise ConfigError(f"{path}: every request needs >= 1 prompt token and >= 1 output token")
     order = np.argsort(arr, kind="stable")
-    return Trace(str(p), arr[order], prompt[order].astype(np.int64), out[order].astype(np.int64), fmt)
+    return Trace(str(p), arr[order], prompt[order], out[order], fmt)
 
 
 def load_trace(path: str | Path) -> Trace:

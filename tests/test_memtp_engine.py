@@ -117,9 +117,14 @@ def test_memtp_config_errors_name_the_field(tmp_path):
     bad.write_text(base.replace("    r_low: 0.3", "    r_low: 0.95"))
     with pytest.raises(ConfigError, match=r"bad\.yaml.*r_low"):
         load_study(bad)
-    bad.write_text(base.replace("  policy: {name: dspark, gamma: 16}", "  policy: {name: dspark, gamma: 7}"))
-    with pytest.raises(ConfigError, match=r"gamma"):
+    bad.write_text(base.replace("    max_depth: 16", "    max_depth: 4\n    initial_depth: 5"))
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*initial_depth"):
         load_study(bad)
+    # with MEMTP the policy's gamma is the ensemble's max depth, whatever the YAML says
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(base.replace("  policy: {name: dspark, gamma: 16}", "  policy: {name: dspark, gamma: 7}"))
+    labels = {s.labels["policy"] for s in plan_runs(load_study(ok))}
+    assert all("gamma=16" in lab for lab in labels if lab.startswith("dspark("))
 
 
 @pytest.mark.slow

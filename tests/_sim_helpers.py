@@ -1,0 +1,111 @@
+"""Shared builders for the core simulator tests (not a test module).
+
+Two ways to get a run:
+
+* :func:`scenario` builds a validated :class:`~memtp_sim.config.Scenario` on the shipped Azure
+  conversation trace (absolute path, so the tests do not depend on the working directory);
+* :func:`flat_profile` + :func:`run_engine` drive :class:`~memtp_sim.engine.Engine` directly with a
+  hand-made hardware profile (flat SPS table, zero drafter cost, a KV cache of an exact number of
+  blocks) and a hand-made workload, so that timings and memory can be worked out by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memtp_sim.acceptance import AcceptanceModel
+from memtp_sim.config import Scenario
+from memtp_sim.engine import Engine, EngineSettings, EngineState
+from memtp_sim.hardware import DrafterCost, HardwareProfile, MemorySpec, SPSTable
+from memtp_sim.policies import make_policy
+from memtp_sim.workload import Workload
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
+MEBI = 1 << 20
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def scenario_doc(**sections: Any) -> dict[str, Any]:
+    """A scenario mapping: closed loop on the Azure conversation trace, overridden per section."""
+    base = {"workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 4, "num_requests": 50}}
+    doc = _merge(base, sections)
+    # a section given with a different mode must not inherit the closed-loop fields
+    wl = doc["workload"]
+    if wl.get("mode") != "closed_loop" and "concurrency" in wl and "concurrency" not in sections.get("workload", {}):
+        del wl["concurrency"]
+    return doc
+
+
+def scenario(**sections: Any) -> Scenario:
+    return Scenario.model_validate(scenario_doc(**sections))
+
+
+# ---------------------------------------------------------------------------------------------
+# hand-made hardware
+# ---------------------------------------------------------------------------------------------
+
+
+def zero_drafter(t_seq_s: float = 0.0, t_small_s: float = 0.0) -> DrafterCost:
+    # t_large_s = 0: the parallel pass costs t_small_s whatever the batch (max(t_small, 0)).
+    return DrafterCost(t_small_s=t_small_s, large_b=512, t_large_s=0.0, time_scale=1.0, t_seq_s=t_seq_s,
+                       weights_gib=0.0, source="test: hand-made")
+
+
+def flat_profile(*, pass_ms: float = 10.0, max_b: int = 64, kv_blocks: int = 1024, block_tokens: int = 16,
+                 max_model_len: int = 1_000_000, drafter: DrafterCost | None = None,
+                 sps: SPSTable | None = None) -> HardwareProfile:
+    """A profile whose KV cache holds exactly ``kv_blocks`` blocks.
+
+    KV bytes per token = 1 MiB, so a block of 16 tokens is 16 MiB = 1/64 GiB; the allocatable memory
+    is kv_blocks/64 GiB (an exact binary fraction) and nothing else uses memory, hence
+    floor((kv_blocks/64) / (1/64)) = kv_blocks blocks with or without a drafter.
+    """
+    assert block_tokens == 16, "the exact-capacity arithmetic above assumes 16-token blocks"
+    table = sps if sps is not None else SPSTable(np.array([1, max_b]), np.array([pass_ms, pass_ms]),
+                                                 source="test: flat")
+    mem = MemorySpec(gpu_allocatable_gib=kv_blocks / 64.0, weights_gib=0.0, drafter_weights_gib=0.0,
+                     reserve_gib=0.0, kv_bytes_per_token=MEBI, kv_block_tokens=block_tokens,
+                     max_model_len=max_model_len)
+    return HardwareProfile(name="test-flat", description="hand-made", chip="none", sps=table,
+                           drafter=drafter or zero_drafter(), memory=mem, path="<memory>")
+
+
+def certain_acceptance(accept: bool) -> AcceptanceModel:
+    """Acceptance probability 1 (logit +40 rounds to exactly 1.0) or 0 (logit -40), no noise."""
+    mu = 40.0 if accept else -40.0
+    return AcceptanceModel(("chat",), np.array([mu]), np.array([0.0]), 0.0, 0.0, name="certain")
+
+
+def workload(prompt, output, arrival=None, *, concurrency=None, think_time_s=0.0) -> Workload:
+    prompt = np.asarray(prompt, dtype=np.int64)
+    output = np.asarray(output, dtype=np.int64)
+    n = prompt.size
+    if concurrency is not None:
+        arr = np.full(n, np.nan)
+    else:
+        arr = np.zeros(n) if arrival is None else np.asarray(arrival, dtype=np.float64)
+    return Workload(arr, prompt, output, np.zeros(n, dtype=np.int64), concurrency=concurrency,
+                    think_time_s=think_time_s)
+
+
+def run_engine(profile: HardwareProfile, wl: Workload, policy: str = "no_spec", params: dict | None = None, *,
+               acceptance: AcceptanceModel | None = None, seed: int = 0, **settings: Any) -> EngineState:
+    st = {"max_batch_tokens": 64, "prefill_chunk_tokens": 32, "kv_watermark_frac": 0.0}
+    st.update(settings)
+    eng = Engine(profile, acceptance or AcceptanceModel.fixed(0.7), wl, make_policy(policy, params or {}),
+                 EngineSettings(**st), np.random.default_rng(seed))
+    return eng.run()

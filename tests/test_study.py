@@ -1,0 +1,106 @@
+"""The study runner through the real command line: outputs, resume, partial recompute, summary.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+import memtp_sim
+from _sim_helpers import REPO, TRACE
+
+UNIT_TOKENS = ("_s", "_ms", "_per_s", "_gib")
+TIMED_WORDS = ("ttft", "tpot", "e2e", "latency", "makespan", "throughput", "queue", "wall", "window", "duration")
+
+
+def _study_doc() -> dict:
+    return {
+        "name": "tiny",
+        "base": {
+            "hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"},
+            "acceptance": {"profile": "dspark-qwen3", "domain_mix": {"chat": 1.0}},
+            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 1, "num_requests": 30},
+            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
+            "policy": {"name": "dspark"},
+        },
+        "sweep": {"workload.concurrency": [1, 4]},
+        "policies": [{"name": "mtp1"}, {"name": "dspark", "gamma": 7}],
+        "seeds": [0],
+    }
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "memtp_sim", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _mtimes(root):
+    return {p.relative_to(root / "runs"): p.stat().st_mtime_ns for p in (root / "runs").glob("*/*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_study_writes_resumes_and_recomputes_only_missing(tmp_path):
+    study = tmp_path / "tiny.yaml"
+    study.write_text(yaml.safe_dump(_study_doc(), sort_keys=False))
+    out = tmp_path / "results"
+
+    first = _cli("run", study, "--out", out, "--jobs", "2", "--quiet")
+    assert first.returncode == 0, first.stderr
+    root = out / "tiny"
+    assert (root / "runs.csv").is_file()
+    assert (root / "report.html").is_file() and (root / "report.html").stat().st_size > 0
+    run_dirs = sorted(d for d in (root / "runs").iterdir() if d.is_dir())
+    assert len(run_dirs) == 4  # 2 concurrencies x 2 policies x 1 seed
+    for d in run_dirs:
+        for f in ("summary.json", "requests.csv", "rounds.parquet"):
+            assert (d / f).is_file(), (d, f)
+        assert len(pd.read_csv(d / "requests.csv")) == 30
+        assert len(pd.read_parquet(d / "rounds.parquet")) > 0
+    runs = pd.read_csv(root / "runs.csv")
+    assert len(runs) == 4
+    assert set(runs["workload.concurrency"]) == {1, 4}
+    assert runs["num_completed"].tolist() == [30] * 4
+    # no stray temporary files from the atomic writes
+    assert not [p for p in root.rglob("*.tmp")]
+
+    # summary.json: seed, version, calibration sources, metrics with units in their names
+    s = json.loads((run_dirs[0] / "summary.json").read_text())
+    assert s["seed"] == 0
+    assert s["memtp_sim_version"] == memtp_sim.__version__
+    hw = s["calibration"]["hardware"]
+    assert hw["sources"]["verify"]
+    assert "measurements" in hw["sources"]["verify"] or "csv" in hw["sources"]["verify"]
+    assert "Table 1" in s["calibration"]["acceptance"]["source"]
+    metrics = s["metrics"]
+    for key in ("throughput_tok_per_s", "tok_per_s_user_p50", "ttft_s_p50", "tpot_ms_p50", "e2e_s_p90",
+                "makespan_s", "mean_e2e_s"):
+        assert key in metrics, key
+    for key in metrics:
+        if any(w in key for w in TIMED_WORDS):
+            assert any(u in key for u in UNIT_TOKENS), f"metric {key!r} has no unit in its name"
+
+    # resume: nothing is recomputed
+    before = _mtimes(root)
+    second = _cli("run", study, "--out", out, "--jobs", "2", "--quiet")
+    assert second.returncode == 0, second.stderr
+    assert _mtimes(root) == before
+    pd.testing.assert_frame_equal(pd.read_csv(root / "runs.csv"), runs)
+
+    # delete one run's summary.json: only that run is recomputed
+    victim = run_dirs[2]
+    (victim / "summary.json").unlink()
+    third = _cli("run", study, "--out", out, "--jobs", "2", "--quiet")
+    assert third.returncode == 0, third.stderr
+    after = _mtimes(root)
+    assert (victim / "summary.json").is_file()
+    changed = {p for p in after if after[p] != before.get(p)}
+    assert changed and all(p.parts[0] == victim.name for p in changed), changed
+    assert (victim.relative_to(root / "runs") / "requests.csv") in changed
+    # same scenario + seed: recomputed numbers are identical
+    pd.testing.assert_frame_equal(pd.read_csv(root / "runs.csv"), runs)
