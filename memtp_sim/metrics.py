@@ -166,17 +166,24 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         return nan
     ece_raw, ece, auc, brier_raw, brier, counts = [], [], [], [], [], []
     curves = {}
+    full = bool((width == raw.shape[1]).all())
+    if full:  # every round drafted every position: one pass over all positions
+        m_raw_all, m_used_all = per_position_metrics(raw, ok), per_position_metrics(used, ok)
     for k in range(1, raw.shape[1] + 1):
         rows = width >= k  # rounds that drafted position k (elastic depth varies)
         if rows.sum() < 50:
             break
-        m_raw = per_position_metrics(raw[rows, :k], ok[rows, :k])
-        m_used = per_position_metrics(used[rows, :k], ok[rows, :k])
-        ece_raw.append(m_raw.ece[-1])
-        ece.append(m_used.ece[-1])
-        auc.append(m_used.auc[-1])
-        brier_raw.append(m_raw.brier[-1])
-        brier.append(m_used.brier[-1])
+        if full:
+            m_raw, m_used, j = m_raw_all, m_used_all, k - 1
+        else:
+            m_raw = per_position_metrics(raw[rows, :k], ok[rows, :k])
+            m_used = per_position_metrics(used[rows, :k], ok[rows, :k])
+            j = -1
+        ece_raw.append(m_raw.ece[j])
+        ece.append(m_used.ece[j])
+        auc.append(m_used.auc[j])
+        brier_raw.append(m_raw.brier[j])
+        brier.append(m_used.brier[j])
         counts.append(int(rows.sum()))
         for name, c in (("raw", raw), ("used", used)):
             a_k = np.prod(c[rows, :k], axis=1)
