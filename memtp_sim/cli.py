@@ -5,6 +5,8 @@ Commands:
     report STUDY_DIR    rebuild report.html from finished runs
     profiles            list shipped hardware profiles
     schedule            run the DSpark scheduler on confidences given on the command line
+    tune TUNE.yaml      Optuna tuning (resumable), fresh-seed validation, results/<study>/report.html
+    export              write a vLLM / SGLang / MEMTP config from a tuned study's trial
 
 Bad input (config, calibration) prints one line to stderr and exits with code 2.
 """
@@ -108,6 +110,60 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import optuna
+
+    from .tune import load_tune_spec, run_tune, top_trials
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    spec = load_tune_spec(args.spec)
+    last = [-1]
+
+    def on_progress(done: int, total: int) -> None:
+        if not args.quiet and done != last[0]:
+            print(f"  [{done}/{total}] trials complete", file=sys.stderr, flush=True)
+            last[0] = done
+
+    out = run_tune(spec, storage_url=args.storage, n_trials=args.n_trials, workers=args.workers, out_dir=args.out,
+                   validate=not args.no_validate, on_progress=on_progress)
+    if out.stale_failed:
+        print(f"resume: marked FAIL the RUNNING trial(s) {out.stale_failed} of dead workers", file=sys.stderr)
+    print(f"{spec.name}: {out.complete}/{out.requested} complete trials ({out.ran} started now, "
+          f"{out.elapsed_s:.1f} s) in {out.storage_url}")
+    if out.short:
+        dead = [c for c in out.worker_exit_codes if c != 0]
+        why = f"worker exit codes {out.worker_exit_codes}" if dead else "some trials failed"
+        print(f"incomplete ({why}); run the same command again to resume", file=sys.stderr)
+        return 1
+    from .tune import default_storage_url, open_storage
+
+    storage = open_storage(args.storage or default_storage_url(spec.name, args.out))
+    study = optuna.load_study(study_name=spec.name, storage=storage)
+    best = top_trials(study, spec, 1)
+    if not best:
+        print("no trial meets the constraints: " + "; ".join(c.label for c in spec.constraints))
+    for num, rec in sorted(out.validation.items()):
+        tag = " (best)" if best and num == best[0].number else ""
+        vals = ", ".join(f"{m} {rec['metrics'][m]['mean']:.2f} ± {rec['metrics'][m]['half_width']:.2f}"
+                         for m in spec.objective_names if m in rec["metrics"])
+        print(f"  trial {num}{tag}: {rec['params']} -> {vals} (fresh seeds, 95% CI)"
+              + ("" if rec["feasible"] else " [fails the constraints on fresh seeds]"))
+    if out.report is not None:
+        print(f"report: {out.report}")
+    print(f"export: python -m memtp_sim export --study {spec.name} --format vllm|sglang|memtp"
+          + (f" --storage {out.storage_url}" if args.storage else ""))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_config
+
+    for path in export_config(study_name=args.study, fmt=args.fmt, storage_url=args.storage, trial=args.trial,
+                              output=args.output, out_dir=args.out):
+        print(path)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m memtp_sim", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -133,6 +189,27 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--sps", help="SPS table as B=steps_per_s pairs, e.g. 1=1.0,2=0.5,3=0.45 (default: shipped profile)")
     s.add_argument("--global-search", action="store_true", help="no early stop")
     s.set_defaults(func=_cmd_schedule)
+
+    tu = sub.add_parser("tune", help="tune a scenario with Optuna (resumable; see memtp_sim/tune.py)")
+    tu.add_argument("spec", help="tune YAML, e.g. studies/tune.yaml")
+    tu.add_argument("--storage", help="Optuna storage URL (default: sqlite:///results/<study>/optuna.db); "
+                    "postgresql+psycopg2://user:pass@host/db or journal:///path/file.log for many workers")
+    tu.add_argument("--n-trials", type=int, default=None, help="COMPLETE trials wanted in total (default: the YAML's)")
+    tu.add_argument("--workers", type=int, default=1, help="local worker processes sharing the storage (default 1)")
+    tu.add_argument("--out", default="results", help="results folder (default: results)")
+    tu.add_argument("--no-validate", action="store_true", help="skip the fresh-seed re-runs of the top trials")
+    tu.add_argument("--quiet", action="store_true", help="no progress output")
+    tu.set_defaults(func=_cmd_tune)
+
+    ex = sub.add_parser("export", help="write a production config from a tuned study")
+    ex.add_argument("--study", required=True, help="study name (the tune YAML's name)")
+    ex.add_argument("--storage", help="Optuna storage URL (default: sqlite:///results/<study>/optuna.db)")
+    ex.add_argument("--trial", default="best", help="'best' (feasible Pareto trial with the best primary objective) "
+                    "or a trial number")
+    ex.add_argument("--format", required=True, choices=["vllm", "sglang", "memtp"], dest="fmt")
+    ex.add_argument("-o", "--output", help="output file (default: results/<study>/export/...)")
+    ex.add_argument("--out", default="results", help="results folder (default: results)")
+    ex.set_defaults(func=_cmd_export)
     return p
 
 

@@ -1,0 +1,382 @@
+"""Production configs from a tuned study: vLLM, SGLang and the MEMTP controller, with provenance.
+
+``python -m memtp_sim export --study NAME [--storage URL] [--trial best|N] --format vllm|sglang|memtp
+[-o FILE]`` picks a trial (``best``: see :mod:`memtp_sim.tune`), makes sure it has been re-run on
+fresh seeds (runs the validation now if the tuner has not), and writes:
+
+* ``vllm``: JSON with ``speculative_config`` (``method``, ``num_speculative_tokens`` = the tuned max
+  depth, and a ``dspark`` block with the adaptive-verification settings: policy and its parameters,
+  confidence temperature and per-position temperatures, MEMTP gate thresholds when the ensemble is
+  on). ``vllm_cli`` is the ``--speculative-config`` argument without the ``dspark`` block (vLLM
+  itself does not know it; a DSpark-aware build reads it from the file).
+* ``sglang``: a flags file (one flag per line, ``#`` comments carry the DSpark settings and the
+  provenance as YAML) with ``--speculative-algorithm``, ``--speculative-num-steps`` (= max depth),
+  ``--speculative-eagle-topk 1`` and ``--speculative-num-draft-tokens`` (= max depth + 1, a single
+  chain plus the bonus token), and next to it ``<stem>.sps.json``: the hardware profile's measured
+  B -> SPS table (steps per second = 1000 / pass_ms) with its source and lookup rule.
+* ``memtp``: YAML ``controller`` block: ``max_depth``, ``r_low``, ``r_high``, ``head_cost_gib``,
+  ``temperature`` and ``position_temperatures``, the policy.
+
+The *max depth* is the scenario's ``memtp.max_depth`` when the MEMTP ensemble is on
+(``memtp.depth`` set), otherwise the policy's draft length (``policy.gamma``; ``k`` for static).
+Gate thresholds and head cost come from the scenario's ``memtp`` section, or, on a scenario
+without one, from :func:`memtp_sim.memtp.memtp_depth`'s defaults (marked as such).
+
+Every file records ``provenance``: study, storage (password masked), trial number and the rule that
+chose it, parameters, objective and constraint values (tuning mean and per-seed values; fresh-seed
+mean with its t-distribution 95% CI), calibration profiles with their sources, and the
+memtp_sim and Optuna versions. Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+
+__all__ = ["FORMATS", "export_config", "build_export", "deployment_settings", "provenance_for"]
+
+FORMATS = ("vllm", "sglang", "memtp")
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Safe YAML without anchors/aliases (shared lists are written out in full)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _yaml(doc: Any) -> str:
+    return yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True)
+_SUFFIX = {"vllm": ".vllm.json", "sglang": ".sglang.args", "memtp": ".memtp.yaml"}
+
+
+def _memtp_defaults() -> dict[str, float]:
+    from .memtp import memtp_depth
+
+    sig = inspect.signature(memtp_depth).parameters
+    return {k: float(sig[k].default) for k in ("r_low", "r_high", "head_cost_gib")}
+
+
+def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[float] | None = None) -> dict[str, Any]:
+    """Serving settings implied by a (tuned) scenario.
+
+    Args:
+        scenario: scenario as a plain dict (``Scenario.model_dump(mode="json")``, policy flattened
+            or nested with ``name`` and params).
+        applied_temperatures: per-position temperatures the engine applied (STS x global), if known.
+
+    Returns:
+        ``{"max_depth", "depth_source", "policy", "policy_params", "temperature",
+        "position_temperatures", "memtp": {"enabled", "depth", "max_depth", "r_low", "r_high",
+        "head_cost_gib", "source"}}``.
+
+    Raises:
+        ConfigError: ``r_low >= r_high``, or a policy that does not draft (nothing to export).
+    """
+    from .policies import make_policy
+
+    pol = dict(scenario.get("policy") or {})
+    name = pol.pop("name", "dspark")
+    policy = make_policy(name, pol)
+    params = policy.params.model_dump(mode="json")
+    mem = scenario.get("memtp")
+    enabled = isinstance(mem, dict) and mem.get("depth") is not None
+    if enabled:
+        max_depth, depth_source = int(mem["max_depth"]), "memtp.max_depth"
+        if "gamma" in params:  # the engine drafts max_depth positions (memtp_sim.api.run)
+            params["gamma"] = max_depth
+    else:
+        max_depth = int(policy.draft_len)
+        depth_source = "policy.gamma" if "gamma" in params else f"policy {name} draft length"
+    if max_depth < 1:
+        raise ConfigError(f"policy {name!r} does not draft (max depth 0); nothing to export")
+    defaults = _memtp_defaults()
+    if isinstance(mem, dict):
+        gate = {k: float(mem.get(k, defaults[k])) for k in defaults}
+        gate_source = "scenario memtp section"
+    else:
+        gate, gate_source = defaults, "memtp_sim.memtp.memtp_depth defaults (scenario has no memtp section)"
+    if not gate["r_low"] < gate["r_high"]:
+        raise ConfigError(f"memtp: r_low ({gate['r_low']:g}) must be < r_high ({gate['r_high']:g}); "
+                          "the coherence gate needs a non-empty linear region")
+    conf = scenario.get("confidence") or {}
+    return {
+        "max_depth": max_depth,
+        "depth_source": depth_source,
+        "policy": name,
+        "policy_params": params,
+        "temperature": float(conf.get("temperature", 1.0)),
+        "sts": conf.get("sts", "fit"),
+        "position_temperatures": [float(t) for t in (applied_temperatures or [])],
+        "memtp": {"enabled": bool(enabled), "depth": mem.get("depth") if isinstance(mem, dict) else None,
+                  "max_depth": max_depth, **gate, "source": gate_source},
+    }
+
+
+def _calibration(scenario_obj: Any) -> dict[str, Any]:
+    from .api import build_acceptance
+    from .hardware import load_profile
+
+    prof = load_profile(scenario_obj.hardware.profile)
+    acc = build_acceptance(scenario_obj).summary()
+    return {
+        "hardware_profile": prof.name,
+        "hardware_profile_path": prof.path,
+        "chip": prof.chip,
+        "sources": dict(prof.sources),
+        "acceptance_profile": acc.get("name"),
+        "acceptance_source": acc.get("source"),
+    }
+
+
+def provenance_for(study: Any, spec: Any, trial: Any, validation: dict[str, Any], *, storage_url: str,
+                   selection: str, scenario_obj: Any) -> dict[str, Any]:
+    """The provenance block every exported file carries.
+
+    Args:
+        study: the Optuna study.
+        spec: its :class:`~memtp_sim.tune.TuneSpec`.
+        trial: the exported FrozenTrial.
+        validation: the trial's fresh-seed record (see :func:`memtp_sim.tune.validate_trials`).
+        storage_url: storage URL, password masked.
+        selection: how the trial was chosen (text).
+        scenario_obj: the trial's :class:`~memtp_sim.config.Scenario`.
+
+    Returns:
+        A JSON/YAML-ready dict.
+    """
+    import optuna
+
+    from . import __version__
+
+    reps = trial.user_attrs.get("replicates", {})
+    means = trial.user_attrs.get("metrics", {})
+
+    def block(metric: str) -> dict[str, Any]:
+        ci = validation["metrics"].get(metric, {})
+        return {
+            "tuning": {"mean": means.get(metric), "replicates": reps.get(metric), "seeds": list(spec.seeds)},
+            "validation": {"mean": ci.get("mean"), "ci95_low": ci.get("low"), "ci95_high": ci.get("high"),
+                           "half_width": ci.get("half_width"), "sd": ci.get("sd"), "n": ci.get("n"),
+                           "replicates": ci.get("values"), "seeds": validation["seeds"]},
+        }
+
+    objectives = {}
+    for i, o in enumerate(spec.objectives):
+        objectives[o.metric] = {"direction": o.direction, "value": float(trial.values[i]), **block(o.metric)}
+    constraints = {}
+    tuning_cv = trial.user_attrs.get("constraint_values", [])
+    for j, c in enumerate(spec.constraints):
+        b = block(c.metric)
+        constraints[c.label] = {
+            "tuning_mean": b["tuning"]["mean"],
+            "satisfied_tuning": bool(j < len(tuning_cv) and tuning_cv[j] <= 0),
+            "validation_mean": b["validation"]["mean"],
+            "validation_ci95": [b["validation"]["ci95_low"], b["validation"]["ci95_high"]],
+            "satisfied_validation": bool(validation["constraint_values"][j] <= 0),
+        }
+    return {
+        "study": study.study_name,
+        "storage": storage_url,
+        "trial": int(trial.number),
+        "selection": selection,
+        "params": dict(trial.params),
+        "objectives": objectives,
+        "constraints": constraints,
+        "feasible": bool(trial.user_attrs.get("feasible", True)),
+        "feasible_on_fresh_seeds": bool(validation["feasible"]),
+        "confidence_interval_method": validation.get("method"),
+        "calibration": _calibration(scenario_obj),
+        "memtp_sim_version": __version__,
+        "optuna_version": optuna.__version__,
+        "exported_at_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, Any], provenance: dict[str, Any], *,
+                 sps_table: dict[str, Any] | None = None, sps_file_name: str | None = None,
+                 vllm_method: str = "mtp", sglang_algorithm: str = "NEXTN") -> dict[str, str]:
+    """Render the export files (pure: no I/O).
+
+    Args:
+        fmt: ``vllm``, ``sglang`` or ``memtp``.
+        settings: :func:`deployment_settings` output.
+        provenance: :func:`provenance_for` output.
+        sps_table: sglang: the SPS table document (written next to the flags file).
+        sps_file_name: sglang: file name of the SPS table (referenced from the flags file).
+        vllm_method: ``speculative_config.method``.
+        sglang_algorithm: ``--speculative-algorithm``.
+
+    Returns:
+        ``{"main": text}`` plus ``{"sps": text}`` for sglang.
+
+    Raises:
+        ConfigError: unknown format.
+    """
+    depth = int(settings["max_depth"])
+    dspark: dict[str, Any] = {
+        "adaptive_verification": True,
+        "policy": settings["policy"],
+        "policy_params": settings["policy_params"],
+        "temperature": settings["temperature"],
+        "position_temperatures": settings["position_temperatures"],
+    }
+    if settings["memtp"]["enabled"]:
+        dspark["memtp_gate"] = {k: settings["memtp"][k] for k in ("r_low", "r_high", "head_cost_gib")}
+    if fmt == "vllm":
+        spec_cfg = {"method": vllm_method, "num_speculative_tokens": depth}
+        doc = {
+            "speculative_config": {**spec_cfg, "dspark": dspark},
+            "vllm_cli": "--speculative-config " + shlex.quote(json.dumps(spec_cfg, separators=(",", ":"))),
+            "provenance": provenance,
+        }
+        return {"main": json.dumps(doc, indent=2, allow_nan=True) + "\n"}
+    if fmt == "sglang":
+        flags = [
+            ("--speculative-algorithm", sglang_algorithm),
+            ("--speculative-num-steps", str(depth)),
+            ("--speculative-eagle-topk", "1"),
+            ("--speculative-num-draft-tokens", str(depth + 1)),
+        ]
+        head = ["# SGLang speculative-decoding flags exported by memtp_sim (one flag per line;",
+                "# pass them to `python -m sglang.launch_server` as they are). The comment block below",
+                "# (lines starting '#   ') is YAML: `dspark` holds the DSpark adaptive-verification settings",
+                "# (read by a DSpark-aware build, not by stock SGLang), `provenance` where they come from."]
+        meta = {"dspark": {**dspark, "sps_table": sps_file_name}, "provenance": provenance}
+        head += ["#   " + line for line in _yaml(meta).splitlines()]
+        body = "\n".join(f"{k} {shlex.quote(v)}" for k, v in flags)
+        out = {"main": "\n".join(head) + "\n" + body + "\n"}
+        if sps_table is not None:
+            out["sps"] = json.dumps({**sps_table, "provenance": provenance}, indent=2, allow_nan=True) + "\n"
+        return out
+    if fmt == "memtp":
+        mem = settings["memtp"]
+        doc = {
+            "controller": {
+                "max_depth": depth,
+                "r_low": mem["r_low"],
+                "r_high": mem["r_high"],
+                "head_cost_gib": mem["head_cost_gib"],
+                "temperature": settings["temperature"],
+                "position_temperatures": settings["position_temperatures"],
+                "depth": mem["depth"] if mem["enabled"] else "fixed (policy draft length)",
+                "policy": settings["policy"],
+                "policy_params": settings["policy_params"],
+            },
+            "notes": {"max_depth_from": settings["depth_source"], "gate_from": mem["source"]},
+            "provenance": provenance,
+        }
+        return {"main": "# MEMTP controller block exported by memtp_sim\n" + _yaml(doc)}
+    raise ConfigError(f"--format: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+
+
+def _sps_table(profile_name: str) -> dict[str, Any]:
+    from .hardware import load_profile
+
+    prof = load_profile(profile_name)
+    sps = prof.sps
+    steps = sps.sps(sps.batch_tokens)
+    return {
+        "profile": prof.name,
+        "chip": prof.chip,
+        "source": sps.source,
+        "lookup": "linear_pass_time (pass time linear in B between measured neighbours; measured points exact)",
+        "beyond_max": sps.beyond_max,
+        "table": [{"batch_tokens": int(b), "sps": float(s), "pass_ms": float(ms)}
+                  for b, s, ms in zip(sps.batch_tokens, steps, sps.pass_ms)],
+    }
+
+
+def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, trial: str | int = "best",
+                  output: str | Path | None = None, out_dir: str | Path = "results") -> list[Path]:
+    """Write a production config for one trial of a tuned study.
+
+    Args:
+        study_name: Optuna study name (the tune spec's ``name``).
+        fmt: ``vllm``, ``sglang`` or ``memtp``.
+        storage_url: storage URL (default: ``sqlite:///<out_dir>/<study>/optuna.db``).
+        trial: ``"best"`` or a trial number.
+        output: output file (default: ``<out_dir>/<study>/export/<study>-trial<N><suffix>``).
+        out_dir: results folder.
+
+    Returns:
+        The written files (the main file first; sglang adds the SPS table).
+
+    Raises:
+        ConfigError: unknown format, missing storage or study, a study not made by
+            ``memtp_sim tune``, empty study, no feasible trial, bad trial number, r_low >= r_high.
+    """
+    import optuna
+
+    from .study import atomic_write_text
+    from .tune import (
+        STUDY_ATTR,
+        default_storage_url,
+        mask_url,
+        open_storage,
+        parse_tune_spec,
+        scenario_for,
+        select_trial,
+        validate_trials,
+    )
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if trial != "best":
+        try:
+            trial = int(trial)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--trial: expected 'best' or a trial number (got {trial!r})") from None
+    if storage_url is None:
+        db = Path(out_dir) / study_name / "optuna.db"
+        if not db.is_file():
+            raise ConfigError(f"study {study_name!r} not found: {db} does not exist; run "
+                              "`python -m memtp_sim tune SPEC.yaml` first or pass --storage URL")
+        storage_url = default_storage_url(study_name, out_dir)
+    storage = open_storage(storage_url)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        names = sorted(s.study_name for s in storage.get_all_studies())
+        raise ConfigError(f"study {study_name!r} not found in {mask_url(storage_url)}; studies there: "
+                          f"{', '.join(names) or 'none'}") from None
+    rec = study.user_attrs.get(STUDY_ATTR)
+    if not isinstance(rec, dict) or "tune_spec" not in rec:
+        raise ConfigError(f"study {study_name!r} was not created by `python -m memtp_sim tune` (no tune spec stored)")
+    spec = parse_tune_spec(rec["tune_spec"], source=f"study {study_name} (stored tune spec)")
+    chosen = select_trial(study, spec, trial)
+    if trial == "best":
+        selection = (f"best: the feasible Pareto trial with the best {spec.best_by} "
+                     f"({'; '.join(c.label for c in spec.constraints) or 'no constraints'})")
+    else:
+        selection = f"trial {chosen.number} (chosen by hand)"
+    scen = scenario_for(spec, chosen.params)
+    settings = deployment_settings(scen.model_dump(mode="json") | {"policy": {"name": scen.policy.name,
+                                                                              **scen.policy.params}},
+                                   chosen.user_attrs.get("applied_temperatures"))
+    validation = study.user_attrs.get("validation", {}).get(str(chosen.number))
+    if validation is None:
+        validation = validate_trials(study, spec, [chosen.number], out_dir=out_dir)[chosen.number]
+    prov = provenance_for(study, spec, chosen, validation, storage_url=mask_url(storage_url), selection=selection,
+                          scenario_obj=scen)
+    main = Path(output) if output is not None else (
+        Path(out_dir) / study_name / "export" / f"{study_name}-trial{chosen.number}{_SUFFIX[fmt]}")
+    stem = main.name[: -len(_SUFFIX["sglang"])] if main.name.endswith(_SUFFIX["sglang"]) else main.stem
+    sps_path = main.with_name(stem + ".sps.json")
+    files = build_export(fmt, settings, prov, sps_table=_sps_table(scen.hardware.profile) if fmt == "sglang" else None,
+                         sps_file_name=sps_path.name, vllm_method=spec.export.vllm_method,
+                         sglang_algorithm=spec.export.sglang_algorithm)
+    written = [main]
+    atomic_write_text(main, files["main"])
+    if "sps" in files:
+        atomic_write_text(sps_path, files["sps"])
+        written.append(sps_path)
+    return written

@@ -1,0 +1,273 @@
+"""Production-config export (memtp_sim.export): the files parse and match the chosen trial, the
+"best" rule picks what a brute-force search over the trials picks, every file carries provenance,
+and bad requests (empty study, unknown study, r_low >= r_high) are one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+import memtp_sim
+from memtp_sim.cli import main
+from memtp_sim.errors import ConfigError
+from memtp_sim.export import deployment_settings
+from memtp_sim.hardware import load_profile
+from memtp_sim.tune import open_storage, open_study, parse_tune_spec, run_tune
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
+PROFILE = "gfx1151-llama31-8b-q4km-vulkan"
+SLA_VERIFY = 1.5  # constraint: mean_verify_len <= 1.5 (gamma 1 always meets it, gamma 6 never does)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _doc(name: str) -> dict:
+    return {
+        "name": name,
+        "base": {
+            "hardware": {"profile": PROFILE},
+            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 4, "num_requests": 24},
+            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
+            "confidence": {"sts": "none"},
+            "policy": {"name": "dspark", "gamma": 4},
+        },
+        "search_space": {
+            "confidence.temperature": {"type": "float", "low": 0.5, "high": 3.0, "log": True},
+            "policy.gamma": {"type": "int", "low": 1, "high": 6},
+        },
+        "constraints": [f"mean_verify_len <= {SLA_VERIFY}", "num_rejected <= 0"],
+        "seeds": [0, 1],
+        "sampler": {"name": "tpe", "seed": 0, "n_startup_trials": 4},
+        "validation": {"top_k": 1, "num_seeds": 3},
+    }
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """A small tuned study in a results folder; trials 0 and 1 are forced to gamma 1 and gamma 6."""
+    out = tmp_path_factory.mktemp("exp")
+    spec = parse_tune_spec(_doc("exp"))
+    url = f"sqlite:///{out / 'exp' / 'optuna.db'}"
+    study = open_study(spec, open_storage(url))
+    study.enqueue_trial({"confidence.temperature": 1.0, "policy.gamma": 1})
+    study.enqueue_trial({"confidence.temperature": 1.0, "policy.gamma": 6})
+    res = run_tune(spec, storage_url=url, n_trials=8, out_dir=out)
+    assert res.complete == 8
+    return out, optuna.load_study(study_name="exp", storage=url)
+
+
+def _best_by_brute_force(study) -> optuna.trial.FrozenTrial:
+    """Independent oracle: the feasible trial (recomputed from the stored seed-mean metrics) with the
+    highest throughput; no dominance test needed, since nothing can beat it on throughput."""
+    feas = [t for t in study.trials if t.state.name == "COMPLETE"
+            and t.user_attrs["metrics"]["mean_verify_len"] <= SLA_VERIFY
+            and t.user_attrs["metrics"]["num_rejected"] <= 0]
+    return max(feas, key=lambda t: (t.values[0], -t.number))
+
+
+def _export(capsys, out: Path, *args: str) -> tuple[int, str, str]:
+    rc = main(["export", "--out", str(out), *args])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def _one_line_error(rc: int, err: str, *must: str) -> None:
+    assert rc == 2, err
+    lines = err.strip("\n").split("\n")
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    for s in must:
+        assert s in lines[0], (s, lines[0])
+
+
+def _check_provenance(prov: dict, trial: optuna.trial.FrozenTrial) -> None:
+    assert prov["study"] == "exp" and prov["trial"] == trial.number
+    assert prov["params"] == trial.params
+    assert prov["memtp_sim_version"] == memtp_sim.__version__ and prov["optuna_version"] == optuna.__version__
+    cal = prov["calibration"]
+    assert cal["hardware_profile"] == PROFILE and cal["sources"]["verify"] == load_profile(PROFILE).sources["verify"]
+    assert cal["acceptance_profile"] == "dspark-qwen3" and cal["acceptance_source"]
+    for i, name in enumerate(("throughput_tok_per_s", "tok_per_s_user_p50")):
+        obj = prov["objectives"][name]
+        assert obj["value"] == pytest.approx(trial.values[i])
+        assert obj["tuning"]["replicates"] == trial.user_attrs["replicates"][name]
+        v = obj["validation"]
+        assert v["n"] == 3 and v["seeds"] == [2, 3, 4]  # fresh: not the tuning seeds 0, 1
+        assert v["ci95_low"] <= v["mean"] <= v["ci95_high"]
+    assert set(prov["constraints"]) == {f"mean_verify_len <= {SLA_VERIFY:g}", "num_rejected <= 0"}
+
+
+def test_best_rule_and_report(tuned):
+    out, study = tuned
+    best = _best_by_brute_force(study)
+    feas = [t.user_attrs["feasible"] for t in study.trials]
+    assert any(feas) and not all(feas), "the constraint should split the trials"
+    assert study.trials[1].user_attrs["feasible"] is False  # gamma 6 verifies more than 1.5 per round
+    # the tuner validated exactly the best trial (top_k = 1) before anything was exported
+    assert set(study.user_attrs["validation"]) == {str(best.number)}
+    html = (out / "exp" / "report.html").read_text()
+    for title in ("Pareto front", "Parameter importances", "Optimisation history", "Fresh-seed validation"):
+        assert title in html
+
+
+def test_vllm_export_matches_trial(tuned, capsys):
+    out, study = tuned
+    best = _best_by_brute_force(study)
+    rc, stdout, err = _export(capsys, out, "--study", "exp", "--format", "vllm")
+    assert rc == 0, err
+    path = Path(stdout.strip().splitlines()[0])
+    assert path.name == f"exp-trial{best.number}.vllm.json"
+    doc = json.loads(path.read_text())
+    sc = doc["speculative_config"]
+    assert sc["num_speculative_tokens"] == best.params["policy.gamma"] and sc["method"] == "mtp"
+    assert sc["dspark"]["temperature"] == pytest.approx(best.params["confidence.temperature"])
+    assert sc["dspark"]["policy"] == "dspark" and sc["dspark"]["policy_params"]["gamma"] == best.params["policy.gamma"]
+    assert len(sc["dspark"]["position_temperatures"]) == best.params["policy.gamma"]
+    cli = shlex.split(doc["vllm_cli"])
+    assert cli[0] == "--speculative-config" and json.loads(cli[1]) == {
+        "method": "mtp", "num_speculative_tokens": best.params["policy.gamma"]}
+    _check_provenance(doc["provenance"], best)
+    assert doc["provenance"]["selection"].startswith("best:") and doc["provenance"]["feasible"] is True
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # atomic: no leftovers
+
+
+def test_sglang_export_and_sps_table(tuned, capsys, tmp_path):
+    out, study = tuned
+    target = tmp_path / "serve" / "flags.txt"
+    rc, stdout, err = _export(capsys, out, "--study", "exp", "--format", "sglang", "--trial", "0", "-o", str(target))
+    assert rc == 0, err
+    trial = study.trials[0]
+    text = target.read_text()
+    tokens = shlex.split(text, comments=True)
+    flags = dict(zip(tokens[::2], tokens[1::2]))
+    assert flags == {"--speculative-algorithm": "NEXTN", "--speculative-num-steps": "1",
+                     "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "2"}
+    comments = "\n".join(line[4:] for line in text.splitlines() if line.startswith("#   "))
+    meta = yaml.safe_load(comments)
+    _check_provenance(meta["provenance"], trial)
+    assert meta["provenance"]["selection"] == "trial 0 (chosen by hand)"
+    assert meta["dspark"]["sps_table"] == "flags.sps.json"
+    sps = json.loads((target.parent / "flags.sps.json").read_text())
+    prof = load_profile(PROFILE)
+    assert [r["batch_tokens"] for r in sps["table"]] == prof.sps.batch_tokens.tolist()
+    for row, ms in zip(sps["table"], prof.sps.pass_ms):  # steps per second = 1000 / measured pass time
+        assert row["sps"] == pytest.approx(1000.0 / ms) and row["pass_ms"] == pytest.approx(ms)
+    assert sps["source"] == prof.sps.source and sps["provenance"]["trial"] == 0
+    # trial 0 was not among the validated top trials: export validated it first, and kept the record
+    assert "0" in optuna.load_study(study_name="exp", storage=study._storage).user_attrs["validation"]
+
+
+def test_memtp_export_matches_trial(tuned, capsys, tmp_path):
+    out, study = tuned
+    best = _best_by_brute_force(study)
+    target = tmp_path / "ctrl.yaml"
+    rc, _, err = _export(capsys, out, "--study", "exp", "--format", "memtp", "-o", str(target))
+    assert rc == 0, err
+    doc = yaml.safe_load(target.read_text())
+    ctl = doc["controller"]
+    assert ctl["max_depth"] == best.params["policy.gamma"]  # ensemble off: the policy's gamma is the depth
+    assert ctl["temperature"] == pytest.approx(best.params["confidence.temperature"])
+    # not tuned here: the scenario's memtp section defaults (DESIGN.md section 2: 0.3 / 0.9, ~4 GiB per head)
+    assert (ctl["r_low"], ctl["r_high"], ctl["head_cost_gib"]) == (0.3, 0.9, 4.0)
+    _check_provenance(doc["provenance"], best)
+
+
+def test_memtp_ensemble_depth_and_gate_come_from_the_memtp_section():
+    scen = {"policy": {"name": "dspark", "gamma": 7}, "confidence": {"temperature": 1.7},
+            "memtp": {"depth": "elastic", "max_depth": 5, "r_low": 0.2, "r_high": 0.75, "head_cost_gib": 3.5}}
+    s = deployment_settings(scen, [1.1, 1.2])
+    assert s["max_depth"] == 5 and s["depth_source"] == "memtp.max_depth"
+    assert s["policy_params"]["gamma"] == 5  # the engine drafts max_depth positions with the ensemble on
+    assert (s["memtp"]["r_low"], s["memtp"]["r_high"], s["memtp"]["head_cost_gib"]) == (0.2, 0.75, 3.5)
+    assert s["temperature"] == 1.7 and s["position_temperatures"] == [1.1, 1.2]
+    bad = copy.deepcopy(scen)
+    bad["memtp"].update(r_low=0.9, r_high=0.3)
+    with pytest.raises(ConfigError, match=r"r_low \(0.9\) must be < r_high \(0.3\)"):
+        deployment_settings(bad)
+
+
+def test_tuned_memtp_ensemble_exports_its_knobs(tmp_path, capsys):
+    doc = _doc("ens")
+    doc["base"]["memtp"] = {"depth": "elastic", "max_depth": 4}
+    doc["search_space"] = {
+        "memtp.max_depth": {"type": "int", "low": 2, "high": 6},
+        "memtp.r_low": {"type": "float", "low": 0.1, "high": 0.7},
+        "memtp.r_high": {"type": "float", "low": 0.3, "high": 0.95},
+    }  # r_low < r_high is implied (the memtp section requires it)
+    doc["constraints"] = []
+    doc["validation"] = {"top_k": 1, "num_seeds": 2}
+    spec = parse_tune_spec(doc)
+    res = run_tune(spec, n_trials=3, out_dir=tmp_path, report=False)
+    assert res.complete == 3
+    rc, _, err = _export(capsys, tmp_path, "--study", "ens", "--format", "memtp", "-o", str(tmp_path / "c.yaml"))
+    assert rc == 0, err
+    ctl = yaml.safe_load((tmp_path / "c.yaml").read_text())["controller"]
+    trial = optuna.load_study(study_name="ens", storage=f"sqlite:///{tmp_path / 'ens' / 'optuna.db'}").trials[
+        yaml.safe_load((tmp_path / "c.yaml").read_text())["provenance"]["trial"]]
+    assert ctl["max_depth"] == trial.params["memtp.max_depth"] and ctl["depth"] == "elastic"
+    assert ctl["r_low"] == pytest.approx(trial.params["memtp.r_low"])
+    assert ctl["r_high"] == pytest.approx(trial.params["memtp.r_high"])
+    assert ctl["r_low"] < ctl["r_high"]
+    rc, _, err = _export(capsys, tmp_path, "--study", "ens", "--format", "vllm", "-o", str(tmp_path / "v.json"))
+    assert rc == 0, err
+    vdoc = json.loads((tmp_path / "v.json").read_text())
+    assert vdoc["speculative_config"]["num_speculative_tokens"] == trial.params["memtp.max_depth"]
+    assert vdoc["speculative_config"]["dspark"]["memtp_gate"]["r_low"] == pytest.approx(trial.params["memtp.r_low"])
+
+
+# ----------------------------------------------------------------------------- errors
+def test_unknown_study_name(tuned, capsys, tmp_path):
+    out, _ = tuned
+    rc, _, err = _export(capsys, tmp_path, "--study", "nope", "--format", "vllm")
+    _one_line_error(rc, err, "study 'nope' not found", "optuna.db")
+    rc, _, err = _export(capsys, out, "--study", "nope", "--format", "vllm", "--storage",
+                         f"sqlite:///{out / 'exp' / 'optuna.db'}")
+    _one_line_error(rc, err, "study 'nope' not found", "studies there: exp")
+
+
+def test_empty_study(tmp_path, capsys):
+    spec = parse_tune_spec(_doc("empty"))
+    open_study(spec, open_storage(f"sqlite:///{tmp_path / 'empty' / 'optuna.db'}"))
+    rc, _, err = _export(capsys, tmp_path, "--study", "empty", "--format", "memtp")
+    _one_line_error(rc, err, "no complete trials")
+
+
+def test_bad_trial_numbers(tuned, capsys):
+    out, _ = tuned
+    rc, _, err = _export(capsys, out, "--study", "exp", "--format", "vllm", "--trial", "99")
+    _one_line_error(rc, err, "no trial 99")
+    rc, _, err = _export(capsys, out, "--study", "exp", "--format", "vllm", "--trial", "first")
+    _one_line_error(rc, err, "--trial")
+
+
+def test_no_feasible_trial(tmp_path, capsys):
+    doc = _doc("infeasible")
+    doc["constraints"] = ["num_rejected <= -1"]
+    doc["validation"] = {"top_k": 0, "num_seeds": 2}
+    run_tune(parse_tune_spec(doc), n_trials=2, out_dir=tmp_path, report=False)
+    rc, _, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm")
+    _one_line_error(rc, err, "meets the constraints", "--trial N")
+    rc, _, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm", "--trial", "1")
+    assert rc == 0, err  # an infeasible trial can still be exported by number; provenance says so
+    path = tmp_path / "infeasible" / "export" / "infeasible-trial1.vllm.json"
+    assert json.loads(path.read_text())["provenance"]["feasible"] is False
+
+
+def test_search_space_with_r_low_above_r_high(tmp_path, capsys):
+    doc = _doc("gate")
+    doc["base"]["memtp"] = {"depth": "elastic", "max_depth": 4}
+    doc["search_space"] = {
+        "memtp.r_low": {"type": "float", "low": 0.6, "high": 0.9},
+        "memtp.r_high": {"type": "float", "low": 0.2, "high": 0.6},
+    }
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    rc = main(["tune", str(path), "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    _one_line_error(rc, err, str(path), "memtp.r_low < memtp.r_high", "impossible")
