@@ -5,6 +5,8 @@ Commands:
     report STUDY_DIR    rebuild report.html from finished runs
     profiles            list shipped hardware profiles
     schedule            run the DSpark scheduler on confidences given on the command line
+    depth               MEMTP ensemble depth from free memory (--live reads this machine)
+    tune, export        Optuna tuning studies and production configs
     tune TUNE.yaml      Optuna tuning (resumable), fresh-seed validation, results/<study>/report.html
     export              write a vLLM / SGLang / MEMTP config from a tuned study's trial
 
@@ -164,6 +166,32 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_depth(args: argparse.Namespace) -> int:
+    import json
+
+    from .memtp import memtp_depth, memtp_depth_live
+
+    kw = {"head_cost_gib": args.head_cost_gib, "r_low": args.r_low, "r_high": args.r_high}
+    try:
+        if args.live:
+            depth, tel = memtp_depth_live(max_depth=args.max_depth, coherence=args.coherence,
+                                          reserve_gib=args.reserve_gib, **kw)
+        else:
+            if args.free_gib is None:
+                return _fail("depth: give --free-gib N, or --live to read this machine's free memory")
+            depth = memtp_depth(args.free_gib, args.coherence, max_depth=args.max_depth, **kw)
+            tel = {"source": "--free-gib", "free_gib": args.free_gib, "coherence": args.coherence,
+                   "max_depth": args.max_depth, **kw, "depth": depth}
+    except ValueError as e:
+        return _fail(str(e))
+    if args.json:
+        print(json.dumps(tel, indent=2, default=str))
+    else:
+        print(f"depth {depth} (free {tel['free_gib']:.2f} GiB from {tel['source']}, coherence {args.coherence}, "
+              f"head {args.head_cost_gib} GiB, R thresholds {args.r_low}..{args.r_high}, max {args.max_depth})")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m memtp_sim", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,6 +217,20 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--sps", help="SPS table as B=steps_per_s pairs, e.g. 1=1.0,2=0.5,3=0.45 (default: shipped profile)")
     s.add_argument("--global-search", action="store_true", help="no early stop")
     s.set_defaults(func=_cmd_schedule)
+
+    d = sub.add_parser("depth", help="MEMTP ensemble depth from free memory (DESIGN.md section 2)")
+    src = d.add_mutually_exclusive_group()
+    src.add_argument("--live", action="store_true",
+                     help="read this machine's free memory (AMD sysfs, NVIDIA NVML/nvidia-smi, else system memory)")
+    src.add_argument("--free-gib", type=float, default=None, help="free memory to fund heads, GiB")
+    d.add_argument("--coherence", type=float, default=1.0, help="coherence R in [0, 1] (default 1.0)")
+    d.add_argument("--max-depth", type=int, default=16)
+    d.add_argument("--head-cost-gib", type=float, default=4.0)
+    d.add_argument("--r-low", type=float, default=0.3)
+    d.add_argument("--r-high", type=float, default=0.9)
+    d.add_argument("--reserve-gib", type=float, default=0.0, help="--live: memory to keep free, GiB")
+    d.add_argument("--json", action="store_true", help="print the telemetry as JSON")
+    d.set_defaults(func=_cmd_depth)
 
     tu = sub.add_parser("tune", help="tune a scenario with Optuna (resumable; see memtp_sim/tune.py)")
     tu.add_argument("spec", help="tune YAML, e.g. studies/tune.yaml")
