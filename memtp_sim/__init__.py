@@ -5,11 +5,22 @@ one GPU serving queue, calibrated from measured AMD Strix Halo (gfx1151) costs a
 request traces.
 """
 
-from .acceptance import AcceptanceModel, expected_tau_iid, load_acceptance
+from .acceptance import AcceptanceModel, ConfidenceHead, expected_tau_iid, load_acceptance
 from .api import run
+from .calibration import (
+    apply_temperature,
+    auc_score,
+    brier_score,
+    expected_calibration_error,
+    per_position_metrics,
+    reliability_curve,
+    sequential_temperature_scaling,
+)
 from .config import Scenario, Study, load_scenario, load_study
 from .errors import CalibrationError, ConfigError, ExperimentalWarning, MemtpSimError
 from .hardware import HardwareProfile, SPSTable, list_profiles, load_profile
+from .exactness import analytical_acceptance, residual_distribution, speculative_step
+from .memtp import CoherenceEWMA, DepthController, memtp_depth, memtp_depth_live, read_free_memory
 from .metrics import RunResult
 from .policies import Policy, RoundPlan, RoundView, available_policies, make_policy, register
 from .scheduling import ScheduleResult, hardware_aware_prefix_scheduler
@@ -19,6 +30,22 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "AcceptanceModel",
+    "CoherenceEWMA",
+    "ConfidenceHead",
+    "DepthController",
+    "analytical_acceptance",
+    "apply_temperature",
+    "auc_score",
+    "brier_score",
+    "expected_calibration_error",
+    "memtp_depth",
+    "memtp_depth_live",
+    "per_position_metrics",
+    "read_free_memory",
+    "reliability_curve",
+    "residual_distribution",
+    "sequential_temperature_scaling",
+    "speculative_step",
     "CalibrationError",
     "ConfigError",
     "ExperimentalWarning",

@@ -1,0 +1,23 @@
+"""The public names the issues promise are importable from the package root."""
+
+import memtp_sim
+
+
+def test_every_public_name_exists():
+    for name in memtp_sim.__all__:
+        assert hasattr(memtp_sim, name), name
+
+
+def test_promised_entry_points():
+    from memtp_sim import (  # noqa: F401
+        analytical_acceptance,
+        expected_calibration_error,
+        hardware_aware_prefix_scheduler,
+        memtp_depth,
+        memtp_depth_live,
+        sequential_temperature_scaling,
+    )
+
+    # hand cases: Leviathan acceptance 1 - 0.5 * |(0.5,0.5) - (0.7,0.3)|_1 = 0.8; DESIGN.md section 2
+    assert abs(analytical_acceptance((0.5, 0.5), (0.7, 0.3)) - 0.8) < 1e-12
+    assert memtp_depth(21.49, 1.0) == 5 and memtp_depth(21.49, 0.3) == 1
