@@ -104,13 +104,23 @@ def _facets(res: StudyResults) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
+MEMORY_HEADLINE = [
+    ("queue_s_p90", "queue p90 s"),
+    ("mean_depth", "mean depth"),
+    ("mean_heads_gib", "heads GiB"),
+    ("mean_kv_gib", "KV GiB mean"),
+    ("peak_kv_gib", "KV GiB peak"),
+]
+
+
 def headline_table(res: StudyResults) -> pd.DataFrame:
-    """Headline metrics, mean over seeds, per facet / load point / policy."""
+    """Headline metrics, mean over seeds, per facet / load point / policy (plus queueing and
+    memory use when the study runs the MEMTP ensemble)."""
     keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
-    agg = aggregate(res.table, keys, [m for m, _ in HEADLINE])
-    cols = keys + [f"{m}_mean" for m, _ in HEADLINE]
-    out = agg[cols].rename(columns={f"{m}_mean": label for m, label in HEADLINE})
-    return out
+    cols_spec = HEADLINE + (MEMORY_HEADLINE if _uses_memtp(res) else [])
+    agg = aggregate(res.table, keys, [m for m, _ in cols_spec])
+    cols = keys + [f"{m}_mean" for m, _ in cols_spec]
+    return agg[cols].rename(columns={f"{m}_mean": label for m, label in cols_spec})
 
 
 def dspark_losses(res: StudyResults, *, margin: float = 0.02) -> list[str]:
