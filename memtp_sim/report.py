@@ -84,8 +84,9 @@ def load_results(root: str | Path) -> StudyResults:
 
 
 def aggregate(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
-    """Mean, standard deviation and count over seeds for each combination of ``keys``."""
-    g = table.groupby(keys, dropna=False, sort=True)[metrics]
+    """Mean, standard deviation and count over seeds for each combination of ``keys``, in the
+    order the study lists them (its YAML order), not sorted."""
+    g = table.groupby(keys, dropna=False, sort=False)[metrics]
     mean = g.mean().add_suffix("_mean")
     sd = g.std(ddof=1).fillna(0.0).add_suffix("_sd")
     out = pd.concat([mean, sd], axis=1)
@@ -98,7 +99,7 @@ def _facets(res: StudyResults) -> list[tuple[str, pd.DataFrame]]:
     if not keys:
         return [("", res.table)]
     out = []
-    for vals, sub in res.table.groupby(keys, dropna=False, sort=True):
+    for vals, sub in res.table.groupby(keys, dropna=False, sort=False):
         vals = vals if isinstance(vals, tuple) else (vals,)
         out.append((", ".join(f"{k} = {v}" for k, v in zip(keys, vals)), sub))
     return out
@@ -185,12 +186,12 @@ def winners_notes(res: StudyResults, *, tie: float = 0.01) -> list[str]:
     x = res.x_key
     keys = res.facet_keys + ([x] if x else []) + ["policy"]
     agg = aggregate(res.table, keys, ["throughput_tok_per_s", "tok_per_s_user_p50"])
-    groups = agg.groupby(res.facet_keys, dropna=False, sort=True) if res.facet_keys else [((), agg)]
+    groups = agg.groupby(res.facet_keys, dropna=False, sort=False) if res.facet_keys else [((), agg)]
     notes = []
     for facet, sub in groups:
         facet = facet if isinstance(facet, tuple) else (facet,)
         where = ", ".join(f"{k} = {v}" for k, v in zip(res.facet_keys, facet))
-        points = list(sub.groupby(x, sort=True)) if x else [("all", sub)]
+        points = list(sub.groupby(x, sort=False)) if x else [("all", sub)]
         for metric, what in (("throughput_tok_per_s", "highest throughput"),
                              ("tok_per_s_user_p50", "fastest per user (p50)")):
             runs: list[dict[str, Any]] = []
@@ -276,7 +277,7 @@ def _frontier_fig(sub: pd.DataFrame, x: str | None, colors: dict[str, str], titl
     agg = aggregate(sub, keys, ["throughput_tok_per_s", "tok_per_s_user_p50"])
     fig = go.Figure()
     for pol, d in agg.groupby("policy", sort=False):
-        d = d.sort_values(x) if x else d
+        d = d.sort_values(x) if x and _numeric(d[x]) else d
         fig.add_trace(go.Scatter(
             x=d["tok_per_s_user_p50_mean"], y=d["throughput_tok_per_s_mean"], mode="lines+markers", name=pol,
             line={"color": colors[pol]},
@@ -295,7 +296,7 @@ def _load_fig(sub: pd.DataFrame, x: str, colors: dict[str, str], title: str) -> 
     fig = make_subplots(rows=1, cols=3, subplot_titles=(
         "throughput (tok/s)", "mean verify budget per request (tokens, incl. bonus)", "tok/s/user (p50)"))
     for pol, d in agg.groupby("policy", sort=False):
-        d = d.sort_values(x)
+        d = d.sort_values(x) if _numeric(d[x]) else d
         for col, (m, add) in enumerate([("throughput_tok_per_s", 0.0), ("mean_verify_len", 1.0),
                                         ("tok_per_s_user_p50", 0.0)], start=1):
             fig.add_trace(go.Scatter(
@@ -413,7 +414,7 @@ def phase_table(res: StudyResults) -> pd.DataFrame | None:
         return None
     df = pd.DataFrame(rows)
     keys = res.sweep_keys + ["policy", "phase"]
-    return df.drop(columns="seed").groupby(keys, sort=True).mean(numeric_only=True).reset_index()
+    return df.drop(columns="seed").groupby(keys, sort=False).mean(numeric_only=True).reset_index()
 
 
 def _latency_fig(res: StudyResults, sub: pd.DataFrame, x: str | None, colors: dict[str, str], title: str) -> go.Figure:
