@@ -39,7 +39,22 @@ import pandas as pd
 from .calibration import per_position_metrics, reliability_curve
 from .engine import FINISHED, REJECTED, EngineState
 
-__all__ = ["RunResult", "compute_metrics"]
+__all__ = ["RunResult", "compute_metrics", "METRIC_NAMES"]
+
+#: Every scalar metric a run reports (what tuning objectives and constraints may name).
+METRIC_NAMES: tuple[str, ...] = (
+    "num_requests", "num_completed", "num_rejected", "output_tokens_total", "makespan_s", "steady_window_s",
+    "throughput_tok_per_s", "makespan_throughput_tok_per_s", "request_throughput_per_s",
+    "tok_per_s_user_p10", "tok_per_s_user_p50", "tok_per_s_user_p90", "tok_per_s_user_mean",
+    "ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99",
+    "e2e_s_p50", "e2e_s_p90", "e2e_s_p99", "mean_e2e_s", "queue_s_p50", "queue_s_p90", "num_rounds",
+    "mean_decode_batch", "mean_batch_tokens", "mean_verify_len", "tau", "acceptance_rate",
+    "verified_draft_tokens", "accepted_draft_tokens", "wasted_verify_tokens", "wasted_verify_frac",
+    "draft_time_frac", "busy_frac", "kv_capacity_blocks", "kv_peak_frac", "num_preemptions", "mean_depth",
+    "num_depth_changes", "mean_heads_gib", "mean_kv_gib", "peak_kv_gib", "mean_free_gib", "mean_coherence",
+    "head_load_s_total", "mean_waiting", "num_draft_trims", "early_stop_gap_frac", "mean_in_system",
+    "mean_in_system_sampled", "arrival_rate_per_s", "ece_raw_mean", "ece_mean", "auc_mean",
+)
 
 
 def _pct(x: np.ndarray, q: float) -> float:

@@ -21,3 +21,17 @@ def test_promised_entry_points():
     # hand cases: Leviathan acceptance 1 - 0.5 * |(0.5,0.5) - (0.7,0.3)|_1 = 0.8; DESIGN.md section 2
     assert abs(analytical_acceptance((0.5, 0.5), (0.7, 0.3)) - 0.8) < 1e-12
     assert memtp_depth(21.49, 1.0) == 5 and memtp_depth(21.49, 0.3) == 1
+
+
+def test_metric_names_list_every_scalar_metric():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _sim_helpers import scenario
+
+    from memtp_sim.metrics import METRIC_NAMES
+
+    res = memtp_sim.run(scenario(policy={"name": "dspark"}, workload={"num_requests": 20}), seed=0)
+    scalars = {k for k, v in res.metrics.items() if not isinstance(v, dict)}
+    assert scalars == set(METRIC_NAMES)
