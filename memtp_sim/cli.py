@@ -38,24 +38,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .config import load_study
     from .report import headline_table, load_results, write_report
-    from .study import plan_runs, run_study
+    from .study import check_writable, plan_runs, run_study
 
     console = Console(stderr=True)
     study = load_study(args.study)
     n_runs = len(plan_runs(study, source=args.study))
-    console.print(f"[bold]{study.name}[/]: {n_runs} runs -> {Path(args.out) / study.name}")
+    check_writable(Path(args.out) / study.name)
+    if not args.quiet:
+        console.print(f"[bold]{study.name}[/]: {n_runs} runs -> {Path(args.out) / study.name}", soft_wrap=True)
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=args.quiet or not console.is_terminal and not args.progress) as prog:
-        task = prog.add_task("simulating", total=n_runs)
+        task = prog.add_task("runs", total=n_runs)
+        inner = prog.add_task("requests (current run)", total=None, visible=False)
 
         def on_progress(done: int, total: int, run_id: str) -> None:
             prog.update(task, completed=done)
             if not console.is_terminal and not args.quiet and run_id:
                 print(f"  [{done}/{total}] {run_id}", file=sys.stderr, flush=True)
 
+        def on_run_progress(done: int, total: int) -> None:  # runs executing in this process
+            prog.update(inner, completed=done, total=total, visible=True)
+
         root, _ = run_study(study, out_dir=args.out, jobs=args.jobs, force=args.force, source=args.study,
-                            on_progress=on_progress)
+                            on_progress=on_progress, on_run_progress=on_run_progress)
     report = write_report(root)
     elapsed = time.perf_counter() - t0
     res = load_results(root)
@@ -77,12 +83,20 @@ def _print_table(df) -> None:  # noqa: ANN001 - pandas DataFrame
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from .report import write_report
 
     root = Path(args.study_dir)
-    if not (root / "runs.csv").is_file():
-        return _fail(f"{root}: no runs.csv here; run a study first (python -m memtp_sim run STUDY.yaml)")
-    print(write_report(root))
+    for name in ("runs.csv", "study.json"):
+        if not (root / name).is_file():
+            return _fail(f"{root}: no {name} here; this is not a finished study folder "
+                         "(run one first: python -m memtp_sim run STUDY.yaml)")
+    try:
+        print(write_report(root))
+    except (pd.errors.EmptyDataError, KeyError, ValueError) as e:
+        return _fail(f"{root}: study results are incomplete or damaged ({e.__class__.__name__}); "
+                     "rerun the study to rebuild them")
     return 0
 
 
@@ -100,12 +114,19 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from .scheduling import hardware_aware_prefix_scheduler
 
-    conf = [[float(x) for x in row.split(",") if x] for row in args.confidences]
+    try:
+        conf = [[float(x) for x in row.split(",")] for row in args.confidences]
+    except ValueError:
+        return _fail(f"confidences: expected comma-separated numbers per request, e.g. 0.9,0.8 (got {args.confidences})")
     sps = None
     if args.sps:
-        sps = {int(k): float(v) for k, v in (pair.split("=") for pair in args.sps.split(","))}
+        try:
+            sps = {int(k): float(v) for k, v in (pair.split("=") for pair in args.sps.split(","))}
+        except ValueError:
+            return _fail(f"--sps: expected B=steps_per_second pairs, e.g. 1=1.0,2=0.5 (got {args.sps!r})")
     try:
-        r = hardware_aware_prefix_scheduler(conf, sps, early_stop=not args.global_search)
+        r = hardware_aware_prefix_scheduler(conf, sps, early_stop=not args.global_search,
+                                            max_batch_tokens=args.max_batch_tokens)
     except ValueError as e:
         return _fail(str(e))
     print(f"lengths={r.lengths.tolist()} batch_tokens={r.batch_tokens} tau={r.tau:.4f} theta={r.theta:.4f}")
@@ -192,6 +213,16 @@ def _cmd_depth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m memtp_sim", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -199,7 +230,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run (or resume) a study YAML")
     r.add_argument("study", help="study YAML, e.g. studies/load.yaml")
     r.add_argument("--out", default="results", help="results folder (default: results)")
-    r.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    r.add_argument("--jobs", type=_positive_int, default=None, help="worker processes (default: CPU count)")
     r.add_argument("--force", action="store_true", help="recompute runs that already have results")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.add_argument("--progress", action="store_true", help="show the progress bar even when not a terminal")
@@ -216,9 +247,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("confidences", nargs="+", help="one comma-separated list of c_k per request, e.g. 0.9,0.8")
     s.add_argument("--sps", help="SPS table as B=steps_per_s pairs, e.g. 1=1.0,2=0.5,3=0.45 (default: shipped profile)")
     s.add_argument("--global-search", action="store_true", help="no early stop")
+    s.add_argument("--max-batch-tokens", type=_positive_int, default=None,
+                   help="cap on B; candidates beyond it are not considered")
     s.set_defaults(func=_cmd_schedule)
 
-    d = sub.add_parser("depth", help="MEMTP ensemble depth from free memory (DESIGN.md section 2)")
+    d = sub.add_parser("depth", help="MEMTP ensemble depth from free memory (docs/model.md section 2)")
     src = d.add_mutually_exclusive_group()
     src.add_argument("--live", action="store_true",
                      help="read this machine's free memory (AMD sysfs, NVIDIA NVML/nvidia-smi, else system memory)")
@@ -262,6 +295,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except MemtpSimError as e:
         return _fail(str(e))
+    except BrokenPipeError:  # e.g. `memtp-sim profiles | head`: the reader left; say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:  # unreadable / unwritable files the checks above did not catch
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        return _fail(f"{where}{e.strerror or e}")
     except KeyboardInterrupt:
         print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
         return 130

@@ -31,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveFloat,
+    NonNegativeInt,
     PositiveInt,
     ValidationError,
     ValidationInfo,
@@ -57,11 +58,17 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML `true` is not the integer 1, and "1.5" is not a number
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class HardwareConfig(_Strict):
     profile: str = Field("gfx1151-llama31-8b-q4km-vulkan", description="shipped profile name or YAML path")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"profile": v} if isinstance(v, str) else v  # `hardware: <name or path>`
 
     @field_validator("profile")
     @classmethod
@@ -77,7 +84,7 @@ class HardwareConfig(_Strict):
 
 
 class AcceptanceConfig(_Strict):
-    profile: str | None = Field("dspark-qwen3", description="acceptance profile (fitted to DSpark Table 1)")
+    profile: str | None = Field(None, description="acceptance profile, fitted to DSpark Table 1 (default: dspark-qwen3)")
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="fixed i.i.d. per-position acceptance")
     domain_mix: dict[str, float] = Field(default_factory=lambda: {"chat": 1.0},
                                          description="probability of each domain")
@@ -87,6 +94,8 @@ class AcceptanceConfig(_Strict):
         from .acceptance import load_acceptance
 
         if self.alpha is not None:
+            if self.profile is not None:
+                raise ValueError("give either alpha (fixed acceptance) or profile (fitted), not both")
             return self
         try:
             model = load_acceptance(self.profile)
@@ -110,11 +119,22 @@ class ConfidenceConfig(_Strict):
     temperature: float = Field(1.0, gt=0.0, description="global temperature on top of STS")
     sts: Literal["fit", "none"] | list[PositiveFloat] = Field(
         "fit", description="per-position temperatures: fit on a held-out stream, none, or a list")
+
+    @field_validator("sts", mode="before")
+    @classmethod
+    def _sts_form(cls, v: Any) -> Any:
+        if v in ("fit", "none"):
+            return v
+        if isinstance(v, list) and v and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
+                                             for t in v):
+            return [float(t) for t in v]
+        raise ValueError(f"allowed: 'fit', 'none', or a non-empty list of positive temperatures, one per "
+                         f"position (got {_show(v)})")
     sts_rounds: PositiveInt = Field(20000, description="held-out rounds for the STS fit")
 
 
 class MemtpConfig(_Strict):
-    """MEMTP: the draft-head ensemble whose depth (= draft length) follows free memory (DESIGN.md 2)."""
+    """MEMTP: the draft-head ensemble whose depth (= draft length) follows free memory (docs/model.md section 2)."""
 
     depth: Literal["elastic"] | PositiveInt | None = Field(
         None, description="elastic (controller), a fixed number of heads, or null (classic drafter, policy gamma)")
@@ -124,13 +144,20 @@ class MemtpConfig(_Strict):
     r_high: float = Field(0.9, ge=0.0, le=1.0, description="coherence at or above which free memory is fully used")
     coherence_half_life_rounds: PositiveFloat = Field(8.0, description="EWMA half-life of coherence R")
     coherence_estimator: Literal["per_verified", "per_tested"] = Field(
-        "per_verified", description="per_verified: accepted / verified draft tokens (DESIGN default); "
+        "per_verified", description="per_verified: accepted / verified draft tokens (the default, docs/model.md section 2); "
         "per_tested: accepted / positions actually compared (up to the first rejection), which does not "
         "fall when the scheduler verifies deeper")
     min_dwell_rounds: PositiveInt = Field(32, description="rounds a depth target must persist before a change")
     head_load_gb_per_s: PositiveFloat = Field(
         84.0, description="copy rate for loading a new head; default: measured CPU<->GPU rate on gfx1151 (lhl)")
     initial_depth: PositiveInt | None = Field(None, description="elastic: starting depth (default: the formula's)")
+
+    @field_validator("depth", mode="before")
+    @classmethod
+    def _depth_form(cls, v: Any) -> Any:
+        if v is None or v == "elastic" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"allowed: 'elastic', a number of heads >= 1, or null (got {_show(v)})")
 
     @model_validator(mode="after")
     def _check(self) -> "MemtpConfig":
@@ -178,6 +205,15 @@ class WorkloadConfig(_Strict):
     def _mode_fields(self) -> "WorkloadConfig":
         if self.mode == "poisson" and self.rate_per_s is None and not self.rate_schedule:
             raise ValueError("mode poisson needs rate_per_s (> 0) or rate_schedule")
+        if self.mode == "poisson" and self.rate_per_s is not None and self.rate_schedule:
+            raise ValueError("give rate_per_s or rate_schedule, not both")
+        # a field another mode reads would be silently ignored: refuse it
+        only = {"concurrency": "closed_loop", "think_time_s": "closed_loop", "rate_per_s": "poisson",
+                "rate_schedule": "poisson", "rate_scale": "trace", "start_offset_s": "trace"}
+        for name, mode in only.items():
+            if getattr(self, name) != type(self).model_fields[name].default and self.mode != mode:
+                raise ValueError(f"{name}: only used with mode {mode} (this workload's mode is {self.mode}); "
+                                 "remove it or change mode")
         if self.rate_schedule and not any(seg.rate_per_s > 0 for seg in self.rate_schedule):
             raise ValueError("rate_schedule: at least one segment needs rate_per_s > 0")
         if self.mode == "closed_loop" and self.concurrency is None:
@@ -219,8 +255,8 @@ class PolicySpec(BaseModel):
             field = ".".join(str(x) for x in err["loc"])
             allowed = ", ".join(cls.Params.model_fields) or "no parameters"
             if err["type"] == "extra_forbidden":
-                raise ValueError(f"{field}: unknown parameter of policy {self.name!r}; allowed: {allowed}") from None
-            raise ValueError(f"{field}: {err['msg']} (got {err.get('input')!r})") from None
+                raise ValueError(f"policy.{field}: unknown parameter of policy {self.name!r}; allowed: {allowed}") from None
+            raise ValueError(f"policy.{field}: {err['msg']} (got {_show(err.get('input'))})") from None
         return self
 
     @property
@@ -289,9 +325,17 @@ class Study(_Strict):
     variants: dict[str, dict[str, Any]] | None = Field(
         None, description="named sets of dotted-path overrides, e.g. {raw: {confidence.sts: none}}; "
         "a sweep dimension labelled 'variant'")
-    policies: list[PolicySpec] | None = None
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    policies: list[PolicySpec] | None = Field(None, min_length=1)
+    seeds: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
     report_x: str | None = Field(None, description="sweep key for the report's x axis (default: the load axis)")
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, v: list[int]) -> list[int]:
+        dup = sorted({x for x in v if v.count(x) > 1})
+        if dup:
+            raise ValueError(f"duplicate seed(s) {dup}: each seed is one replicate")
+        return v
 
     @model_validator(mode="after")
     def _report_x_known(self) -> "Study":
@@ -349,6 +393,16 @@ class Study(_Strict):
         return {"name": p.name, **p.params}
 
 
+def _show(v: Any) -> str:
+    """A value as a user wrote it (numpy scalars as plain numbers)."""
+    if hasattr(v, "item") and callable(v.item):
+        try:
+            v = v.item()
+        except (TypeError, ValueError):
+            pass
+    return "a mapping" if isinstance(v, dict) else repr(v)
+
+
 def _set_dotted(doc: dict[str, Any], key: str, value: Any, source: str) -> None:
     parts = key.split(".")
     node = doc
@@ -400,14 +454,31 @@ def format_validation_error(e: ValidationError, source: str, model: type[BaseMod
     elif err["type"] == "missing":
         line = f"{source}: {field}: required field is missing"
     elif err["type"] == "value_error" or "input" not in err:
-        line = f"{source}: {field}: {msg}"
+        # a model-level check names its own field(s) in the message
+        line = f"{source}: {msg}" if not loc else f"{source}: {field}: {msg}"
     else:
-        got = err["input"]
-        got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-        line = f"{source}: {field}: {msg} (got {got_s})"
+        line = f"{source}: {field}: {msg} (got {_show(err['input'])})"
     if len(errs) > 1:
         line += f" [+{len(errs) - 1} more error(s)]"
     return line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
 def _read_yaml(path: str | Path) -> tuple[Path, Any]:
@@ -415,9 +486,14 @@ def _read_yaml(path: str | Path) -> tuple[Path, Any]:
     if not p.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+        doc = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except yaml.constructor.ConstructorError as e:
+        line = f" at line {e.problem_mark.line + 1}" if e.problem_mark is not None else ""
+        raise ConfigError(f"{path}: {e.problem}{line}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -4,7 +4,7 @@ SimPy drives time: an arrival process (open loop) or one process per user (close
 requests, and one engine process runs rounds. Per-request state lives in numpy arrays indexed by
 request id; each round is vectorised over the decoding requests.
 
-One round (DESIGN.md section 1), at time t:
+One round (docs/model.md section 1), at time t:
 
 1. **Admit** waiting requests first-come-first-served while ``max_num_seqs`` and the KV cache
    allow: a request is admitted when blocks for its whole prefill (prompt, plus the tokens already
@@ -100,16 +100,26 @@ class EngineSettings:
 
 
 class _RoundLog:
-    """Per-round records as tuples in ``ROUND_FIELDS`` order; columns are built once at the end."""
+    """Per-round records as tuples in ``ROUND_FIELDS`` order, packed into float64 blocks every
+    ``FLUSH`` rounds (a tuple costs several times its numbers in memory)."""
+
+    FLUSH = 1 << 15
 
     def __init__(self) -> None:
         self.rows: list[tuple] = []
+        self.blocks: list[np.ndarray] = []
         self.append = self.rows.append
 
+    def flush(self) -> None:
+        if self.rows:
+            self.blocks.append(np.array(self.rows, dtype=np.float64))
+            self.rows.clear()
+
     def arrays(self) -> dict[str, np.ndarray]:
-        if not self.rows:
+        self.flush()
+        if not self.blocks:
             return {f: np.empty(0) for f in ROUND_FIELDS}
-        table = np.array(self.rows, dtype=np.float64)
+        table = np.concatenate(self.blocks)
         return {f: table[:, i].copy() for i, f in enumerate(ROUND_FIELDS)}
 
 
@@ -593,6 +603,8 @@ class Engine:
                 self.capacity, head_load_s, num_remote,
             ))
             round_index += 1
+            if round_index % _RoundLog.FLUSH == 0:
+                self.log.flush()
 
     def _record_diag(self, raw: np.ndarray, used: np.ndarray, would: np.ndarray) -> None:
         # raw: head logits; used: confidences the policy saw; would: acceptance of every position.

@@ -54,7 +54,7 @@ class SPSTable:
         beyond_max: ``"error"`` (refuse B above the largest measured B) or ``"extrapolate"``
             (linear in pass time through the last two measured points).
 
-    Source: DESIGN.md section 1 step 4 (SPS(B) is a measured, jagged table).
+    Source: docs/model.md section 1 step 4 (SPS(B) is a measured, jagged table).
     """
 
     batch_tokens: np.ndarray
@@ -176,7 +176,7 @@ class SPSTable:
 class DrafterCost:
     """Cost of one drafting round of DSpark's semi-autoregressive drafter.
 
-    ``T_draft(R, gamma) = t_parallel(R * gamma) + gamma * t_seq`` (DESIGN.md section 1 step 1),
+    ``T_draft(R, gamma) = t_parallel(R * gamma) + gamma * t_seq`` (docs/model.md section 1 step 1),
     with ``t_parallel(n) = scale * max(t_small, n * t_large / large_b)``: flat while the small
     model's pass is memory-bound, then the compute-bound line through its measured large-B point.
     ``t_seq`` is one step of the Markov head: ``rank * vocab * bytes / bandwidth``.

@@ -1,4 +1,4 @@
-"""MEMTP: the memory-elastic draft-head ensemble (DESIGN.md §2).
+"""MEMTP: the memory-elastic draft-head ensemble (docs/model.md section 2).
 
 Each stacked draft head lets the drafter go one position deeper, so the draft length is the
 ensemble depth (``gamma = depth``). Heads cost memory, so the depth "breathes" with the memory
@@ -183,7 +183,7 @@ def coherence_gate(coherence: float, r_low: float, r_high: float) -> float:
             or ``coherence`` is NaN or outside [0, 1]. The message names the argument.
 
     Source:
-        DESIGN.md §2 (MEMTP), definition of ``g(R)``.
+        docs/model.md section 2 (MEMTP), definition of ``g(R)``.
     """
     lo, hi = _check_thresholds(r_low, r_high)
     r = _check_unit_interval("coherence", coherence)
@@ -233,7 +233,7 @@ def memtp_depth(
             ``max_depth`` is not an int >= 1.
 
     Source:
-        DESIGN.md §2 (MEMTP), depth formula and the seed's reference point (21.49 GiB, 4 GiB per
+        docs/model.md section 2 (MEMTP), depth formula and the seed's reference point (21.49 GiB, 4 GiB per
         head: 5 heads at R = 1.0, 1 head at R = 0.3).
     """
     free = _check_free_gib("free_gib", free_gib)
@@ -494,7 +494,7 @@ def read_free_memory(
             lists what was tried.
 
     Source:
-        DESIGN.md §2 (``depth --live``); Linux amdgpu driver sysfs documentation
+        docs/model.md section 2 (``depth --live``); Linux amdgpu driver sysfs documentation
         (``mem_info_vram_*``, ``mem_info_gtt_*``, in bytes); NVML ``nvmlDeviceGetMemoryInfo``
         (bytes); ``nvidia-smi --query-gpu`` (MiB with ``nounits``); proc(5) ``/proc/meminfo`` (kB).
     """
@@ -541,7 +541,7 @@ def memtp_depth_live(
         TelemetryUnavailableError: (a ``RuntimeError``) if no telemetry source could be read.
 
     Source:
-        DESIGN.md §2 (MEMTP formula; "``depth --live`` reads the machine's real free memory").
+        docs/model.md section 2 (MEMTP formula; "``depth --live`` reads the machine's real free memory").
     """
     for name in kw:
         if name not in _LIVE_TELEMETRY_KW and name not in _LIVE_FORMULA_KW:
@@ -626,7 +626,7 @@ class CoherenceEWMA:
             ``initial`` is outside [0, 1] or NaN.
 
     Source:
-        DESIGN.md §2 ("an EWMA of accepted/verified draft tokens is the default estimator").
+        docs/model.md section 2 ("an EWMA of accepted/verified draft tokens is the default estimator").
     """
 
     def __init__(self, half_life_rounds: float = 8.0, initial: float = 1.0) -> None:
@@ -775,7 +775,7 @@ class DepthController:
             checks as :func:`memtp_depth`, plus the ones above).
 
     Source:
-        DESIGN.md §2 (MEMTP depth formula; the ensemble "breathes" as KV fills). The dwell and
+        docs/model.md section 2 (MEMTP depth formula; the ensemble "breathes" as KV fills). The dwell and
         one-head growth rules are this module's design, chosen to bound the change rate.
     """
 

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
+import yaml
 
 from .config import Scenario, Study
+from .errors import ConfigError
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -42,6 +44,41 @@ class RunSpec:
     labels: dict[str, Any]
     scenario: Scenario
     seed: int
+
+
+_FINGERPRINTS: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if key not in _FINGERPRINTS:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _FINGERPRINTS[key] = h.hexdigest()[:16]
+    return _FINGERPRINTS[key]
+
+
+def input_fingerprint(scenario: Scenario) -> dict[str, str]:
+    """Content digests of the files a run reads (trace, hardware profile and its measurements,
+    acceptance profile), so that resuming never reuses results computed from different inputs."""
+    from .acceptance import DEFAULT_ACCEPTANCE, _acceptance_dir
+    from .hardware import list_profiles
+
+    out = {"trace": _file_digest(Path(scenario.workload.trace))}
+    hw = Path(scenario.hardware.profile)
+    hw = hw if hw.suffix in (".yaml", ".yml") else list_profiles()[scenario.hardware.profile]
+    out["hardware"] = _file_digest(hw)
+    csv_name = (yaml.safe_load(hw.read_text()) or {}).get("measurements")
+    if csv_name and (hw.parent / csv_name).is_file():
+        out["measurements"] = _file_digest(hw.parent / csv_name)
+    if scenario.acceptance.alpha is None:
+        acc = Path(scenario.acceptance.profile or DEFAULT_ACCEPTANCE)
+        acc = acc if acc.suffix in (".yaml", ".yml") else _acceptance_dir() / f"{acc}.yaml"
+        out["acceptance"] = _file_digest(acc)
+    return out
 
 
 def _key(scenario: Scenario, seed: int) -> str:
@@ -90,13 +127,13 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def _execute(spec: RunSpec, run_dir: str) -> dict[str, Any]:
+def _execute(spec: RunSpec, run_dir: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run one spec and write its files (summary.json last, so it marks completion)."""
     import io
 
     from .api import run
 
-    res = run(spec.scenario, seed=spec.seed)
+    res = run(spec.scenario, seed=spec.seed, progress=progress)
     d = Path(run_dir)
     buf = io.StringIO()
     res.requests_frame().to_csv(buf, index=False)
@@ -107,6 +144,7 @@ def _execute(spec: RunSpec, run_dir: str) -> dict[str, Any]:
     summary = res.summary()
     summary["run_id"] = spec.run_id
     summary["labels"] = spec.labels
+    summary["inputs"] = input_fingerprint(spec.scenario)
     atomic_write_text(d / "summary.json", json.dumps(summary, indent=2, default=_json_default, allow_nan=True))
     return summary
 
@@ -119,8 +157,20 @@ def _load_done(run_dir: Path, spec: RunSpec) -> dict[str, Any] | None:
         s = json.loads(f.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    same = s.get("seed") == spec.seed and s.get("scenario") == spec.scenario.model_dump(mode="json")
-    return s if same and (run_dir / "requests.csv").is_file() else None
+    same = (s.get("seed") == spec.seed and s.get("scenario") == spec.scenario.model_dump(mode="json")
+            and s.get("inputs") == input_fingerprint(spec.scenario))
+    files = all((run_dir / f).is_file() for f in ("requests.csv", "rounds.parquet"))
+    return s if same and files else None
+
+
+def check_writable(root: Path) -> None:
+    """Raise ConfigError now if results cannot be written under ``root`` (before any run)."""
+    try:
+        (root / "runs").mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(root / ".write-check", b"")
+        (root / ".write-check").unlink()
+    except OSError as e:
+        raise ConfigError(f"{root}: cannot write results here ({e.strerror}); choose another --out") from None
 
 
 def runs_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:
@@ -141,6 +191,7 @@ def run_study(
     force: bool = False,
     source: str = "<study>",
     on_progress: Callable[[int, int, str], None] | None = None,
+    on_run_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Path, pd.DataFrame]:
     """Run (or resume) every run of ``study`` and write runs.csv.
 
@@ -149,11 +200,17 @@ def run_study(
         jobs: worker processes (default: CPU count); 1 runs in this process.
         force: recompute runs that already have results.
         on_progress: ``on_progress(done, total, run_id)`` after each run.
+        on_run_progress: ``on_run_progress(done_requests, total_requests)`` within each run, when
+            runs execute in this process (``jobs == 1`` or a single run left).
 
     Returns:
         (study folder, runs table).
+
+    Raises:
+        ConfigError: the results folder cannot be written (checked before anything runs).
     """
     root = Path(out_dir) / study.name
+    check_writable(root)
     specs = plan_runs(study, source=source)
     summaries: dict[str, dict[str, Any]] = {}
     todo: list[RunSpec] = []
@@ -169,7 +226,7 @@ def run_study(
     jobs = max(1, jobs or os.cpu_count() or 1)
     if jobs == 1 or len(todo) <= 1:
         for spec in todo:
-            summaries[spec.run_id] = _execute(spec, str(root / "runs" / spec.run_id))
+            summaries[spec.run_id] = _execute(spec, str(root / "runs" / spec.run_id), on_run_progress)
             if on_progress is not None:
                 on_progress(len(summaries), total, spec.run_id)
     else:

@@ -75,23 +75,35 @@ class Workload:
         return self.concurrency is not None
 
 
+def _rows(p: Path, cols: list[str], path: str) -> pd.DataFrame:
+    df = pd.read_csv(p, usecols=cols)
+    if len(df) == 0:
+        raise ConfigError(f"{path}: trace has a header but no rows")
+    missing = df.isna().any(axis=1)
+    if missing.any():
+        raise ConfigError(f"{path}: row {int(missing.to_numpy().argmax()) + 2} has an empty or non-numeric cell")
+    return df
+
+
 @lru_cache(maxsize=8)
-def _read_trace(path: str) -> Trace:
+def _read_trace(path: str, mtime_ns: int = 0, size: int = 0) -> Trace:  # stat in the key: an edited file reloads
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: trace file not found")
     try:
         head = pd.read_csv(p, nrows=0).columns.tolist()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read trace ({e.strerror})") from None
     except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
         raise ConfigError(f"{path}: not a readable CSV trace ({e.__class__.__name__})") from None
     try:
         if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= set(head):
-            df = pd.read_csv(p, usecols=["TIMESTAMP", "ContextTokens", "GeneratedTokens"])
+            df = _rows(p, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], path)
             ts = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
             arr = (ts - ts.iloc[0]).dt.total_seconds().to_numpy()
             prompt, out, fmt = df["ContextTokens"].to_numpy(), df["GeneratedTokens"].to_numpy(), "azure2023"
         elif {"timestamp", "input_length", "output_length"} <= set(head):
-            df = pd.read_csv(p, usecols=["timestamp", "input_length", "output_length"])
+            df = _rows(p, ["timestamp", "input_length", "output_length"], path)
             arr = (df["timestamp"].to_numpy(dtype=np.float64) - float(df["timestamp"].iloc[0])) / 1000.0
             prompt, out, fmt = df["input_length"].to_numpy(), df["output_length"].to_numpy(), "mooncake"
         else:
@@ -104,8 +116,6 @@ def _read_trace(path: str) -> Trace:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{path}: trace rows could not be parsed ({e.__class__.__name__}: {str(e)[:80]})") from None
-    if len(df) == 0:
-        raise ConfigError(f"{path}: trace has no rows")
     if (prompt < 1).any() or (out < 1).any():
         raise ConfigError(f"{path}: every request needs >= 1 prompt token and >= 1 output token")
     order = np.argsort(arr, kind="stable")
@@ -118,7 +128,12 @@ def load_trace(path: str | Path) -> Trace:
     Raises:
         ConfigError: missing file or unknown columns.
     """
-    return _read_trace(str(Path(path).resolve()))
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+    except OSError:
+        return _read_trace(str(p))  # reports the missing / unreadable file
+    return _read_trace(str(p), st.st_mtime_ns, st.st_size)
 
 
 def _piecewise_poisson(rng: np.random.Generator, n: int, schedule: list[tuple[float, float]]) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""`python -m memtp_sim depth`: the DESIGN.md section 2 formula from the command line."""
+"""`python -m memtp_sim depth`: the docs/model.md section 2 formula from the command line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from memtp_sim.memtp import KNOWN_TELEMETRY_SOURCES
 
 
 def test_reference_point_from_the_command_line(capsys):
-    # DESIGN.md section 2: 21.49 GiB free, 4 GiB heads -> 5 at R = 1.0, 1 at R = 0.3
+    # docs/model.md section 2: 21.49 GiB free, 4 GiB heads -> 5 at R = 1.0, 1 at R = 0.3
     assert main(["depth", "--free-gib", "21.49", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["depth"] == 5
     assert main(["depth", "--free-gib", "21.49", "--coherence", "0.3", "--json"]) == 0

@@ -1,4 +1,4 @@
-"""Truths every run must keep (DESIGN.md section 4), checked through ``memtp_sim.run``:
+"""Truths every run must keep (docs/model.md section 4), checked through ``memtp_sim.run``:
 
 conservation, KV memory within capacity (with preemption counted), determinism, Little's law.
 """

@@ -1,6 +1,6 @@
 """MEMTP in the engine: head memory, elastic depth, breathing under a load ramp.
 
-Oracles: hand-computed capacities (exact binary-fraction memory sizes), the DESIGN.md section 2
+Oracles: hand-computed capacities (exact binary-fraction memory sizes), the docs/model.md section 2
 formula's reference point, the invariant "KV + heads + weights never exceed memory", and the
 study's expected breathing (depth lower while memory binds than before and after).
 """
@@ -59,7 +59,7 @@ def test_fixed_depth_capacity_is_what_the_heads_leave():
 
 
 def test_elastic_starts_at_the_formula_reference_point():
-    # DESIGN.md section 2: 21.49 GiB free, 4 GiB per head, R = 1 -> depth 5
+    # docs/model.md section 2: 21.49 GiB free, 4 GiB per head, R = 1 -> depth 5
     eng = engine(profile(21.49 + 30.0, weights_gib=30.0), MemtpSettings(depth="elastic", max_depth=16), [64], [4],
                  concurrency=1)
     assert eng.depth == 5

@@ -18,7 +18,7 @@ def test_promised_entry_points():
         sequential_temperature_scaling,
     )
 
-    # hand cases: Leviathan acceptance 1 - 0.5 * |(0.5,0.5) - (0.7,0.3)|_1 = 0.8; DESIGN.md section 2
+    # hand cases: Leviathan acceptance 1 - 0.5 * |(0.5,0.5) - (0.7,0.3)|_1 = 0.8; docs/model.md section 2
     assert abs(analytical_acceptance((0.5, 0.5), (0.7, 0.3)) - 0.8) < 1e-12
     assert memtp_depth(21.49, 1.0) == 5 and memtp_depth(21.49, 0.3) == 1
 

@@ -22,7 +22,7 @@ __all__ = ["RoundView", "RoundPlan", "Policy", "PolicyParams", "fit_to_budget"]
 class PolicyParams(BaseModel):
     """Base of every policy's parameter model: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 @dataclass(frozen=True)

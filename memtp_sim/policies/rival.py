@@ -273,7 +273,7 @@ class GoodputPolicy(Policy):
 
     Source: Liu et al. 2024, *Optimizing speculative decoding for serving LLMs using goodput*
     (SmartSpec): goodput = expected accepted tokens per unit time, one proposal length per batch;
-    here priced by the measured SPS(B) table (DESIGN.md section 1 step 4).
+    here priced by the measured SPS(B) table (docs/model.md section 1 step 4).
     """
 
     Params = GoodputParams

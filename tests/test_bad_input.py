@@ -1,0 +1,132 @@
+"""Bad input found by a fresh-user review: every case is one line naming the file and the field,
+exit code 2, no traceback; settings that would be silently ignored are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from memtp_sim.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
+
+BASE = f"""name: t
+base:
+  workload: {{trace: {TRACE}, mode: closed_loop, concurrency: 2, num_requests: 6}}
+  engine: {{prefill: disaggregated, prefill_gpus: 2}}
+  policy: {{name: no_spec}}
+seeds: [0]
+"""
+
+
+def _one_line_exit_2(argv, capsys, *needles):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert len(err) == 1, err
+    for n in needles:
+        assert n in err[0], err[0]
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("seeds: [0]", "seeds: [-1]", "seeds"),
+    ("seeds: [0]", "seeds: [0, 0]", "duplicate seed"),
+    ("num_requests: 6", "num_requests: true", "num_requests"),
+    ("concurrency: 2, num_requests: 6", "concurrency: 2, num_requests: 6, rate_per_s: 5", "rate_per_s"),
+    ("mode: closed_loop, concurrency: 2", "mode: poisson, rate_per_s: 1, concurrency: 2", "concurrency"),
+    ("policy: {name: no_spec}", "policy: {name: static, k: true}", "policy.k"),
+    ("seeds: [0]", "seeds: [0]\npolicies: []", "policies"),
+    ("seeds: [0]", "seeds: [0]\nseeds: [1]", "twice"),
+    ("  engine:", "  memtp: {depth: 0}\n  engine:", "memtp.depth"),
+    ("  engine:", "  confidence: {sts: maybe}\n  engine:", "sts"),
+    ("  engine:", "  acceptance: {profile: dspark-qwen3, alpha: 0.7}\n  engine:", "alpha"),
+])
+def test_bad_study_is_one_line(tmp_path, capsys, old, new, field):
+    f = tmp_path / "study.yaml"
+    assert old in BASE
+    f.write_text(BASE.replace(old, new, 1))
+    _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, str(f), field)
+
+
+def test_hardware_accepts_a_profile_name_shorthand(tmp_path, capsys):
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE.replace("  engine:", "  hardware: gfx1151-llama31-8b-q4km-vulkan\n  engine:"))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no rows"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,\n", "row 2"),
+])
+def test_bad_trace_rows(tmp_path, capsys, content, needle):
+    trace = tmp_path / "t.csv"
+    trace.write_text(content)
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE.replace(str(TRACE), str(trace)))
+    _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, needle)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_out_is_refused_before_running(tmp_path, capsys):  # pragma: no cover - non-root CI
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE)
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    _one_line_exit_2(["run", str(f), "--out", str(ro)], capsys, "cannot write")
+
+
+def test_unwritable_out_is_refused_before_running_as_any_user(tmp_path, capsys):
+    # a path under a regular file can never be created, root or not
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _one_line_exit_2(["run", str(f), "--out", str(blocker / "out")], capsys, "cannot write")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["schedule", "abc"], "confidences"),
+    (["schedule", "0.9", "--sps", "garbage"], "--sps"),
+    (["schedule", "0.9,0.8", "0.5,0.4", "--sps", "1=1.0,2=0.6,3=0.5"], "sps"),
+])
+def test_schedule_bad_input(argv, needle, capsys):
+    _one_line_exit_2(argv, capsys, needle)
+
+
+def test_schedule_with_a_cap(capsys):
+    # Hand case: SPS(1)=1, SPS(2)=0.6, SPS(3)=0.5; a = [0.9, 0.72] and [0.5, 0.2]; cap B <= 3.
+    # B=2: tau 2 * 1/1 -> Theta(B=2) = 2 * 0.6 = 1.2; admit 0.9: tau 2.9, B 3: 2.9 * 0.5 = 1.45 > 1.2.
+    assert main(["schedule", "0.9,0.8", "0.5,0.4", "--sps", "1=1.0,2=0.6,3=0.5", "--max-batch-tokens", "3"]) == 0
+    assert "lengths=[1, 0] batch_tokens=3" in capsys.readouterr().out
+
+
+def test_report_on_a_folder_that_is_not_a_study(tmp_path, capsys):
+    (tmp_path / "runs.csv").write_text("")
+    _one_line_exit_2(["report", str(tmp_path)], capsys, "study.json")
+    (tmp_path / "study.json").write_text(json.dumps({"name": "x", "sweep_keys": []}))
+    _one_line_exit_2(["report", str(tmp_path)], capsys, "incomplete")
+
+
+def test_resume_does_not_reuse_results_from_a_changed_trace(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE.read_text()[:20000].rsplit("\n", 1)[0])
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE.replace(str(TRACE), str(trace)))
+    out = tmp_path / "out"
+    assert main(["run", str(f), "--out", str(out), "--quiet"]) == 0
+    summary = next((out / "t" / "runs").glob("*/summary.json"))
+    first = json.loads(summary.read_text())
+    # triple every output length: the same config, different input contents
+    lines = trace.read_text().split("\n")
+    rows = [lines[0]] + [",".join(r.split(",")[:2] + [str(3 * int(r.split(",")[2]))]) for r in lines[1:] if r]
+    trace.write_text("\n".join(rows))
+    assert main(["run", str(f), "--out", str(out), "--quiet"]) == 0
+    second = json.loads(summary.read_text())
+    assert second["inputs"]["trace"] != first["inputs"]["trace"]
+    assert second["metrics"]["output_tokens_total"] > first["metrics"]["output_tokens_total"]
