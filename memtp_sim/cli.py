@@ -134,9 +134,11 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    import shlex
+
     import optuna
 
-    from .tune import load_tune_spec, run_tune, top_trials
+    from .tune import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     spec = load_tune_spec(args.spec)
@@ -158,31 +160,46 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         why = f"worker exit codes {out.worker_exit_codes}" if dead else "some trials failed"
         print(f"incomplete ({why}); run the same command again to resume", file=sys.stderr)
         return 1
-    from .tune import default_storage_url, open_storage
-
     storage = open_storage(args.storage or default_storage_url(spec.name, args.out))
     study = optuna.load_study(study_name=spec.name, storage=storage)
     best = top_trials(study, spec, 1)
-    if not best:
-        print("no trial meets the constraints: " + "; ".join(c.label for c in spec.constraints))
     for num, rec in sorted(out.validation.items()):
         tag = " (best)" if best and num == best[0].number else ""
         vals = ", ".join(f"{m} {rec['metrics'][m]['mean']:.2f} ± {rec['metrics'][m]['half_width']:.2f}"
                          for m in spec.objective_names if m in rec["metrics"])
+        fails = constraint_failures(spec, rec["constraint_values"],
+                                    {m: ci["mean"] for m, ci in rec["metrics"].items()})
         print(f"  trial {num}{tag}: {rec['params']} -> {vals} (fresh seeds, 95% CI)"
-              + ("" if rec["feasible"] else " [fails the constraints on fresh seeds]"))
+              + (f" [fails on fresh seeds: {'; '.join(fails)}]" if fails else ""))
     if out.report is not None:
         print(f"report: {out.report}")
-    print(f"export: python -m memtp_sim export --study {spec.name} --format vllm|sglang|memtp"
-          + (f" --storage {out.storage_url}" if args.storage else ""))
+    if not best:
+        why = (f"meets the constraints ({'; '.join(c.label for c in spec.constraints)})" if spec.constraints
+               else "has finite objective values")
+        print(f"no feasible trial: none of the {out.complete} complete trials {why}, so there is nothing to "
+              f"export; relax the constraints in {args.spec} or run more trials (--n-trials)")
+        return 0
+    # the export command that reads this very study: same storage, same results folder
+    hint = ["python", "-m", "memtp_sim", "export", "--study", spec.name]
+    if args.storage:
+        hint += ["--storage", out.storage_url]
+    if Path(args.out) != Path("results"):
+        hint += ["--out", args.out]
+    masked = " (password masked: put it back in --storage)" if args.storage and out.storage_url != args.storage \
+        else ""
+    print("export: " + " ".join(shlex.quote(a) for a in hint) + " --format vllm   (or --format sglang / memtp)"
+          + masked)
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from .export import export_config
 
+    def warn(message: str) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
     for path in export_config(study_name=args.study, fmt=args.fmt, storage_url=args.storage, trial=args.trial,
-                              output=args.output, out_dir=args.out):
+                              output=args.output, out_dir=args.out, warn=warn):
         print(path)
     return 0
 
@@ -280,7 +297,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--study", required=True, help="study name (the tune YAML's name)")
     ex.add_argument("--storage", help="Optuna storage URL (default: sqlite:///results/<study>/optuna.db)")
     ex.add_argument("--trial", default="best", help="'best' (feasible Pareto trial with the best primary objective) "
-                    "or a trial number")
+                    "or a trial number (exported even if it fails the constraints, with a warning)")
     ex.add_argument("--format", required=True, choices=["vllm", "sglang", "memtp"], dest="fmt")
     ex.add_argument("-o", "--output", help="output file (default: results/<study>/export/...)")
     ex.add_argument("--out", default="results", help="results folder (default: results)")

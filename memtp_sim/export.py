@@ -26,6 +26,10 @@ Every file records ``provenance``: study, storage (password masked), trial numbe
 chose it, parameters, objective and constraint values (tuning mean and per-seed values; fresh-seed
 mean with its t-distribution 95% CI), calibration profiles with their sources, and the
 memtp_sim and Optuna versions. Files are written atomically.
+
+``--trial N`` exports trial N even when it fails the constraints (it was asked for by number), with
+one warning line saying which constraint fails and by how much; so does a trial that meets them on
+the tuning seeds but not on the fresh validation seeds.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ import datetime as _dt
 import inspect
 import json
 import shlex
+import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 
@@ -295,8 +300,26 @@ def _sps_table(profile_name: str) -> dict[str, Any]:
     }
 
 
+def _infeasibility_warning(spec: Any, trial: Any, validation: dict[str, Any]) -> str | None:
+    """One line when the trial fails its constraints (tuning seeds, else fresh seeds); None when it meets them."""
+    from .tune import constraint_failures
+
+    tuning = constraint_failures(spec, trial.user_attrs.get("constraint_values", []),
+                                 trial.user_attrs.get("metrics", {}))
+    if tuning:
+        return (f"trial {trial.number} is infeasible: {'; '.join(tuning)} (mean over tuning seeds "
+                f"{', '.join(str(s) for s in spec.seeds)}); writing it anyway, as asked")
+    fresh_means = {m: ci.get("mean") for m, ci in validation.get("metrics", {}).items()}
+    fresh = constraint_failures(spec, validation.get("constraint_values", []), fresh_means)
+    if fresh:
+        return (f"trial {trial.number} meets the constraints on the tuning seeds but not on fresh seeds "
+                f"{', '.join(str(s) for s in validation.get('seeds', []))}: {'; '.join(fresh)}")
+    return None
+
+
 def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, trial: str | int = "best",
-                  output: str | Path | None = None, out_dir: str | Path = "results") -> list[Path]:
+                  output: str | Path | None = None, out_dir: str | Path = "results",
+                  warn: Callable[[str], None] | None = None) -> list[Path]:
     """Write a production config for one trial of a tuned study.
 
     Args:
@@ -306,6 +329,8 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
         trial: ``"best"`` or a trial number.
         output: output file (default: ``<out_dir>/<study>/export/<study>-trial<N><suffix>``).
         out_dir: results folder.
+        warn: called with one line when the exported trial fails a constraint (on the tuning seeds,
+            or on the fresh validation seeds); default: :func:`warnings.warn` (UserWarning).
 
     Returns:
         The written files (the main file first; sglang adds the SPS table).
@@ -367,6 +392,12 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
         validation = validate_trials(study, spec, [chosen.number], out_dir=out_dir)[chosen.number]
     prov = provenance_for(study, spec, chosen, validation, storage_url=mask_url(storage_url), selection=selection,
                           scenario_obj=scen)
+    message = _infeasibility_warning(spec, chosen, validation)
+    if message is not None:
+        if warn is not None:
+            warn(message)
+        else:
+            warnings.warn(message, UserWarning, stacklevel=2)
     main = Path(output) if output is not None else (
         Path(out_dir) / study_name / "export" / f"{study_name}-trial{chosen.number}{_SUFFIX[fmt]}")
     stem = main.name[: -len(_SUFFIX["sglang"])] if main.name.endswith(_SUFFIX["sglang"]) else main.stem

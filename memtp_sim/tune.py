@@ -15,7 +15,7 @@
       - {metric: throughput_tok_per_s, direction: maximize}
       - {metric: tok_per_s_user_p50, direction: maximize}
     constraints: [tok_per_s_user_p10 >= 10, num_rejected <= 0]
-    seeds: [0, 1]                    # common random numbers: every trial runs every seed
+    seeds: [0, 1]                    # common random numbers: every trial runs every seed (>= 0, unique)
     n_trials: 100
     sampler: {name: tpe, seed: 0, n_startup_trials: 10}
     validation: {top_k: 3, num_seeds: 5}   # fresh-seed re-runs of the top trials
@@ -45,7 +45,8 @@ both ends are tuned and no rule names them: ``memtp.r_low < memtp.r_high`` and
 ``engine.prefill_chunk_tokens < engine.max_batch_tokens``.
 
 **Objectives and constraints.** An objective is a scalar metric of
-:func:`memtp_sim.metrics.compute_metrics`, averaged over the seeds (``nanmean``). A constraint
+:func:`memtp_sim.metrics.compute_metrics` (a name in :data:`memtp_sim.metrics.METRIC_NAMES`,
+checked when the YAML is loaded), averaged over the seeds (``nanmean``). A constraint
 ``metric >= v`` / ``metric <= v`` gives the violation ``v - m`` / ``m - v`` (feasible when <= 0;
 a NaN metric counts as violated). Violations go to the sampler: with Optuna >= 5 through
 ``Trial.set_constraint`` (Optuna 5 deprecated the samplers' ``constraints_func`` in its favour;
@@ -75,19 +76,32 @@ left by a killed worker on this host (its pid is gone) are marked FAIL first; ea
 its worker's host, pid and process start time in the user attribute ``worker``. ``workers > 1``
 starts that many local processes (``spawn``), each calling ``optuna.load_study(...).optimize``.
 The storage is standard Optuna storage: optuna-dashboard opens it as it is.
+
+**Ctrl-C.** The first Ctrl-C asks the running trials to stop between two seed runs (that trial
+FAILs; finished trials are kept); a second one interrupts at once. Worker processes ignore SIGINT
+(the terminal sends it to the whole process group) and stop when the parent tells them to; a worker
+that has not stopped 60 s later is terminated, and its RUNNING trial is marked FAIL on resume.
+
+**Report** (``results/<name>/report.html``): the Pareto front, and per objective the optimisation
+history and the parameter importances *for a good value* of it. Optuna 5's default importance
+evaluator (PED-ANOVA) ranks parameters for reaching *low* target values, so a maximised objective is
+passed negated (:func:`importance_target`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import json
 import math
 import multiprocessing
 import os
 import re
+import signal
 import socket
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -95,11 +109,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Sequence
 
 import numpy as np
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     NonNegativeFloat,
     PositiveInt,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -107,6 +123,7 @@ from pydantic import (
 
 from .config import Scenario, _read_yaml, format_validation_error
 from .errors import ConfigError, MemtpSimError
+from .metrics import METRIC_NAMES
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -140,6 +157,10 @@ __all__ = [
     "pareto_trials",
     "top_trials",
     "select_trial",
+    "constraint_failures",
+    "importance_target",
+    "param_importances",
+    "importance_figure",
     "t_confidence_interval",
     "validate_trials",
     "write_tune_report",
@@ -162,6 +183,55 @@ _PATH_RE = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$"
 
 
 # ------------------------------------------------------------------------------------ the spec
+def _num(x: Any) -> str:
+    """A number for a message: plain ``1.5`` / ``3`` (never ``np.float64(1.5)``), 6 significant digits."""
+    if isinstance(x, (bool, np.bool_)):
+        return str(bool(x))
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    try:
+        return f"{float(x):.6g}"
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def _known_metric(v: str) -> str:
+    """``v`` if it is one of :data:`memtp_sim.metrics.METRIC_NAMES`; else a ValueError naming the closest."""
+    if v in METRIC_NAMES:
+        return v
+    close = difflib.get_close_matches(v, METRIC_NAMES, n=4, cutoff=0.5)
+    close += [m for m in METRIC_NAMES if v.lower() in m and m not in close][: max(0, 4 - len(close))]
+    hint = (f"closest allowed: {', '.join(close)}" if close
+            else "no close match; e.g. throughput_tok_per_s, tok_per_s_user_p50, ttft_s_p90, num_rejected")
+    raise ValueError(f"unknown metric {v!r}; {hint} (all {len(METRIC_NAMES)}: memtp_sim.metrics.METRIC_NAMES)")
+
+
+def _at(values: dict[str, Any]) -> str:
+    """``path=value, ...`` with numbers written plainly."""
+    return ", ".join(f"{k}={_num(v) if isinstance(v, (int, float, np.number)) else repr(v)}"
+                     for k, v in values.items())
+
+
+def _seed_ok(v: int) -> int:
+    if v < 0:
+        raise ValueError(f"must be >= 0 (got {v}); numpy seeds its random generators with non-negative integers")
+    return v
+
+
+def _unique_seeds(v: list[int] | None) -> list[int] | None:
+    if v is None:
+        return v
+    dups = sorted({x for x in v if v.count(x) > 1})
+    if dups:
+        listed = ", ".join(f"{d} is listed {v.count(d)} times" for d in dups)
+        raise ValueError(f"each seed at most once ({listed}; got {v})")
+    return v
+
+
+#: A run seed (>= 0).
+Seed = Annotated[int, AfterValidator(_seed_ok)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -274,6 +344,8 @@ class Objective(_Strict):
     metric: str = Field(..., pattern=r"^[A-Za-z_]\w*$")
     direction: Literal["maximize", "minimize"]
 
+    _known = field_validator("metric")(_known_metric)
+
 
 class MetricConstraint(_Strict):
     """``metric >= value`` or ``metric <= value`` on the seed-mean of a metric."""
@@ -291,6 +363,8 @@ class MetricConstraint(_Strict):
                 raise ValueError(f"expected 'metric >= number' or 'metric <= number' (got {v!r})")
             return {"metric": m.group(1), "op": m.group(2), "value": float(m.group(3))}
         return v
+
+    _known = field_validator("metric")(_known_metric)
 
     @property
     def label(self) -> str:
@@ -325,8 +399,10 @@ class ValidationSpec(_Strict):
 
     top_k: int = Field(3, ge=0, description="trials re-run after tuning (0: only on export)")
     num_seeds: int = Field(5, ge=2, description="fresh seeds per trial (>= 2 for a confidence interval)")
-    seeds: list[int] | None = Field(None, description="explicit fresh seeds (default: after the tuning seeds)")
+    seeds: list[Seed] | None = Field(None, description="explicit fresh seeds (default: after the tuning seeds)")
     confidence: float = Field(0.95, gt=0.0, lt=1.0)
+
+    _unique = field_validator("seeds")(_unique_seeds)
 
 
 class ExportSpec(_Strict):
@@ -353,32 +429,40 @@ class TuneSpec(_Strict):
     objectives: list[Objective] = Field(default_factory=_default_objectives, min_length=1)
     constraints: list[MetricConstraint] = Field(default_factory=lambda: [MetricConstraint(
         metric="num_rejected", op="<=", value=0.0)])
-    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [0, 1], min_length=1)
     n_trials: PositiveInt = 100
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     export: ExportSpec = Field(default_factory=ExportSpec)
+
+    #: Where the spec came from (the YAML path): every error about the spec starts with it.
+    _source: str = PrivateAttr("<tune>")
+
+    _unique = field_validator("seeds")(_unique_seeds)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "TuneSpec":
         names = [o.metric for o in self.objectives]
         if len(set(names)) != len(names):
             raise ValueError(f"objectives: each metric at most once (got {names})")
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: must be unique (got {self.seeds})")
         if self.export.best_by is not None and self.export.best_by not in names:
             raise ValueError(f"export.best_by: {self.export.best_by!r} is not an objective; "
                              f"allowed: {', '.join(names)}")
         fresh = self.validation.seeds
         if fresh is not None:
-            if len(fresh) < 2 or len(set(fresh)) != len(fresh):
-                raise ValueError(f"validation.seeds: need >= 2 unique seeds (got {fresh})")
+            if len(fresh) < 2:
+                raise ValueError(f"validation.seeds: need >= 2 seeds for a confidence interval (got {fresh})")
             clash = sorted(set(fresh) & set(self.seeds))
             if clash:
                 raise ValueError(f"validation.seeds: must be fresh, not tuning seeds (both have {clash})")
         return self
 
     # -- derived -------------------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """The YAML file (or other source) the spec was read from; errors about the spec start with it."""
+        return self._source
+
     @property
     def directions(self) -> list[str]:
         return [o.direction for o in self.objectives]
@@ -468,6 +552,7 @@ def parse_tune_spec(doc: dict[str, Any], *, source: str = "<tune>", base_dir: st
         spec = TuneSpec.model_validate(doc, context={"base_dir": str(base_dir) if base_dir is not None else None})
     except ValidationError as e:
         raise ConfigError(_format(e, source)) from None
+    spec._source = source
     _check_space(spec, source)
     return spec
 
@@ -567,20 +652,19 @@ def _check_space(spec: TuneSpec, source: str) -> None:
         try:
             Scenario.model_validate(_scenario_doc(spec, values))
         except ValidationError as e:
-            at = ", ".join(f"{k}={v!r}" for k, v in values.items())
             raise ConfigError(format_validation_error(
-                e, f"{source}: search_space: invalid scenario at ({at})", Scenario)) from None
+                e, f"{source}: search_space: invalid scenario at ({_at(values)})", Scenario)) from None
 
 
 def _corners(spec: TuneSpec) -> list[dict[str, Any]]:
     """All-low and all-high assignments (pair-consistent), and every categorical choice."""
-    rng = static_ranges(spec)
+    rng = static_ranges(spec, source=spec.source)
     space = spec.search_space
     cats = [k for k, d in space.items() if isinstance(d, CategoricalDist)]
 
     def assign(numeric_end: str, cat_values: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key in _sampling_order(spec):
+        for key in _sampling_order(spec, spec.source):
             d = space[key]
             if not _when_ok(d.when, out):
                 continue
@@ -715,10 +799,10 @@ def sample_params(trial: "optuna.trial.Trial", spec: TuneSpec) -> dict[str, Any]
     Returns:
         ``{dotted path: value}`` for every entry whose ``when`` condition holds.
     """
-    rng = static_ranges(spec)
+    rng = static_ranges(spec, source=spec.source)
     pairs = spec.all_pairs()
     values: dict[str, Any] = {}
-    for key in _sampling_order(spec):
+    for key in _sampling_order(spec, spec.source):
         d = spec.search_space[key]
         if not _when_ok(d.when, values):
             continue
@@ -777,18 +861,25 @@ def scenario_for(spec: TuneSpec, values: dict[str, Any]) -> Scenario:
     try:
         return Scenario.model_validate(_scenario_doc(spec, values))
     except ValidationError as e:
-        at = ", ".join(f"{k}={v!r}" for k, v in values.items())
-        raise ConfigError(format_validation_error(e, f"{spec.name}: scenario at ({at})", Scenario)) from None
+        raise ConfigError(format_validation_error(
+            e, f"{spec.source}: search_space: invalid scenario at ({_at(values)})", Scenario)) from None
 
 
 # ------------------------------------------------------------------------------------ evaluation
-def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str]) -> dict[str, Any]:
+class _Stopped(Exception):
+    """A stop was requested (Ctrl-C): raised between two seed runs of a trial, which then FAILs."""
+
+
+def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *,
+             should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Run ``scenario`` once per seed and collect scalar metrics.
 
     Args:
         scenario: the scenario.
         seeds: run seeds (one replicate each).
         metrics: metric names to keep (missing or non-scalar ones are skipped).
+        should_stop: checked before each seed run; when it returns True the evaluation is
+            abandoned (an internal exception the tuner turns into a FAIL trial and a clean stop).
 
     Returns:
         ``{"replicates": {metric: [value per seed]}, "means": {metric: nanmean},
@@ -799,6 +890,8 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str]) -
     reps: dict[str, list[float]] = {m: [] for m in metrics}
     temps: list[float] = []
     for i, seed in enumerate(seeds):
+        if should_stop is not None and should_stop():
+            raise _Stopped(f"interrupted before seed {seed}")
         res = run(scenario, seed=int(seed))
         if i == 0:
             temps = [float(t) for t in res.calibration.get("confidence", {}).get("applied_temperatures", [])]
@@ -814,21 +907,6 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str]) -
     return {"replicates": reps, "means": means, "applied_temperatures": temps}
 
 
-def _check_metric_names(spec: TuneSpec) -> None:
-    """A tiny run of the base scenario: every objective / constraint metric must be a scalar metric."""
-    from .api import run
-
-    doc = _base_doc(spec)
-    doc["workload"]["num_requests"] = min(int(doc["workload"]["num_requests"]), 8)
-    res = run(Scenario.model_validate(doc), seed=spec.seeds[0])
-    scalar = sorted(k for k, v in res.metrics.items()
-                    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool))
-    for where, metric in ([("objectives", o.metric) for o in spec.objectives]
-                          + [("constraints", c.metric) for c in spec.constraints]):
-        if metric not in scalar:
-            raise ConfigError(f"{spec.name}: {where}: unknown metric {metric!r}; allowed: {', '.join(scalar)}")
-
-
 def _has_set_constraint() -> bool:
     import optuna
 
@@ -839,7 +917,8 @@ def _constraints_from_attrs(trial: "optuna.trial.FrozenTrial") -> list[float]:
     return [float(v) for v in trial.user_attrs.get("constraint_values", [])]
 
 
-def _make_objective(spec: TuneSpec) -> Callable[["optuna.trial.Trial"], float | tuple[float, ...]]:
+def _make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None,
+                    ) -> Callable[["optuna.trial.Trial"], float | tuple[float, ...]]:
     use_set_constraint = _has_set_constraint()
     tracked = spec.tracked_metrics
 
@@ -847,7 +926,11 @@ def _make_objective(spec: TuneSpec) -> Callable[["optuna.trial.Trial"], float | 
         trial.set_user_attr("worker", _worker_identity())
         values = sample_params(trial, spec)
         scen = scenario_for(spec, values)
-        ev = evaluate(scen, spec.seeds, tracked)
+        try:
+            ev = evaluate(scen, spec.seeds, tracked, should_stop=should_stop)
+        except _Stopped as e:
+            trial.set_user_attr("failed_reason", f"{e} (Ctrl-C); run the same command again to resume")
+            raise
         cons = [c.violation(ev["means"].get(c.metric, float("nan"))) for c in spec.constraints]
         trial.set_user_attr("seeds", [int(s) for s in spec.seeds])
         trial.set_user_attr("replicates", ev["replicates"])
@@ -862,6 +945,41 @@ def _make_objective(spec: TuneSpec) -> Callable[["optuna.trial.Trial"], float | 
         return out[0] if len(out) == 1 else out
 
     return objective
+
+
+def _stop_callback(should_stop: Callable[[], bool]) -> Callable[["optuna.Study", Any], None]:
+    """An ``optimize`` callback that ends the loop after a trial once a stop was requested."""
+    def callback(study: "optuna.Study", trial: Any) -> None:
+        if should_stop():
+            study.stop()
+
+    return callback
+
+
+class _SigintSetsEvent:
+    """In the main thread: the first Ctrl-C only sets ``event`` (the tuner stops between seed runs,
+    so Optuna is never interrupted halfway through recording a trial); a second one interrupts at once."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+        self.previous: Any = None
+        self.active = threading.current_thread() is threading.main_thread()
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.event.set()
+        signal.signal(signal.SIGINT, self.previous)
+
+    def __enter__(self) -> "_SigintSetsEvent":
+        if self.active:
+            self.previous = signal.getsignal(signal.SIGINT)
+            if self.previous is None:  # installed outside Python
+                self.previous = signal.default_int_handler
+            signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def _make_sampler(spec: TuneSpec, seed: int) -> "optuna.samplers.BaseSampler":
@@ -1089,11 +1207,13 @@ def open_study(spec: TuneSpec, storage: "optuna.storages.BaseStorage", *, create
         keys = ("base", "search_space", "pair_constraints", "objectives", "constraints", "seeds")
         diff = [k for k in keys if json.dumps(theirs.get(k), sort_keys=True) != json.dumps(mine.get(k), sort_keys=True)]
         if diff:
-            raise ConfigError(f"{spec.name}: the study in storage was tuned with a different {', '.join(diff)}; "
-                              "resume with the same spec or give the tune spec a new name")
-    if [d.name.lower() for d in study.directions] != spec.directions:
-        raise ConfigError(f"{spec.name}: the study in storage has directions "
-                          f"{[d.name.lower() for d in study.directions]}, the spec {spec.directions}")
+            raise ConfigError(f"{spec.source}: {diff[0]}: does not match study {spec.name!r} in storage (tuned with a "
+                              f"different {', '.join(diff)}); resume with the same spec or give the tune spec a "
+                              "new name")
+    theirs_dirs = [d.name.lower() for d in study.directions]
+    if theirs_dirs != spec.directions:
+        raise ConfigError(f"{spec.source}: objectives: study {spec.name!r} in storage has directions "
+                          f"{theirs_dirs}, the spec {spec.directions}; give the tune spec a new name")
     return study
 
 
@@ -1136,20 +1256,32 @@ class TuneOutcome:
         return self.complete < self.requested
 
 
-def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: tuple[int, int]) -> None:
-    """Entry point of one worker process: load the shared study and run ``n_trials`` trials."""
+def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: tuple[int, int],
+                 stop: Any = None) -> None:
+    """Entry point of one worker process: load the shared study and run ``n_trials`` trials.
+
+    Ctrl-C is the parent's business: the worker ignores SIGINT (the terminal sends it to the whole
+    process group) and stops when the parent sets ``stop`` (a multiprocessing Event): between two
+    seed runs (that trial FAILs) or after a trial. The parent terminates a worker that takes too long.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    should_stop = stop.is_set if stop is not None else None
     try:
         storage = open_storage(url, heartbeat_interval_s=heartbeat[0], grace_period_s=heartbeat[1])
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=_make_sampler(spec, seed))
-        study.optimize(_make_objective(spec), n_trials=n_trials, gc_after_trial=False)
-    except KeyboardInterrupt:
+        callbacks = [_stop_callback(should_stop)] if should_stop is not None else []
+        study.optimize(_make_objective(spec, should_stop), n_trials=n_trials, callbacks=callbacks,
+                       gc_after_trial=False)
+    except (_Stopped, KeyboardInterrupt):
         sys.exit(130)
     except MemtpSimError as e:
-        print(f"error: worker {os.getpid()}: {e}", file=sys.stderr)
+        print(f"error: {e} (worker pid {os.getpid()})", file=sys.stderr)
         sys.exit(2)
+    if should_stop is not None and should_stop():
+        sys.exit(130)
 
 
 def run_tune(
@@ -1183,8 +1315,10 @@ def run_tune(
         A :class:`TuneOutcome`. Validation and the report are skipped when the study is short.
 
     Raises:
-        ConfigError: bad storage, a study with another spec, an unknown metric.
-        KeyboardInterrupt: interrupted; finished trials are kept (run again to resume).
+        ConfigError: bad storage, a study of that name with another spec (the message starts with
+            ``spec.source``, the YAML file).
+        KeyboardInterrupt: Ctrl-C (see the module docstring); finished trials are kept, the trials
+            that were running FAIL (run again to resume).
     """
     import optuna
     from optuna.trial import TrialState
@@ -1200,12 +1334,10 @@ def run_tune(
     stale = fail_dead_worker_trials(study)
     if _storage_kind(url) == "rdb":
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
     complete = _count(study, TrialState.COMPLETE)
     remaining = max(0, n_trials - complete)
-    if remaining and not complete:  # a resumed study has already shown its metrics exist
-        _check_metric_names(spec)
     existing = len(study.get_trials(deepcopy=False))
     codes: list[int] = []
     t0 = time.perf_counter()
@@ -1213,10 +1345,19 @@ def run_tune(
         on_progress(complete, n_trials)
     if remaining and workers == 1:
         study.sampler = _make_sampler(spec, _sampler_seed(spec, existing, 0))
+        stop = threading.Event()
         callbacks = []
         if on_progress is not None:
             callbacks.append(lambda st, tr: on_progress(_count(st, TrialState.COMPLETE), n_trials))
-        study.optimize(_make_objective(spec), n_trials=remaining, callbacks=callbacks, gc_after_trial=False)
+        callbacks.append(_stop_callback(stop.is_set))
+        with _SigintSetsEvent(stop):
+            try:
+                study.optimize(_make_objective(spec, stop.is_set), n_trials=remaining, callbacks=callbacks,
+                               gc_after_trial=False)
+            except _Stopped:
+                pass
+        if stop.is_set():
+            raise KeyboardInterrupt
     elif remaining:
         codes = _run_workers(spec, url, study, remaining, workers, existing, (heartbeat_interval_s, grace_period_s),
                              n_trials, on_progress)
@@ -1245,15 +1386,24 @@ def _run_workers(spec: TuneSpec, url: str, study: "optuna.Study", remaining: int
     from optuna.trial import TrialState
 
     ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
     quotas = [remaining // workers + (1 if i < remaining % workers else 0) for i in range(workers)]
     procs = []
-    for i, q in enumerate(quotas):
-        if q == 0:
-            continue
-        p = ctx.Process(target=_worker_main, name=f"memtp-tune-{i}",
-                        args=(spec, url, q, _sampler_seed(spec, existing, i), heartbeat))
-        p.start()
-        procs.append(p)
+    # Workers start with SIGINT ignored (inherited through exec; Python keeps an ignored SIGINT), so a
+    # Ctrl-C, which the terminal sends to every process of the group, reaches only this process.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        for i, q in enumerate(quotas):
+            if q == 0:
+                continue
+            p = ctx.Process(target=_worker_main, name=f"memtp-tune-{i}",
+                            args=(spec, url, q, _sampler_seed(spec, existing, i), heartbeat, stop))
+            p.start()
+            procs.append(p)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
     last = -1
     try:
         while any(p.is_alive() for p in procs):
@@ -1264,14 +1414,23 @@ def _run_workers(spec: TuneSpec, url: str, study: "optuna.Study", remaining: int
                 if done != last:
                     on_progress(done, n_trials)
                     last = done
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.is_alive() and p.pid is not None:
-                os.kill(p.pid, 2)  # SIGINT: Optuna marks the running trial FAIL
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
+    except BaseException:
+        # Ctrl-C (or any error here): ask the workers to stop between seed runs; the trial each one
+        # is in FAILs, finished trials are kept. A second Ctrl-C, or 60 s, and they are terminated
+        # (their RUNNING trials are marked FAIL when the study is resumed).
+        stop.set()
+        try:
+            deadline = time.monotonic() + 60.0
+            for p in procs:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(timeout=5)
         raise
     return [int(p.exitcode if p.exitcode is not None else -1) for p in procs]
 
@@ -1388,6 +1547,121 @@ def select_trial(study: "optuna.Study", spec: TuneSpec, which: str | int = "best
     return match[0]
 
 
+def constraint_failures(spec: TuneSpec, constraint_values: Sequence[float],
+                        means: dict[str, Any]) -> list[str]:
+    """What a trial's failed constraints are, and by how much, one phrase each.
+
+    Args:
+        spec: the tune spec.
+        constraint_values: the trial's violations (``user_attrs["constraint_values"]``, or a
+            validation record's), in ``spec.constraints`` order; <= 0 is satisfied.
+        means: metric -> seed-mean value (``user_attrs["metrics"]``).
+
+    Returns:
+        e.g. ``["tok_per_s_user_p10 >= 16: tok_per_s_user_p10 = 12.3, short by 3.7"]`` (numbers
+        written plainly); empty when all are met.
+    """
+    out = []
+    for c, v in zip(spec.constraints, constraint_values):
+        if float(v) <= 0:
+            continue
+        m = means.get(c.metric)
+        if m is None or not math.isfinite(float(m)):
+            out.append(f"{c.label}: {c.metric} is NaN")
+        else:
+            out.append(f"{c.label}: {c.metric} = {_num(m)}, {'short' if c.op == '>=' else 'over'} by {_num(v)}")
+    return out
+
+
+# ------------------------------------------------------------------------------------ importances
+#: Optuna 5's PED-ANOVA evaluator warns that a user ``target`` is read as "lower is better". That is
+#: exactly how :func:`importance_target` builds it (negated for a maximised objective), so this one
+#: warning is expected and filtered; any other warning is kept.
+_LOW_TARGET_WARNING = r".*computes the importances of params to achieve low `target` values"
+
+
+def importance_target(index: int, direction: str) -> Callable[["optuna.trial.FrozenTrial"], float]:
+    """The importance target for objective ``index``: lower must mean better.
+
+    Optuna's default evaluator (PED-ANOVA in Optuna 5) ranks parameters by how much they matter for
+    reaching *low* target values, whatever the study's directions; a maximised objective is
+    therefore negated. (fANOVA, Optuna 4's default, explains variance and ignores the sign.)
+
+    Args:
+        index: objective index.
+        direction: ``"maximize"`` or ``"minimize"``.
+
+    Returns:
+        ``trial -> value`` (negated when maximised).
+    """
+    if direction not in ("maximize", "minimize"):
+        raise ValueError(f"direction must be 'maximize' or 'minimize' (got {direction!r})")
+    sign = -1.0 if direction == "maximize" else 1.0
+
+    def target(t: "optuna.trial.FrozenTrial") -> float:
+        return sign * float(t.values[index])
+
+    return target
+
+
+def _study_direction(study: "optuna.Study", index: int) -> str:
+    return study.directions[index].name.lower()
+
+
+def param_importances(study: "optuna.Study", index: int = 0, direction: str | None = None) -> dict[str, float]:
+    """Parameter importances for a *good* value of objective ``index`` (high when maximised).
+
+    Args:
+        study: the study (COMPLETE trials count, feasible or not).
+        index: objective index.
+        direction: ``"maximize"`` / ``"minimize"`` (default: the study's direction for ``index``).
+
+    Returns:
+        ``{param: importance}``, most important first (normalised to sum 1).
+    """
+    import optuna
+
+    direction = direction or _study_direction(study, index)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_LOW_TARGET_WARNING, category=UserWarning)
+        return optuna.importance.get_param_importances(study, target=importance_target(index, direction))
+
+
+def importance_figure(study: "optuna.Study", index: int, name: str,
+                      direction: str | None = None) -> tuple[Any, list[str]]:
+    """Optuna's importance plot for a good value of objective ``index`` (see :func:`param_importances`).
+
+    Args:
+        study: the study.
+        index: objective index.
+        name: the objective's metric name (for the labels).
+        direction: ``"maximize"`` / ``"minimize"`` (default: the study's).
+
+    Returns:
+        ``(plotly figure, notes)``: notes are the text of any warning Optuna raised (e.g. too few
+        trials), for the report to show next to the plot.
+    """
+    import optuna.visualization as vis
+
+    direction = direction or _study_direction(study, index)
+    label = f"importance for {'high' if direction == 'maximize' else 'low'} {name}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=_LOW_TARGET_WARNING, category=UserWarning)
+        fig = vis.plot_param_importances(study, target=importance_target(index, direction), target_name=label)
+    fig.update_layout(title=f"Hyperparameter importances: {label}")
+    return fig, _warning_notes(caught)
+
+
+def _warning_notes(caught: Sequence[warnings.WarningMessage]) -> list[str]:
+    notes: list[str] = []
+    for w in caught:
+        text = f"{w.category.__name__}: {w.message}"
+        if text not in notes:
+            notes.append(text)
+    return notes
+
+
 # ------------------------------------------------------------------------------------ validation
 def t_confidence_interval(values: Sequence[float], level: float = 0.95) -> dict[str, Any]:
     """Mean and two-sided t-distribution confidence interval over replicates.
@@ -1466,8 +1740,10 @@ def write_tune_report(study: "optuna.Study", spec: TuneSpec, path: str | Path) -
     """Write a self-contained HTML report with Optuna's own plots.
 
     Pareto front (feasible trials; infeasible ones grey, never on the front; 2 or 3 objectives),
-    parameter importances and optimisation history per objective (``target=``), the fresh-seed
-    validation table, and the feasible Pareto trials.
+    optimisation history and parameter importances per objective (importances for a *good* value:
+    see :func:`param_importances`), the fresh-seed validation table, and the feasible Pareto
+    trials. Warnings Optuna raises while plotting (e.g. too few trials for the importances) are
+    shown as notes under the plot they concern.
 
     Args:
         study: the study.
@@ -1496,34 +1772,39 @@ def write_tune_report(study: "optuna.Study", spec: TuneSpec, path: str | Path) -
     def section(title: str, body: str) -> None:
         parts.append(f"<h2>{html.escape(title)}</h2>\n{body}")
 
+    def notes_html(notes: list[str]) -> str:
+        return "".join(f"<p class='note'>note from Optuna: {html.escape(n)}</p>" for n in notes)
+
     names = spec.objective_names
     feas = feasible_trials(study)
     n_complete = len([t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"])
     if len(names) in (2, 3) and n_complete:
         kw: dict[str, Any] = {}
         if spec.constraints and not _has_set_constraint():
-            kw["constraints_func"] = _constraints_from_attrs
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            kw["constraints_func"] = _constraints_from_attrs  # Optuna 4; deprecated (FutureWarning) in 5
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             fig = vis.plot_pareto_front(study, target_names=names, **kw)
-        section("Pareto front (feasible trials; infeasible shown grey, excluded from the front)", fig_html(fig))
-    for i, name in enumerate(names):
+        section("Pareto front (feasible trials; infeasible shown grey, excluded from the front)",
+                fig_html(fig) + notes_html(_warning_notes(caught)))
+    for i, (name, direction) in enumerate(zip(names, spec.directions)):
         def target(t: Any, i: int = i) -> float:
-            return t.values[i] if len(names) > 1 else t.value
+            return float(t.values[i])
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 fig = vis.plot_optimization_history(study, target=target, target_name=name)
-            section(f"Optimisation history: {name}", fig_html(fig))
+            section(f"Optimisation history: {name} ({direction})", fig_html(fig) + notes_html(_warning_notes(caught)))
         except (ValueError, RuntimeError) as e:
             section(f"Optimisation history: {name}", f"<p>not available: {html.escape(str(e))}</p>")
+        good = "high" if direction == "maximize" else "low"
+        title = (f"Parameter importances for {good} {name} (Optuna's default evaluator over all {n_complete} "
+                 "complete trials, feasible or not)")
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fig = vis.plot_param_importances(study, target=target, target_name=name)
-            section(f"Parameter importances: {name}", fig_html(fig))
+            fig, notes = importance_figure(study, i, name, direction)
+            section(title, fig_html(fig) + notes_html(notes))
         except (ValueError, RuntimeError, ZeroDivisionError) as e:
-            section(f"Parameter importances: {name}", f"<p>not available: {html.escape(str(e))}</p>")
+            section(title, f"<p>not available: {html.escape(str(e))}</p>")
     validation = study.user_attrs.get("validation", {})
     rows = []
     for num, rec in sorted(validation.items(), key=lambda kv: int(kv[0])):
@@ -1550,7 +1831,8 @@ def write_tune_report(study: "optuna.Study", spec: TuneSpec, path: str | Path) -
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>memtp_sim tune: {html.escape(spec.name)}</title>"
         "<style>body{font-family:sans-serif;margin:2em;max-width:1200px} .tbl{border-collapse:collapse}"
-        " .tbl td,.tbl th{border:1px solid #ccc;padding:2px 6px;font-size:90%}</style></head><body>"
+        " .tbl td,.tbl th{border:1px solid #ccc;padding:2px 6px;font-size:90%} .note{color:#666;font-size:90%}"
+        "</style></head><body>"
         f"<h1>Tuning study {html.escape(spec.name)}</h1>"
         f"<p>{html.escape(spec.description)}</p>"
         f"<p>Objectives: {html.escape(', '.join(f'{o.direction} {o.metric}' for o in spec.objectives))}; "

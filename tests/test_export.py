@@ -1,6 +1,7 @@
 """Production-config export (memtp_sim.export): the files parse and match the chosen trial, the
 "best" rule picks what a brute-force search over the trials picks, every file carries provenance,
-and bad requests (empty study, unknown study, r_low >= r_high) are one-line errors with exit 2."""
+bad requests (empty study, unknown study, r_low >= r_high) are one-line errors with exit 2, and a
+trial exported by number that fails the constraints gets one warning line."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import copy
 import json
 import shlex
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import optuna
 import pytest
 import yaml
@@ -16,7 +19,7 @@ import yaml
 import memtp_sim
 from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
-from memtp_sim.export import deployment_settings
+from memtp_sim.export import _infeasibility_warning, deployment_settings
 from memtp_sim.hardware import load_profile
 from memtp_sim.tune import open_storage, open_study, parse_tune_spec, run_tune
 
@@ -114,6 +117,9 @@ def test_best_rule_and_report(tuned):
     html = (out / "exp" / "report.html").read_text()
     for title in ("Pareto front", "Parameter importances", "Optimisation history", "Fresh-seed validation"):
         assert title in html
+    # both objectives are maximised: the importances explain high values, and say so
+    assert "Parameter importances for high throughput_tok_per_s" in html
+    assert "importance for high tok_per_s_user_p50" in html
 
 
 def test_vllm_export_matches_trial(tuned, capsys):
@@ -173,7 +179,7 @@ def test_memtp_export_matches_trial(tuned, capsys, tmp_path):
     ctl = doc["controller"]
     assert ctl["max_depth"] == best.params["policy.gamma"]  # ensemble off: the policy's gamma is the depth
     assert ctl["temperature"] == pytest.approx(best.params["confidence.temperature"])
-    # not tuned here: the scenario's memtp section defaults (DESIGN.md section 2: 0.3 / 0.9, ~4 GiB per head)
+    # not tuned here: the scenario's memtp section defaults (docs/model.md section 2: 0.3 / 0.9, ~4 GiB per head)
     assert (ctl["r_low"], ctl["r_high"], ctl["head_cost_gib"]) == (0.3, 0.9, 4.0)
     _check_provenance(doc["provenance"], best)
 
@@ -250,13 +256,38 @@ def test_no_feasible_trial(tmp_path, capsys):
     doc = _doc("infeasible")
     doc["constraints"] = ["num_rejected <= -1"]
     doc["validation"] = {"top_k": 0, "num_seeds": 2}
-    run_tune(parse_tune_spec(doc), n_trials=2, out_dir=tmp_path, report=False)
+    spec_path = tmp_path / "infeasible.yaml"
+    spec_path.write_text(yaml.safe_dump(doc))
+    rc = main(["tune", str(spec_path), "--out", str(tmp_path), "--n-trials", "2", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "no feasible trial: none of the 2 complete trials meets the constraints (num_rejected <= -1)" in out
+    assert "export:" not in out  # no export hint that could only fail
     rc, _, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm")
     _one_line_error(rc, err, "meets the constraints", "--trial N")
-    rc, _, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm", "--trial", "1")
-    assert rc == 0, err  # an infeasible trial can still be exported by number; provenance says so
+    rc, stdout, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm", "--trial", "1")
+    assert rc == 0, err  # an infeasible trial can still be exported by number: one warning, then the file
+    assert err.strip().splitlines() == [
+        "warning: trial 1 is infeasible: num_rejected <= -1: num_rejected = 0, over by 1 (mean over tuning seeds "
+        "0, 1); writing it anyway, as asked"]
     path = tmp_path / "infeasible" / "export" / "infeasible-trial1.vllm.json"
+    assert stdout.strip() == str(path)
     assert json.loads(path.read_text())["provenance"]["feasible"] is False
+
+
+def test_warning_when_only_fresh_seeds_fail():
+    """A trial that met the constraints on the tuning seeds but not on the fresh ones is worth one
+    line too; numbers are written plainly even when they arrive as numpy scalars."""
+    spec = parse_tune_spec(_doc("w"))
+    trial = SimpleNamespace(number=5, user_attrs={"constraint_values": [-0.25, 0.0],
+                                                  "metrics": {"mean_verify_len": 1.25, "num_rejected": 0}})
+    fresh = {"seeds": [2, 3, 4], "constraint_values": [np.float64(0.125), np.float64(0.0)],
+             "metrics": {"mean_verify_len": {"mean": np.float64(1.625)}, "num_rejected": {"mean": np.int64(0)}}}
+    assert _infeasibility_warning(spec, trial, fresh) == (
+        "trial 5 meets the constraints on the tuning seeds but not on fresh seeds 2, 3, 4: "
+        "mean_verify_len <= 1.5: mean_verify_len = 1.625, over by 0.125")
+    fresh["constraint_values"] = [np.float64(-0.1), np.float64(0.0)]
+    assert _infeasibility_warning(spec, trial, fresh) is None
 
 
 def test_search_space_with_r_low_above_r_high(tmp_path, capsys):

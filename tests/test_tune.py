@@ -1,7 +1,8 @@
 """Optuna tuning (memtp_sim.tune): a known-answer calibration oracle, the search space and its pair
-rules, noise handling (common random numbers, fresh-seed confidence intervals), bad tune YAML, and
-the storage contract (two worker processes; resume after SIGKILL) over SQLite, journal and
-PostgreSQL.
+rules, noise handling (common random numbers, fresh-seed confidence intervals), parameter
+importances for the objective's good direction, bad tune YAML (one line naming the file and the
+field), the export hint, Ctrl-C, and the storage contract (two worker processes; resume after
+SIGKILL) over SQLite, journal and PostgreSQL.
 
 PostgreSQL tests read ``PG_URL`` (e.g. postgresql+psycopg2://memtp:memtp@127.0.0.1:5432/memtp_optuna)
 and skip without it; with ``MEMTP_REQUIRE_POSTGRES=1`` (set by .ci/run) they fail instead, so CI
@@ -14,11 +15,13 @@ import copy
 import datetime
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,9 @@ from optuna.trial import TrialState
 from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
 from memtp_sim.tune import (
+    constraint_failures,
+    importance_figure,
+    param_importances,
     open_storage,
     open_study,
     parse_tune_spec,
@@ -76,12 +82,13 @@ def _write(tmp_path: Path, doc: dict, name: str = "tune.yaml") -> Path:
     return p
 
 
-def _assert_one_line_error(rc: int, err: str, *must_contain: str) -> None:
+def _assert_one_line_error(rc: int, err: str, *must_contain: str, starts: str = "error: ") -> None:
     assert rc == 2, err
     assert "Traceback" not in err
     lines = err.strip("\n").split("\n")
     assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
+    assert lines[0].startswith(starts), (starts, lines[0])
+    assert "np." not in lines[0] and "numpy.float" not in lines[0], lines[0]  # numbers are written plainly
     for s in must_contain:
         assert s in lines[0], (s, lines[0])
 
@@ -207,6 +214,17 @@ def test_conditional_entry_only_when_its_policy_is_chosen():
          ["search_space.confidence.temperature.type", "float, int or categorical"]),
         (lambda d: d.update(constraints=["tok_per_s_user_p10 > 5"]), ["constraints.0", "metric >= number"]),
         (lambda d: d["search_space"]["policy.gamma"].update(high=99), ["search_space", "policy.gamma=99"]),
+        # run seeds: >= 0 (numpy refuses negative seeds, in a worker, with a traceback) and unique
+        (lambda d: d.update(seeds=[-1]), ["seeds.0: must be >= 0 (got -1)"]),
+        (lambda d: d.update(seeds=[3, 1, 3]), ["seeds: each seed at most once", "3 is listed 2 times"]),
+        (lambda d: d.update(validation={"top_k": 1, "seeds": [7, -2]}), ["validation.seeds.1: must be >= 0"]),
+        (lambda d: d.update(validation={"top_k": 1, "seeds": [7, 7]}), ["validation.seeds:", "7 is listed 2 times"]),
+        # metrics are checked against memtp_sim.metrics.METRIC_NAMES before anything else
+        (lambda d: d.update(constraints=["ttft_p90 <= 3"]),
+         ["constraints.0.metric: unknown metric 'ttft_p90'", "ttft_s_p90"]),
+        (lambda d: d.update(objectives=[{"metric": "throughput", "direction": "maximize"}],
+                            export={"best_by": "throughput_tok_per_s"}),
+         ["objectives.0.metric: unknown metric 'throughput'", "closest allowed: throughput_tok_per_s"]),
     ],
 )
 def test_bad_tune_yaml_one_line_exit_2(tmp_path, capsys, mutate, expect):
@@ -214,7 +232,8 @@ def test_bad_tune_yaml_one_line_exit_2(tmp_path, capsys, mutate, expect):
     mutate(doc)
     path = _write(tmp_path, doc)
     rc = main(["tune", str(path), "--out", str(tmp_path / "results"), "--quiet"])
-    _assert_one_line_error(rc, capsys.readouterr().err, str(path), *expect)
+    # every tune YAML error starts with the file, then the field
+    _assert_one_line_error(rc, capsys.readouterr().err, *expect, starts=f"error: {path}: ")
     assert not (tmp_path / "results").exists()  # nothing ran
 
 
@@ -232,10 +251,34 @@ def test_impossible_pair_rule_is_refused(tmp_path, capsys):
 
 
 def test_unknown_objective_metric_is_refused(tmp_path, capsys):
-    doc = tiny_doc(objectives=[{"metric": "througput", "direction": "maximize"}])
+    """The shipped spec's shape (export.best_by set): the objective is the error, not best_by; a few
+    close names are offered, not all 57."""
+    doc = tiny_doc(objectives=[{"metric": "througput", "direction": "maximize"},
+                               {"metric": "tok_per_s_user_p50", "direction": "maximize"}],
+                   export={"best_by": "throughput_tok_per_s"})
     path = _write(tmp_path, doc)
     rc = main(["tune", str(path), "--out", str(tmp_path / "results"), "--quiet"])
-    _assert_one_line_error(rc, capsys.readouterr().err, "unknown metric 'througput'", "throughput_tok_per_s")
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, "unknown metric 'througput'", "throughput_tok_per_s",
+                           starts=f"error: {path}: objectives.0.metric: ")
+    assert "best_by" not in err and "ece_raw_mean" not in err
+
+
+def test_errors_after_loading_name_the_file(tmp_path, capsys):
+    """A spec that no longer matches the study in storage, and an invalid scenario point: the file first."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    open_study(parse_tune_spec(tiny_doc("moved")), open_storage(url))
+    doc = tiny_doc("moved")
+    doc["search_space"]["policy.gamma"]["high"] = 5
+    path = _write(tmp_path, doc)
+    rc = main(["tune", str(path), "--storage", url, "--quiet"])
+    _assert_one_line_error(rc, capsys.readouterr().err, "different search_space", "new name",
+                           starts=f"error: {path}: search_space: ")
+    spec = parse_tune_spec(tiny_doc(), source="my.yaml")
+    with pytest.raises(ConfigError) as e:  # numpy scalars (what a sampler might hand over) are written plainly
+        scenario_for(spec, {"confidence.temperature": np.float64(-1.5), "policy.gamma": np.int64(2)})
+    assert str(e.value).startswith("my.yaml: search_space: invalid scenario at "
+                                   "(confidence.temperature=-1.5, policy.gamma=2): "), str(e.value)
 
 
 # ----------------------------------------------------------------------------- noise
@@ -292,6 +335,49 @@ def test_infeasible_trials_kept_but_not_on_front(tmp_path):
     assert "0 of 0 feasible" in out.report.read_text()
 
 
+def test_constraint_failures_say_which_and_by_how_much():
+    spec = parse_tune_spec(tiny_doc(constraints=["tok_per_s_user_p10 >= 16", "num_rejected <= 0", "tau >= 1"]))
+    means = {"tok_per_s_user_p10": np.float64(12.25), "num_rejected": np.int64(2), "tau": np.float64("nan")}
+    got = constraint_failures(spec, [np.float64(3.75), np.float64(2.0), 1e18], means)
+    assert got == ["tok_per_s_user_p10 >= 16: tok_per_s_user_p10 = 12.25, short by 3.75",
+                   "num_rejected <= 0: num_rejected = 2, over by 2", "tau >= 1: tau is NaN"]
+    assert constraint_failures(spec, [-1.0, 0.0, -0.5], means) == []
+
+
+# ----------------------------------------------------------------------------- importances
+def _step(x: float) -> float:
+    """About 10 for x > 0.8, about 0 below: x alone decides whether a value is good."""
+    return 10.0 / (1.0 + math.exp(-(x - 0.8) * 60.0))
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_importances_rank_what_makes_a_good_value(direction):
+    """Objective 1 is good (high when maximised, low when minimised) exactly when x > 0.8; y only
+    adds a ripple of 0.1, so the *bad* values are sorted by y. x must rank first either way. Before
+    the fix the maximised case ranked y first: Optuna 5's default evaluator (PED-ANOVA) explains
+    low target values, i.e. the worst throughputs. Objective 0 depends on y only."""
+    sign = 1.0 if direction == "maximize" else -1.0
+    study = optuna.create_study(directions=["minimize", direction], sampler=optuna.samplers.RandomSampler(seed=0))
+
+    def f(trial: optuna.trial.Trial) -> tuple[float, float]:
+        x, y = trial.suggest_float("x", 0.0, 1.0), trial.suggest_float("y", 0.0, 1.0)
+        return y, sign * (_step(x) + 0.1 * y)
+
+    study.optimize(f, n_trials=60)
+    imp = param_importances(study, 1)
+    assert list(imp) == ["x", "y"] and imp["x"] > 0.8, imp
+    assert list(param_importances(study, 0))[0] == "y"
+    fig, notes = importance_figure(study, 1, "obj", direction)  # what the report draws
+    assert fig.data[0].y[-1] == "x"  # plotly bars run from least to most important
+    good = "high" if direction == "maximize" else "low"
+    assert f"importance for {good} obj" in fig.layout.title.text
+    assert notes == []  # the expected PED-ANOVA "low target" warning is filtered; nothing else came up
+    one = optuna.create_study(directions=["minimize", direction])
+    one.optimize(f, n_trials=1)
+    _, notes = importance_figure(one, 1, "obj")  # other warnings are not silenced: the report shows them
+    assert any("too small" in n for n in notes), notes
+
+
 def test_resume_refuses_a_changed_spec(tmp_path):
     url = f"sqlite:///{tmp_path / 'c.db'}"
     spec = parse_tune_spec(tiny_doc("changed"))
@@ -300,6 +386,94 @@ def test_resume_refuses_a_changed_spec(tmp_path):
     doc["search_space"]["policy.gamma"]["high"] = 5
     with pytest.raises(ConfigError, match="different search_space"):
         open_study(parse_tune_spec(doc), open_storage(url))
+
+
+# ----------------------------------------------------------------------------- CLI: export hint, Ctrl-C
+def test_export_hint_reads_the_same_study(tmp_path, capsys):
+    """The printed export command, run as printed, exports from the study just tuned (--out and a
+    non-default --storage carried over)."""
+    path = _write(tmp_path, tiny_doc("hint", validation={"top_k": 1, "num_seeds": 2}))
+    results = tmp_path / "my results"
+    runs = [[], ["--storage", f"sqlite:///{tmp_path / 'elsewhere.db'}"]]
+    for extra in runs:
+        rc = main(["tune", str(path), "--out", str(results), "--n-trials", "2", "--quiet", *extra])
+        cap = capsys.readouterr()
+        assert rc == 0, cap.err
+        hints = [line for line in cap.out.splitlines() if line.startswith("export: ")]
+        assert len(hints) == 1, cap.out
+        argv = shlex.split(hints[0][len("export: "):].split("   (or")[0])
+        assert argv[:4] == ["python", "-m", "memtp_sim", "export"]
+        assert argv[argv.index("--out") + 1] == str(results)
+        assert ("--storage" in argv) == bool(extra) and (not extra or argv[argv.index("--storage") + 1] == extra[1])
+        rc = main(argv[3:])
+        cap = capsys.readouterr()
+        assert rc == 0, cap.err
+        written = Path(cap.out.strip().splitlines()[0])
+        import json
+
+        prov = json.loads(written.read_text())["provenance"]
+        assert written.is_relative_to(results) and prov["study"] == "hint"
+        assert prov["storage"] == (extra[1] if extra else f"sqlite:///{(results / 'hint' / 'optuna.db').resolve()}")
+
+
+def test_ctrl_c_in_process_stops_between_seed_runs(tmp_path):
+    """One process: the first Ctrl-C lets Optuna finish recording and stops; nothing is left RUNNING."""
+    spec = parse_tune_spec(tiny_doc("sigint1"))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    before = signal.getsignal(signal.SIGINT)
+
+    def on_progress(done: int, total: int) -> None:
+        if done == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_tune(spec, storage_url=url, n_trials=6, out_dir=tmp_path, validate=False, report=False,
+                 on_progress=on_progress)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert [t.state for t in _trials(url, "sigint1")] == [TrialState.COMPLETE]  # stopped right after trial 0
+    out = run_tune(spec, storage_url=url, n_trials=3, out_dir=tmp_path, validate=False, report=False)
+    assert out.complete == 3 and not out.short
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_two_workers_is_one_clean_line_and_resumes(tmp_path):
+    """Ctrl-C reaches the whole process group (parent and workers). Before the fix a worker could
+    print ~60 lines (an UnboundLocalError inside Optuna, from a second SIGINT); now workers ignore
+    SIGINT and stop when the parent says so, leaving no RUNNING trial, and the study resumes."""
+    name = f"sig_{uuid.uuid4().hex[:8]}"
+    doc = tiny_doc(name)
+    doc["base"]["workload"].update(num_requests=80, concurrency=8)  # ~0.5 s per seed run
+    path = _write(tmp_path, doc)
+    url = f"sqlite:///{tmp_path / 'sig.db'}"
+    args = ["tune", str(path), "--storage", url, "--n-trials", "4", "--workers", "2", "--no-validate", "--quiet"]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    pids: set[int] = set()
+    while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)  # wait until both workers are inside a trial
+        try:
+            trials = _trials(url, name)
+        except (KeyError, ConfigError):
+            continue
+        pids = {t.user_attrs["worker"]["pid"] for t in trials
+                if t.state == TrialState.RUNNING and "worker" in t.user_attrs}
+    assert len(pids) == 2, "never saw both workers in a trial"
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert err.strip().splitlines() == ["interrupted: finished runs are kept; run the same command again to resume"]
+    trials = _trials(url, name)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]  # the workers stopped, not killed
+    for t in trials:
+        if t.state == TrialState.FAIL:
+            assert "interrupted" in t.user_attrs["failed_reason"]
+    done = sum(t.state == TrialState.COMPLETE for t in trials)
+    out = run_tune(parse_tune_spec(doc), storage_url=url, n_trials=done + 1, out_dir=tmp_path, validate=False,
+                   report=False)  # resumes: one more COMPLETE trial, nothing stale to clean up
+    assert out.complete == done + 1 and out.ran == 1 and not out.short and out.stale_failed == []
 
 
 # ----------------------------------------------------------------------------- storage contract
