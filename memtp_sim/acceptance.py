@@ -136,11 +136,6 @@ class AcceptanceModel:
         pos = np.arange(gamma, dtype=np.float64)
         return base[:, None] + self.slope[domain_idx][:, None] * pos[None, :]
 
-    def round_probs(self, rng: np.random.Generator, domain_idx: np.ndarray, difficulty: np.ndarray,
-                    gamma: int) -> np.ndarray:
-        """Conditional acceptance probabilities of positions 1..gamma, shape (R, gamma)."""
-        return expit(self.round_logits(rng, domain_idx, difficulty, gamma))
-
     def summary(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -263,11 +263,6 @@ class PolicySpec(BaseModel):
     def params(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
-    def label(self) -> str:
-        from .policies import make_policy
-
-        return make_policy(self.name, self.params).describe()
-
 
 class Scenario(_Strict):
     """One simulated run (without its seed)."""

@@ -109,3 +109,32 @@ def run_engine(profile: HardwareProfile, wl: Workload, policy: str = "no_spec", 
     eng = Engine(profile, acceptance or AcceptanceModel.fixed(0.7), wl, make_policy(policy, params or {}),
                  EngineSettings(**st), np.random.default_rng(seed))
     return eng.run()
+
+
+# ---------------------------------------------------------------------------------------------
+# tuning
+# ---------------------------------------------------------------------------------------------
+
+
+def tiny_tune_doc(name: str = "t", **over: Any) -> dict[str, Any]:
+    """A fast tune spec: 24 requests, 4 users, no STS fit (~0.05 s per run); ``over`` replaces
+    top-level keys."""
+    doc = {
+        "name": name,
+        "base": {
+            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 4, "num_requests": 24},
+            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
+            "confidence": {"sts": "none"},
+            "policy": {"name": "dspark", "gamma": 4},
+        },
+        "search_space": {
+            "confidence.temperature": {"type": "float", "low": 0.5, "high": 3.0, "log": True},
+            "policy.gamma": {"type": "int", "low": 1, "high": 6},
+        },
+        "seeds": [0, 1],
+        "n_trials": 6,
+        "sampler": {"name": "tpe", "seed": 0, "n_startup_trials": 4},
+        "validation": {"top_k": 2, "num_seeds": 3},
+    }
+    doc.update(copy.deepcopy(over))
+    return doc

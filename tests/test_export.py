@@ -16,6 +16,8 @@ import optuna
 import pytest
 import yaml
 
+from _sim_helpers import tiny_tune_doc
+
 import memtp_sim
 from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
@@ -32,24 +34,11 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _doc(name: str) -> dict:
-    return {
-        "name": name,
-        "base": {
-            "hardware": {"profile": PROFILE},
-            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 4, "num_requests": 24},
-            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
-            "confidence": {"sts": "none"},
-            "policy": {"name": "dspark", "gamma": 4},
-        },
-        "search_space": {
-            "confidence.temperature": {"type": "float", "low": 0.5, "high": 3.0, "log": True},
-            "policy.gamma": {"type": "int", "low": 1, "high": 6},
-        },
-        "constraints": [f"mean_verify_len <= {SLA_VERIFY}", "num_rejected <= 0"],
-        "seeds": [0, 1],
-        "sampler": {"name": "tpe", "seed": 0, "n_startup_trials": 4},
-        "validation": {"top_k": 1, "num_seeds": 3},
-    }
+    doc = tiny_tune_doc(name, constraints=[f"mean_verify_len <= {SLA_VERIFY}", "num_rejected <= 0"],
+                        validation={"top_k": 1, "num_seeds": 3})
+    doc["base"]["hardware"] = {"profile": PROFILE}
+    del doc["n_trials"]
+    return doc
 
 
 @pytest.fixture(scope="module")

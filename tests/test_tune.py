@@ -11,7 +11,6 @@ cannot skip them silently.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import math
 import os
@@ -29,6 +28,8 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+
+from _sim_helpers import tiny_tune_doc
 
 from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
@@ -54,26 +55,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def tiny_doc(name: str = "t", **over) -> dict:
-    """A fast tune spec: 24 requests, 4 users, no STS fit (~0.05 s per run)."""
-    doc = {
-        "name": name,
-        "base": {
-            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 4, "num_requests": 24},
-            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
-            "confidence": {"sts": "none"},
-            "policy": {"name": "dspark", "gamma": 4},
-        },
-        "search_space": {
-            "confidence.temperature": {"type": "float", "low": 0.5, "high": 3.0, "log": True},
-            "policy.gamma": {"type": "int", "low": 1, "high": 6},
-        },
-        "seeds": [0, 1],
-        "n_trials": 6,
-        "sampler": {"name": "tpe", "seed": 0, "n_startup_trials": 4},
-        "validation": {"top_k": 2, "num_seeds": 3},
-    }
-    doc.update(copy.deepcopy(over))
-    return doc
+    """A fast tune spec (see ``_sim_helpers.tiny_tune_doc``)."""
+    return tiny_tune_doc(name, **over)
 
 
 def _write(tmp_path: Path, doc: dict, name: str = "tune.yaml") -> Path:
