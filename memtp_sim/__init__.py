@@ -5,9 +5,10 @@ one GPU serving queue, calibrated from measured AMD Strix Halo (gfx1151) costs a
 request traces.
 """
 
-from .acceptance import AcceptanceModel, ConfidenceHead, expected_tau_iid, load_acceptance
+from .acceptance import AcceptanceModel, expected_tau_iid, load_acceptance
 from .api import run
-from .calibration import (
+from .confidence import (
+    ConfidenceHead,
     apply_temperature,
     auc_score,
     brier_score,
@@ -17,13 +18,30 @@ from .calibration import (
     sequential_temperature_scaling,
 )
 from .config import Scenario, Study, load_scenario, load_study
-from .errors import CalibrationError, ConfigError, ExperimentalWarning, MemtpSimError
+from .errors import (
+    CalibrationError,
+    ConfigError,
+    EngineInvariantError,
+    ExperimentalWarning,
+    InvalidArgumentError,
+    MemtpSimError,
+    TelemetryUnavailableError,
+)
 from .hardware import HardwareProfile, SPSTable, list_profiles, load_profile
 from .exactness import analytical_acceptance, residual_distribution, speculative_step
-from .memtp import CoherenceEWMA, DepthController, memtp_depth, memtp_depth_live, read_free_memory
+from .memtp import MEMTP_DEFAULTS, CoherenceEWMA, DepthController, MemtpSettings, memtp_depth
 from .metrics import RunResult
-from .policies import Policy, RoundPlan, RoundView, available_policies, make_policy, register
-from .scheduling import ScheduleResult, hardware_aware_prefix_scheduler
+from .policies import (
+    Policy,
+    RoundPlan,
+    RoundView,
+    ScheduleResult,
+    available_policies,
+    hardware_aware_prefix_scheduler,
+    make_policy,
+    register,
+)
+from .telemetry import memtp_depth_live, read_free_memory
 
 __version__ = "0.1.0"
 
@@ -48,6 +66,11 @@ __all__ = [
     "speculative_step",
     "CalibrationError",
     "ConfigError",
+    "EngineInvariantError",
+    "InvalidArgumentError",
+    "TelemetryUnavailableError",
+    "MEMTP_DEFAULTS",
+    "MemtpSettings",
     "ExperimentalWarning",
     "HardwareProfile",
     "MemtpSimError",

@@ -30,8 +30,6 @@ from .errors import CalibrationError
 
 __all__ = [
     "AcceptanceModel",
-    "ConfidenceHead",
-    "calibration_stream",
     "conditional_acceptance",
     "expected_tau_iid",
     "load_acceptance",
@@ -255,54 +253,3 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
     return AcceptanceModel(tuple(names), np.array(mus), np.array(slopes), s_req, s_round,
                            name=str(doc.get("name", Path(path).stem)), source=str(doc.get("source", "")),
                            fit_gamma=gamma, targets=targets)
-
-
-@dataclass(frozen=True)
-class ConfidenceHead:
-    """The drafter's confidence head: a noisy, over-confident view of the true acceptance.
-
-    ``c_raw = sigmoid(overconfidence * (logit(p) + e))`` with ``e ~ N(0, noise_sd^2)`` per
-    position: ``noise_sd`` lowers discrimination (AUC), ``overconfidence > 1`` pushes scores away
-    from 0.5 (the raw heads' over-confidence the DSpark paper reports, Fig. 6). The serving engine
-    then calibrates: ``c = sigmoid(logit(c_raw) / (T_k * temperature))`` with per-position STS
-    temperatures ``T_k`` and a global ``temperature`` knob. ``oracle=True`` reports the true ``p``
-    (a perfectly calibrated, maximally discriminative head).
-
-    Source: DSpark paper section 3.2 (c_k, STS) and Fig. 6 (raw ECE 3-8%, AUC 0.81-0.91).
-    """
-
-    noise_sd: float = 0.4
-    overconfidence: float = 1.35
-    oracle: bool = False
-
-    def __post_init__(self) -> None:
-        if self.noise_sd < 0:
-            raise ValueError(f"noise_sd: must be >= 0, got {self.noise_sd}")
-        if self.overconfidence <= 0:
-            raise ValueError(f"overconfidence: must be > 0, got {self.overconfidence}")
-
-    def raw_logits(self, rng: np.random.Generator, true_logits: np.ndarray) -> np.ndarray:
-        """Raw head logits for true acceptance logits of shape (R, gamma)."""
-        if self.oracle:
-            return true_logits
-        noisy = true_logits + rng.normal(0.0, self.noise_sd, size=true_logits.shape) if self.noise_sd else true_logits
-        return self.overconfidence * noisy
-
-
-def calibration_stream(acceptance: AcceptanceModel, head: ConfidenceHead, rng: np.random.Generator,
-                       num_rounds: int, gamma: int, domain_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Held-out (confidence, outcome) pairs for fitting STS, independent of any evaluated run.
-
-    Draws ``num_rounds`` fresh requests (domain from ``domain_probs``) with one round each, the
-    head's raw confidences and the acceptance outcome of every position (True while all positions
-    up to k are accepted).
-
-    Returns:
-        (raw confidences (num_rounds, gamma), accepted prefix flags (num_rounds, gamma) bool).
-    """
-    dom = rng.choice(len(acceptance.domains), size=num_rounds, p=domain_probs)
-    diff = acceptance.sample_difficulty(rng, num_rounds)
-    logits = acceptance.round_logits(rng, dom, diff, gamma)
-    accepted = np.cumprod(rng.random(logits.shape) < expit(logits), axis=1).astype(bool)
-    conf = expit(head.raw_logits(rng, logits))
-    return conf, accepted

@@ -8,11 +8,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .acceptance import AcceptanceModel, ConfidenceHead, calibration_stream, load_acceptance
-from .calibration import sequential_temperature_scaling
+from .acceptance import AcceptanceModel, load_acceptance
+from .confidence import ConfidenceHead, calibration_stream, sequential_temperature_scaling
 from .config import Scenario
-from .engine import Engine, EngineSettings, MemtpSettings
+from .engine import Engine, EngineSettings
 from .hardware import HardwareProfile, load_profile
+from .memtp import MemtpSettings
 from .metrics import RunResult, compute_metrics
 from .policies import make_policy
 from .workload import build_workload, load_trace
@@ -120,7 +121,7 @@ def run(scenario: Scenario, *, seed: int = 0,
         notes.append(f"{metrics['num_rejected']} request(s) rejected: {metrics['rejected_by_reason']}")
     if metrics["num_preemptions"]:
         notes.append(f"{metrics['num_preemptions']} preemption(s) (KV cache full; recomputed)")
-    calibration: dict[str, Any] = {
+    provenance: dict[str, Any] = {
         "hardware": profile.summary(),
         "acceptance": acc.summary(),
         "confidence": {**scenario.confidence.model_dump(mode="json"), "applied_temperatures": temps.tolist()},
@@ -130,7 +131,7 @@ def run(scenario: Scenario, *, seed: int = 0,
         seed=int(seed),
         metrics=metrics,
         state=state,
-        calibration=calibration,
+        provenance=provenance,
         policy_label=policy.describe(),
         version=__version__,
         wall_s=time.perf_counter() - t_start,

@@ -112,7 +112,7 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from .scheduling import hardware_aware_prefix_scheduler
+    from .policies import hardware_aware_prefix_scheduler
 
     try:
         conf = [[float(x) for x in row.split(",")] for row in args.confidences]
@@ -207,7 +207,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_depth(args: argparse.Namespace) -> int:
     import json
 
-    from .memtp import memtp_depth, memtp_depth_live
+    from .memtp import memtp_depth
+    from .telemetry import memtp_depth_live
 
     kw = {"head_cost_gib": args.head_cost_gib, "r_low": args.r_low, "r_high": args.r_high}
     try:

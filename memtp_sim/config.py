@@ -25,7 +25,6 @@ import itertools
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -39,9 +38,11 @@ from pydantic import (
     model_validator,
 )
 
+from ._io import read_yaml
 from .errors import CalibrationError, ConfigError
 
 __all__ = [
+    "StrictModel",
     "HardwareConfig",
     "AcceptanceConfig",
     "ConfidenceConfig",
@@ -57,12 +58,15 @@ __all__ = [
 ]
 
 
-class _Strict(BaseModel):
-    # strict: YAML `true` is not the integer 1, and "1.5" is not a number
+class StrictModel(BaseModel):
+    """Base of every YAML-facing model (scenarios, studies, tune specs): unknown keys are errors,
+    models are frozen, and types are strict (YAML ``true`` is not the integer 1, ``"1.5"`` is not a
+    number)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class HardwareConfig(_Strict):
+class HardwareConfig(StrictModel):
     profile: str = Field("gfx1151-llama31-8b-q4km-vulkan", description="shipped profile name or YAML path")
 
     @model_validator(mode="before")
@@ -83,7 +87,7 @@ class HardwareConfig(_Strict):
         return v
 
 
-class AcceptanceConfig(_Strict):
+class AcceptanceConfig(StrictModel):
     profile: str | None = Field(None, description="acceptance profile, fitted to DSpark Table 1 (default: dspark-qwen3)")
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="fixed i.i.d. per-position acceptance")
     domain_mix: dict[str, float] = Field(default_factory=lambda: {"chat": 1.0},
@@ -109,7 +113,7 @@ class AcceptanceConfig(_Strict):
         return self
 
 
-class ConfidenceConfig(_Strict):
+class ConfidenceConfig(StrictModel):
     """The confidence head and how the engine calibrates it (DSpark section 3.2, Fig. 6)."""
 
     head: Literal["model", "oracle"] = Field(
@@ -133,7 +137,7 @@ class ConfidenceConfig(_Strict):
     sts_rounds: PositiveInt = Field(20000, description="held-out rounds for the STS fit")
 
 
-class MemtpConfig(_Strict):
+class MemtpConfig(StrictModel):
     """MEMTP: the draft-head ensemble whose depth (= draft length) follows free memory (docs/model.md section 2)."""
 
     depth: Literal["elastic"] | PositiveInt | None = Field(
@@ -170,12 +174,12 @@ class MemtpConfig(_Strict):
         return self
 
 
-class RateSegment(_Strict):
+class RateSegment(StrictModel):
     duration_s: PositiveFloat
     rate_per_s: float = Field(..., ge=0.0)
 
 
-class WorkloadConfig(_Strict):
+class WorkloadConfig(StrictModel):
     trace: str = Field(..., description="trace CSV path, relative to the YAML file")
     mode: Literal["trace", "poisson", "closed_loop"] = "closed_loop"
     num_requests: PositiveInt = 300
@@ -221,7 +225,7 @@ class WorkloadConfig(_Strict):
         return self
 
 
-class EngineConfig(_Strict):
+class EngineConfig(StrictModel):
     max_batch_tokens: PositiveInt = Field(512, description="token budget of one forward pass (B cap)")
     prefill_chunk_tokens: PositiveInt = Field(256, description="prefill tokens per pass at most (chunked prefill)")
     max_num_seqs: PositiveInt = Field(256, description="running requests at most")
@@ -264,7 +268,7 @@ class PolicySpec(BaseModel):
         return dict(self.model_extra or {})
 
 
-class Scenario(_Strict):
+class Scenario(StrictModel):
     """One simulated run (without its seed)."""
 
     hardware: HardwareConfig = Field(default_factory=HardwareConfig)
@@ -310,7 +314,7 @@ class Scenario(_Strict):
         return make_policy(self.policy.name, self.effective_policy_params()).describe()
 
 
-class Study(_Strict):
+class Study(StrictModel):
     """A sweep of scenarios: base x sweep (cartesian) x policies x seeds."""
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
@@ -458,53 +462,14 @@ def format_validation_error(e: ValidationError, source: str, model: type[BaseMod
     return line
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} is given twice", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-
-
-def _read_yaml(path: str | Path) -> tuple[Path, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{path}: file not found")
-    try:
-        doc = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
-    except yaml.constructor.ConstructorError as e:
-        line = f" at line {e.problem_mark.line + 1}" if e.problem_mark is not None else ""
-        raise ConfigError(f"{path}: {e.problem}{line}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level (name, base, sweep, policies, seeds)")
-    return p, doc
-
-
 def load_study(path: str | Path) -> Study:
     """Read and validate a study YAML; relative paths resolve against the YAML's folder.
 
     Raises:
         ConfigError: unreadable file, unknown key, wrong type, bad value, missing file.
     """
-    p, doc = _read_yaml(path)
+    doc = read_yaml(path, what="a mapping at the top level (name, base, sweep, policies, seeds)")
+    p = Path(path)
     try:
         study = Study.model_validate(doc, context={"base_dir": str(p.parent)})
     except ValidationError as e:
@@ -515,7 +480,8 @@ def load_study(path: str | Path) -> Study:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a single-scenario YAML (the ``base`` section shape)."""
-    p, doc = _read_yaml(path)
+    doc = read_yaml(path, what="a mapping at the top level (hardware, acceptance, workload, engine, policy...)")
+    p = Path(path)
     try:
         return Scenario.model_validate(doc, context={"base_dir": str(p.parent)})
     except ValidationError as e:

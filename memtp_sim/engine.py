@@ -42,13 +42,14 @@ import simpy
 
 from scipy.special import expit
 
-from .acceptance import AcceptanceModel, ConfidenceHead
+from .acceptance import AcceptanceModel
+from .confidence import ConfidenceHead
 from .hardware import GIB, HardwareProfile
-from .memtp import CoherenceEWMA, DepthController, memtp_depth
+from .memtp import CoherenceEWMA, DepthController, MemtpSettings, memtp_depth
 from .policies.base import Policy, RoundView
 from .workload import Workload
 
-__all__ = ["EngineSettings", "MemtpSettings", "EngineState", "Engine", "REJECT_REASONS"]
+__all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
 
 # request status codes
 PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
@@ -61,30 +62,6 @@ ROUND_FIELDS = (
     "num_trimmed", "depth", "coherence", "heads_gib", "kv_gib", "free_gib", "kv_capacity_blocks",
     "head_load_s", "num_remote_prefill",
 )
-
-
-@dataclass(frozen=True)
-class MemtpSettings:
-    """MEMTP ensemble settings (see :class:`memtp_sim.config.MemtpConfig`).
-
-    ``depth`` is ``"elastic"`` (a :class:`~memtp_sim.memtp.DepthController` decides each round)
-    or a fixed number of heads. The draft length of every round is the current depth.
-    """
-
-    depth: str | int = "elastic"
-    max_depth: int = 16
-    head_cost_gib: float = 4.0
-    r_low: float = 0.3
-    r_high: float = 0.9
-    coherence_half_life_rounds: float = 8.0
-    coherence_estimator: str = "per_verified"
-    min_dwell_rounds: int = 32
-    head_load_gb_per_s: float = 84.0
-    initial_depth: int | None = None
-
-    @property
-    def elastic(self) -> bool:
-        return self.depth == "elastic"
 
 
 @dataclass(frozen=True)

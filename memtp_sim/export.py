@@ -341,7 +341,7 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     """
     import optuna
 
-    from .study import atomic_write_text
+    from ._io import atomic_write_text
     from .tune import (
         STUDY_ATTR,
         default_storage_url,

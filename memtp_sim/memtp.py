@@ -8,56 +8,41 @@ quality, the *coherence* ``R``::
     g(R)  = 0 if R <= r_low;  1 if R >= r_high;  linear in between
     depth = clamp(floor(free_gib / head_cost_gib * g(R)), 1, max_depth)
 
-This module holds four independent pieces:
+This module is pure (no I/O, no SimPy, no engine) and holds:
 
-* :func:`coherence_gate` and :func:`memtp_depth`: the formula above, pure.
-* :func:`read_free_memory` and :func:`memtp_depth_live`: the same formula fed by the machine's
-  real free memory (AMD sysfs, then NVIDIA, then ``/proc/meminfo``).
+* :class:`MemtpSettings` and :data:`MEMTP_DEFAULTS`: the ensemble's knobs and their defaults,
+  written once here (config, CLI, engine and export read them from here).
+* :func:`coherence_gate` and :func:`memtp_depth`: the formula above.
 * :class:`CoherenceEWMA` (behind the :class:`CoherenceEstimator` protocol): the default estimator
   of ``R`` from accepted / verified draft-token counts.
 * :class:`DepthController`: a pure, stateful wrapper around the formula that the engine calls once
   per round; it adds dwell-time hysteresis so the depth cannot thrash.
 
 Units: memory is in GiB (2**30 bytes) throughout; coherence and the gate are fractions in [0, 1];
-time is counted in engine rounds. Nothing here imports SimPy or the engine.
+time is counted in engine rounds. The same formula fed by the machine's real free memory lives
+in :mod:`memtp_sim.telemetry` (``depth --live``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import numbers
-import os
-import re
-import shutil
-import subprocess
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from .errors import ConfigError, MemtpSimError
+from .errors import InvalidArgumentError
 
 __all__ = [
     "FLOOR_EPSILON",
-    "KNOWN_TELEMETRY_SOURCES",
+    "MEMTP_DEFAULTS",
+    "MemtpSettings",
     "CoherenceEWMA",
     "CoherenceEstimator",
     "DepthChange",
     "DepthController",
-    "MemoryTelemetry",
-    "TelemetryUnavailableError",
     "coherence_gate",
     "memtp_depth",
-    "memtp_depth_live",
-    "read_free_memory",
 ]
-
-#: Bytes per GiB.
-_BYTES_PER_GIB = float(1 << 30)
-#: MiB per GiB (``nvidia-smi`` reports MiB).
-_MIB_PER_GIB = 1024.0
-#: KiB per GiB (``/proc/meminfo`` reports "kB", which the kernel means as KiB).
-_KIB_PER_GIB = float(1 << 20)
 
 #: Slack added before flooring the head count, in heads. Products such as ``0.1 * 3`` or
 #: ``20.0 / 4.0 * g`` can land a few ulps *below* the integer they stand for; without the slack
@@ -65,19 +50,45 @@ _KIB_PER_GIB = float(1 << 20)
 #: anything a measurement can resolve, and adding a constant keeps the result monotone.
 FLOOR_EPSILON = 1e-9
 
-#: Prefixes of :attr:`MemoryTelemetry.source` values :func:`read_free_memory` can return.
-KNOWN_TELEMETRY_SOURCES = ("amd-sysfs:", "nvidia-nvml", "nvidia-smi", "system-meminfo")
 
-#: Timeout for one ``nvidia-smi`` call, in seconds.
-_NVIDIA_SMI_TIMEOUT_S = 5.0
+@dataclasses.dataclass(frozen=True)
+class MemtpSettings:
+    """The MEMTP ensemble's knobs (YAML section ``memtp``; :class:`memtp_sim.config.MemtpConfig`).
 
-#: Keyword arguments :func:`memtp_depth_live` accepts besides ``max_depth`` and ``coherence``.
-_LIVE_TELEMETRY_KW = ("sysfs_root", "proc_meminfo", "nvidia_smi")
-_LIVE_FORMULA_KW = ("head_cost_gib", "r_low", "r_high", "reserve_gib")
+    Attributes:
+        depth: ``"elastic"`` (a :class:`DepthController` decides each round) or a fixed number of
+            heads; the draft length of every round is the current depth.
+        max_depth: heads at most (the widest draft block).
+        head_cost_gib: memory one head holds while alive (weights + working buffers), GiB.
+        r_low, r_high: coherence gate thresholds (fractions).
+        coherence_half_life_rounds: EWMA half-life of the coherence R, engine rounds.
+        coherence_estimator: ``per_verified`` (accepted / verified drafts) or ``per_tested``.
+        min_dwell_rounds: rounds a new depth target must persist before the depth changes.
+        head_load_gb_per_s: copy rate when a new head is loaded (stalls the engine), GB/s.
+        initial_depth: elastic start depth (None: the formula's at R = 1).
+
+    Source: docs/model.md section 2; the seed's reference point (4 GiB per head, R thresholds
+    0.3 / 0.9); head load rate: measured CPU<->GPU copy on gfx1151 (lhl/strix-halo-testing).
+    """
+
+    depth: str | int = "elastic"
+    max_depth: int = 16
+    head_cost_gib: float = 4.0
+    r_low: float = 0.3
+    r_high: float = 0.9
+    coherence_half_life_rounds: float = 8.0
+    coherence_estimator: str = "per_verified"
+    min_dwell_rounds: int = 32
+    head_load_gb_per_s: float = 84.0
+    initial_depth: int | None = None
+
+    @property
+    def elastic(self) -> bool:
+        return self.depth == "elastic"
 
 
-class TelemetryUnavailableError(MemtpSimError, RuntimeError):
-    """No memory-telemetry source (AMD sysfs, NVIDIA, /proc/meminfo) could be read."""
+#: The one place the MEMTP defaults are written.
+MEMTP_DEFAULTS = MemtpSettings()
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,17 +97,17 @@ class TelemetryUnavailableError(MemtpSimError, RuntimeError):
 
 
 def _as_real(name: str, value: object) -> float:
-    """Return ``value`` as a float, or raise ``ConfigError`` naming ``name``."""
+    """Return ``value`` as a float, or raise ``InvalidArgumentError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"{name} must be a real number; got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a real number; got {value!r}")
     return float(value)
 
 
 def _check_unit_interval(name: str, value: object) -> float:
-    """Return ``value`` as a float in [0, 1], or raise ``ConfigError`` naming ``name``."""
+    """Return ``value`` as a float in [0, 1], or raise ``InvalidArgumentError`` naming ``name``."""
     x = _as_real(name, value)
     if math.isnan(x) or not 0.0 <= x <= 1.0:
-        raise ConfigError(f"{name} must lie in [0, 1]; got {value!r}")
+        raise InvalidArgumentError(f"{name} must lie in [0, 1]; got {value!r}")
     return x
 
 
@@ -105,11 +116,11 @@ def _check_thresholds(r_low: object, r_high: object) -> tuple[float, float]:
     lo = _as_real("r_low", r_low)
     hi = _as_real("r_high", r_high)
     if math.isnan(lo) or lo < 0.0:
-        raise ConfigError(f"r_low must be >= 0; got {r_low!r}")
+        raise InvalidArgumentError(f"r_low must be >= 0; got {r_low!r}")
     if math.isnan(hi) or hi > 1.0:
-        raise ConfigError(f"r_high must be <= 1; got {r_high!r}")
+        raise InvalidArgumentError(f"r_high must be <= 1; got {r_high!r}")
     if lo >= hi:
-        raise ConfigError(
+        raise InvalidArgumentError(
             f"r_low must be < r_high; got r_low={r_low!r}, r_high={r_high!r} "
             "(the gate needs a non-empty linear region)"
         )
@@ -120,37 +131,37 @@ def _check_free_gib(name: str, value: object) -> float:
     """Return a finite, non-negative memory amount in GiB, or raise naming ``name``."""
     x = _as_real(name, value)
     if math.isnan(x) or x < 0.0:
-        raise ConfigError(f"{name} must be >= 0 GiB; got {value!r}")
+        raise InvalidArgumentError(f"{name} must be >= 0 GiB; got {value!r}")
     if math.isinf(x):
-        raise ConfigError(f"{name} must be finite; got {value!r}")
+        raise InvalidArgumentError(f"{name} must be finite; got {value!r}")
     return x
 
 
 def _check_head_cost(value: object) -> float:
-    """Return a finite, positive per-head cost in GiB, or raise ``ConfigError``."""
+    """Return a finite, positive per-head cost in GiB, or raise ``InvalidArgumentError``."""
     x = _as_real("head_cost_gib", value)
     if not (math.isfinite(x) and x > 0.0):
-        raise ConfigError(f"head_cost_gib must be a finite number > 0 GiB; got {value!r}")
+        raise InvalidArgumentError(f"head_cost_gib must be a finite number > 0 GiB; got {value!r}")
     return x
 
 
 def _check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` as an int >= 1, or raise ``ConfigError`` naming ``name``."""
+    """Return ``value`` as an int >= 1, or raise ``InvalidArgumentError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{name} must be an int >= 1; got {value!r}")
+        raise InvalidArgumentError(f"{name} must be an int >= 1; got {value!r}")
     n = int(value)
     if n < 1:
-        raise ConfigError(f"{name} must be an int >= 1; got {value!r}")
+        raise InvalidArgumentError(f"{name} must be an int >= 1; got {value!r}")
     return n
 
 
 def _check_count(name: str, value: object) -> int:
-    """Return ``value`` as an int >= 0, or raise ``ConfigError`` naming ``name``."""
+    """Return ``value`` as an int >= 0, or raise ``InvalidArgumentError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{name} must be an int >= 0; got {value!r}")
+        raise InvalidArgumentError(f"{name} must be an int >= 0; got {value!r}")
     n = int(value)
     if n < 0:
-        raise ConfigError(f"{name} must be an int >= 0; got {value!r}")
+        raise InvalidArgumentError(f"{name} must be an int >= 0; got {value!r}")
     return n
 
 
@@ -179,7 +190,7 @@ def coherence_gate(coherence: float, r_low: float, r_high: float) -> float:
         The gate value, a fraction in [0, 1].
 
     Raises:
-        ConfigError: (a ``ValueError``) if ``r_low >= r_high``, ``r_low < 0``, ``r_high > 1``,
+        InvalidArgumentError: (a ``ValueError``) if ``r_low >= r_high``, ``r_low < 0``, ``r_high > 1``,
             or ``coherence`` is NaN or outside [0, 1]. The message names the argument.
 
     Source:
@@ -198,10 +209,10 @@ def memtp_depth(
     free_gib: float,
     coherence: float,
     *,
-    max_depth: int = 16,
-    head_cost_gib: float = 4.0,
-    r_low: float = 0.3,
-    r_high: float = 0.9,
+    max_depth: int = MEMTP_DEFAULTS.max_depth,
+    head_cost_gib: float = MEMTP_DEFAULTS.head_cost_gib,
+    r_low: float = MEMTP_DEFAULTS.r_low,
+    r_high: float = MEMTP_DEFAULTS.r_high,
 ) -> int:
     """Ensemble depth (number of draft heads, equal to the draft length ``gamma``).
 
@@ -227,7 +238,7 @@ def memtp_depth(
         The depth, an int in [1, max_depth]. Non-decreasing in ``free_gib`` and in ``coherence``.
 
     Raises:
-        ConfigError: (a ``ValueError``) naming the offending argument if ``r_low >= r_high``,
+        InvalidArgumentError: (a ``ValueError``) naming the offending argument if ``r_low >= r_high``,
             ``r_low < 0``, ``r_high > 1``, ``coherence`` is NaN or outside [0, 1], ``free_gib``
             is negative, NaN or infinite, ``head_cost_gib <= 0`` (or not finite), or
             ``max_depth`` is not an int >= 1.
@@ -241,347 +252,6 @@ def memtp_depth(
     depth_cap = _check_positive_int("max_depth", max_depth)
     gate = coherence_gate(coherence, r_low, r_high)
     return max(1, min(depth_cap, _heads_affordable(free, cost, gate)))
-
-
-# --------------------------------------------------------------------------------------------
-# Live telemetry
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryTelemetry:
-    """One reading of the accelerator's (or host's) memory.
-
-    Attributes:
-        free_gib: Memory free for new allocations, in GiB (``total_gib - used_gib``, floored at 0).
-        total_gib: Capacity of the pool that was read, in GiB.
-        used_gib: Memory in use in that pool, in GiB.
-        source: Where the numbers came from: ``"amd-sysfs:<card> vram+gtt"`` (or ``vram`` when
-            the card exposes no GTT files), ``"nvidia-nvml"``, ``"nvidia-smi"`` or
-            ``"system-meminfo"``. Every value starts with one of
-            :data:`KNOWN_TELEMETRY_SOURCES`.
-        details: Source-specific extras (paths, per-pool figures, sources skipped and why).
-    """
-
-    free_gib: float
-    total_gib: float
-    used_gib: float
-    source: str
-    details: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the reading as a plain dict (``details`` copied shallowly)."""
-        return {
-            "free_gib": self.free_gib,
-            "total_gib": self.total_gib,
-            "used_gib": self.used_gib,
-            "source": self.source,
-            "details": dict(self.details),
-        }
-
-
-def _read_int_file(path: Path) -> int:
-    """Read a sysfs file holding one integer (bytes)."""
-    return int(path.read_text(encoding="ascii").strip())
-
-
-_CARD_RE = re.compile(r"card(\d+)")
-
-
-def _read_amd_sysfs(
-    sysfs_root: str | os.PathLike[str], skipped: list[str]
-) -> MemoryTelemetry | None:
-    """Read amdgpu ``mem_info_*`` files under ``sysfs_root``; pick the card with the most memory.
-
-    On a unified-memory APU (e.g. Strix Halo, gfx1151) the VRAM "carve-out" is small and most of
-    what the GPU can allocate comes through GTT (system RAM mapped for the GPU), so the pool that
-    funds draft heads is VRAM + GTT: ``free = (vram_total - vram_used) + (gtt_total - gtt_used)``.
-    On a discrete card GTT is host memory across the bus, so there the figure is an upper bound;
-    ``details`` keeps the VRAM and GTT parts apart for a caller that wants only VRAM.
-    """
-    root = Path(sysfs_root)
-    try:
-        entries = sorted(
-            (int(m.group(1)), p.name)
-            for p in root.iterdir()
-            if (m := _CARD_RE.fullmatch(p.name)) is not None
-        )
-    except OSError as exc:
-        skipped.append(f"amd-sysfs: cannot list {root}: {exc.__class__.__name__}")
-        return None
-    if not entries:
-        skipped.append(f"amd-sysfs: no card* entries under {root}")
-        return None
-
-    best: tuple[int, str, dict[str, int]] | None = None
-    for _, card in entries:
-        device = root / card / "device"
-        try:
-            values = {
-                "vram_total": _read_int_file(device / "mem_info_vram_total"),
-                "vram_used": _read_int_file(device / "mem_info_vram_used"),
-            }
-        except (OSError, ValueError):
-            continue  # not an amdgpu card, or unreadable: try the next one
-        try:
-            values["gtt_total"] = _read_int_file(device / "mem_info_gtt_total")
-            values["gtt_used"] = _read_int_file(device / "mem_info_gtt_used")
-        except (OSError, ValueError):
-            values.pop("gtt_total", None)
-        total = values["vram_total"] + values.get("gtt_total", 0)
-        if best is None or total > best[0]:
-            best = (total, card, values)
-    if best is None:
-        skipped.append(f"amd-sysfs: no readable mem_info_vram_* files under {root}")
-        return None
-
-    total_b, card, v = best
-    vram_free_b = max(0, v["vram_total"] - v["vram_used"])
-    has_gtt = "gtt_total" in v
-    gtt_free_b = max(0, v["gtt_total"] - v["gtt_used"]) if has_gtt else 0
-    used_b = v["vram_used"] + (v["gtt_used"] if has_gtt else 0)
-    details: dict[str, Any] = {
-        "card": card,
-        "device_path": str(root / card / "device"),
-        "vram_total_gib": v["vram_total"] / _BYTES_PER_GIB,
-        "vram_used_gib": v["vram_used"] / _BYTES_PER_GIB,
-        "vram_free_gib": vram_free_b / _BYTES_PER_GIB,
-    }
-    if has_gtt:
-        details.update(
-            gtt_total_gib=v["gtt_total"] / _BYTES_PER_GIB,
-            gtt_used_gib=v["gtt_used"] / _BYTES_PER_GIB,
-            gtt_free_gib=gtt_free_b / _BYTES_PER_GIB,
-        )
-    return MemoryTelemetry(
-        free_gib=(vram_free_b + gtt_free_b) / _BYTES_PER_GIB,
-        total_gib=total_b / _BYTES_PER_GIB,
-        used_gib=used_b / _BYTES_PER_GIB,
-        source=f"amd-sysfs:{card} {'vram+gtt' if has_gtt else 'vram'}",
-        details=details,
-    )
-
-
-def _read_nvml(skipped: list[str]) -> MemoryTelemetry | None:
-    """Read device 0 through ``pynvml`` when it is importable."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-    except ImportError:
-        skipped.append("nvidia-nvml: pynvml not importable")
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - any NVML failure means "source unavailable"
-        skipped.append(f"nvidia-nvml: nvmlInit failed: {exc.__class__.__name__}")
-        return None
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        total_b, used_b = int(info.total), int(info.used)
-    except Exception as exc:  # noqa: BLE001
-        skipped.append(f"nvidia-nvml: query failed: {exc.__class__.__name__}")
-        return None
-    finally:
-        with contextlib.suppress(Exception):  # a failed shutdown changes nothing we report
-            pynvml.nvmlShutdown()
-    return MemoryTelemetry(
-        free_gib=max(0, total_b - used_b) / _BYTES_PER_GIB,
-        total_gib=total_b / _BYTES_PER_GIB,
-        used_gib=used_b / _BYTES_PER_GIB,
-        source="nvidia-nvml",
-        details={"device_index": 0},
-    )
-
-
-def _read_nvidia_smi(nvidia_smi: str, skipped: list[str]) -> MemoryTelemetry | None:
-    """Run ``nvidia-smi`` (if found on PATH or at the given path) and read GPU 0, in MiB."""
-    exe = shutil.which(nvidia_smi)
-    if exe is None:
-        skipped.append(f"nvidia-smi: {nvidia_smi!r} not found")
-        return None
-    try:
-        proc = subprocess.run(
-            [exe, "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=_NVIDIA_SMI_TIMEOUT_S,
-            check=True,
-        )
-        first = next(line for line in proc.stdout.splitlines() if line.strip())
-        total_s, used_s = (field.strip() for field in first.split(","))
-        total_mib, used_mib = float(total_s), float(used_s)
-        if not (math.isfinite(total_mib) and math.isfinite(used_mib)) or total_mib <= 0:
-            raise ValueError("non-finite or zero memory figures")
-    except (OSError, subprocess.SubprocessError, StopIteration, ValueError) as exc:
-        skipped.append(f"nvidia-smi: unusable output: {exc.__class__.__name__}")
-        return None
-    return MemoryTelemetry(
-        free_gib=max(0.0, total_mib - used_mib) / _MIB_PER_GIB,
-        total_gib=total_mib / _MIB_PER_GIB,
-        used_gib=used_mib / _MIB_PER_GIB,
-        source="nvidia-smi",
-        details={"device_index": 0, "executable": exe},
-    )
-
-
-def _read_meminfo(
-    proc_meminfo: str | os.PathLike[str], skipped: list[str]
-) -> MemoryTelemetry | None:
-    """Read ``MemTotal`` and ``MemAvailable`` (KiB) from a ``/proc/meminfo``-format file."""
-    path = Path(proc_meminfo)
-    fields: dict[str, float] = {}
-    try:
-        for line in path.read_text(encoding="ascii", errors="replace").splitlines():
-            key, sep, rest = line.partition(":")
-            if not sep:
-                continue
-            parts = rest.split()
-            if parts:
-                try:
-                    fields[key.strip()] = float(parts[0])
-                except ValueError:
-                    continue
-    except OSError as exc:
-        skipped.append(f"system-meminfo: cannot read {path}: {exc.__class__.__name__}")
-        return None
-    if "MemTotal" not in fields or "MemAvailable" not in fields:
-        skipped.append(f"system-meminfo: {path} lacks MemTotal or MemAvailable")
-        return None
-    total_kib, avail_kib = fields["MemTotal"], fields["MemAvailable"]
-    avail_kib = min(max(avail_kib, 0.0), total_kib)
-    return MemoryTelemetry(
-        free_gib=avail_kib / _KIB_PER_GIB,
-        total_gib=total_kib / _KIB_PER_GIB,
-        used_gib=(total_kib - avail_kib) / _KIB_PER_GIB,
-        source="system-meminfo",
-        details={"path": str(path)},
-    )
-
-
-def read_free_memory(
-    *,
-    sysfs_root: str | os.PathLike[str] = "/sys/class/drm",
-    proc_meminfo: str | os.PathLike[str] = "/proc/meminfo",
-    nvidia_smi: str = "nvidia-smi",
-) -> MemoryTelemetry:
-    """Read the machine's free accelerator memory, trying sources in a fixed order.
-
-    Order (the first source that yields numbers wins; a missing or broken source is skipped):
-
-    1. AMD sysfs: every ``card<N>/device/`` under ``sysfs_root`` with ``mem_info_vram_total`` and
-       ``mem_info_vram_used`` (bytes), plus ``mem_info_gtt_total``/``mem_info_gtt_used`` when
-       present. The pool is VRAM + GTT, because on a unified-memory APU such as Strix Halo
-       (gfx1151) what the GPU can allocate is the VRAM carve-out plus GTT:
-       ``free = (vram_total - vram_used) + (gtt_total - gtt_used)``. The card with the largest
-       total wins. (On a discrete card this counts host memory reachable through GTT, so it is an
-       upper bound; ``details`` reports the VRAM part alone as ``vram_free_gib``.)
-    2. NVIDIA: ``pynvml`` (device 0) if importable; otherwise ``nvidia-smi`` (GPU 0, MiB) if
-       the executable is found, with a short timeout.
-    3. Host memory: ``MemAvailable`` / ``MemTotal`` (KiB) from ``proc_meminfo``.
-
-    ``details["skipped"]`` lists the sources tried before the winner and why each was skipped.
-
-    Args:
-        sysfs_root: Directory holding the DRM ``card<N>`` entries (default ``/sys/class/drm``).
-        proc_meminfo: Path of a ``/proc/meminfo``-format file.
-        nvidia_smi: Name or path of the ``nvidia-smi`` executable.
-
-    Returns:
-        The reading, in GiB, with its source.
-
-    Raises:
-        TelemetryUnavailableError: (a ``RuntimeError``) if no source could be read; the message
-            lists what was tried.
-
-    Source:
-        docs/model.md section 2 (``depth --live``); Linux amdgpu driver sysfs documentation
-        (``mem_info_vram_*``, ``mem_info_gtt_*``, in bytes); NVML ``nvmlDeviceGetMemoryInfo``
-        (bytes); ``nvidia-smi --query-gpu`` (MiB with ``nounits``); proc(5) ``/proc/meminfo`` (kB).
-    """
-    skipped: list[str] = []
-    reading = (
-        _read_amd_sysfs(sysfs_root, skipped)
-        or _read_nvml(skipped)
-        or _read_nvidia_smi(nvidia_smi, skipped)
-        or _read_meminfo(proc_meminfo, skipped)
-    )
-    if reading is None:
-        raise TelemetryUnavailableError(
-            "no memory telemetry source could be read; tried: " + "; ".join(skipped)
-        )
-    if skipped:
-        reading.details["skipped"] = list(skipped)
-    return reading
-
-
-def memtp_depth_live(
-    max_depth: int = 16, coherence: float = 1.0, **kw: Any
-) -> tuple[int, dict[str, Any]]:
-    """Depth from the machine's real free memory (``memtp_sim depth --live``).
-
-    Reads :func:`read_free_memory`, subtracts the reserve
-    (``free_for_heads = max(0, free_gib - reserve_gib)``) and applies :func:`memtp_depth`.
-
-    Args:
-        max_depth: Upper clamp on the depth, in heads.
-        coherence: Coherence ``R`` in [0, 1] (default 1.0: assume a coherent drafter).
-        **kw: Optional. Telemetry: ``sysfs_root``, ``proc_meminfo``, ``nvidia_smi`` (see
-            :func:`read_free_memory`). Formula: ``head_cost_gib`` (GiB, default 4.0),
-            ``r_low`` (0.3), ``r_high`` (0.9), ``reserve_gib`` (GiB kept back, default 0.0).
-
-    Returns:
-        ``(depth, info)`` where ``info`` has the keys ``source``, ``free_gib``, ``total_gib``,
-        ``used_gib`` (the reading, GiB), ``reserve_gib``, ``head_cost_gib``, ``coherence``,
-        ``r_low``, ``r_high``, ``max_depth`` (the inputs) and ``depth``.
-
-    Raises:
-        TypeError: for an unknown keyword argument (named in the message).
-        ConfigError: (a ``ValueError``) for an invalid formula argument, or a negative, NaN or
-            infinite ``reserve_gib``.
-        TelemetryUnavailableError: (a ``RuntimeError``) if no telemetry source could be read.
-
-    Source:
-        docs/model.md section 2 (MEMTP formula; "``depth --live`` reads the machine's real free memory").
-    """
-    for name in kw:
-        if name not in _LIVE_TELEMETRY_KW and name not in _LIVE_FORMULA_KW:
-            allowed = ", ".join(_LIVE_TELEMETRY_KW + _LIVE_FORMULA_KW)
-            raise TypeError(
-                f"memtp_depth_live() got an unexpected keyword argument {name!r} "
-                f"(allowed: {allowed})"
-            )
-    head_cost_gib = kw.get("head_cost_gib", 4.0)
-    r_low = kw.get("r_low", 0.3)
-    r_high = kw.get("r_high", 0.9)
-    reserve_gib = _check_free_gib("reserve_gib", kw.get("reserve_gib", 0.0))
-    # Validate the formula's inputs before touching the machine.
-    memtp_depth(
-        0.0, coherence, max_depth=max_depth, head_cost_gib=head_cost_gib, r_low=r_low, r_high=r_high
-    )
-    reading = read_free_memory(**{k: kw[k] for k in _LIVE_TELEMETRY_KW if k in kw})
-    free_for_heads = max(0.0, reading.free_gib - reserve_gib)
-    depth = memtp_depth(
-        free_for_heads,
-        coherence,
-        max_depth=max_depth,
-        head_cost_gib=head_cost_gib,
-        r_low=r_low,
-        r_high=r_high,
-    )
-    info: dict[str, Any] = {
-        "source": reading.source,
-        "free_gib": reading.free_gib,
-        "total_gib": reading.total_gib,
-        "used_gib": reading.used_gib,
-        "reserve_gib": reserve_gib,
-        "head_cost_gib": float(head_cost_gib),
-        "coherence": float(coherence),
-        "r_low": float(r_low),
-        "r_high": float(r_high),
-        "max_depth": int(max_depth),
-        "depth": depth,
-    }
-    return depth, info
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,17 +292,18 @@ class CoherenceEWMA:
             until shown otherwise).
 
     Raises:
-        ConfigError: (a ``ValueError``) if ``half_life_rounds`` is not finite and > 0, or
+        InvalidArgumentError: (a ``ValueError``) if ``half_life_rounds`` is not finite and > 0, or
             ``initial`` is outside [0, 1] or NaN.
 
     Source:
         docs/model.md section 2 ("an EWMA of accepted/verified draft tokens is the default estimator").
     """
 
-    def __init__(self, half_life_rounds: float = 8.0, initial: float = 1.0) -> None:
+    def __init__(self, half_life_rounds: float = MEMTP_DEFAULTS.coherence_half_life_rounds,
+                 initial: float = 1.0) -> None:
         h = _as_real("half_life_rounds", half_life_rounds)
         if not (math.isfinite(h) and h > 0.0):
-            raise ConfigError(
+            raise InvalidArgumentError(
                 f"half_life_rounds must be a finite number > 0; got {half_life_rounds!r}"
             )
         self._half_life_rounds = h
@@ -673,13 +344,13 @@ class CoherenceEWMA:
             The updated coherence ``R`` in [0, 1].
 
         Raises:
-            ConfigError: (a ``ValueError``) if either count is negative or not an int, or
+            InvalidArgumentError: (a ``ValueError``) if either count is negative or not an int, or
                 ``accepted_draft_tokens > verified_draft_tokens``.
         """
         accepted = _check_count("accepted_draft_tokens", accepted_draft_tokens)
         verified = _check_count("verified_draft_tokens", verified_draft_tokens)
         if accepted > verified:
-            raise ConfigError(
+            raise InvalidArgumentError(
                 f"accepted_draft_tokens ({accepted}) must not exceed "
                 f"verified_draft_tokens ({verified})"
             )
@@ -771,7 +442,7 @@ class DepthController:
             formula's value.
 
     Raises:
-        ConfigError: (a ``ValueError``) naming the argument for any invalid value (the same
+        InvalidArgumentError: (a ``ValueError``) naming the argument for any invalid value (the same
             checks as :func:`memtp_depth`, plus the ones above).
 
     Source:
@@ -782,11 +453,11 @@ class DepthController:
     def __init__(
         self,
         *,
-        max_depth: int = 16,
-        head_cost_gib: float = 4.0,
-        r_low: float = 0.3,
-        r_high: float = 0.9,
-        min_dwell_rounds: int = 32,
+        max_depth: int = MEMTP_DEFAULTS.max_depth,
+        head_cost_gib: float = MEMTP_DEFAULTS.head_cost_gib,
+        r_low: float = MEMTP_DEFAULTS.r_low,
+        r_high: float = MEMTP_DEFAULTS.r_high,
+        min_dwell_rounds: int = MEMTP_DEFAULTS.min_dwell_rounds,
         grow_margin_gib: float = 0.0,
         initial_depth: int = 1,
     ) -> None:
@@ -797,7 +468,7 @@ class DepthController:
         self._grow_margin_gib = _check_free_gib("grow_margin_gib", grow_margin_gib)
         depth0 = _check_positive_int("initial_depth", initial_depth)
         if depth0 > self._max_depth:
-            raise ConfigError(
+            raise InvalidArgumentError(
                 f"initial_depth must be <= max_depth ({self._max_depth}); got {initial_depth!r}"
             )
         self._depth = depth0
@@ -897,14 +568,14 @@ class DepthController:
             The depth to use from this round on, an int in [1, max_depth].
 
         Raises:
-            ConfigError: (a ``ValueError``) if ``free_gib`` is negative, NaN or infinite,
+            InvalidArgumentError: (a ``ValueError``) if ``free_gib`` is negative, NaN or infinite,
                 ``coherence`` is outside [0, 1] or NaN, or ``round_index`` is not an int >= 0
                 greater than the previous one.
         """
         free = _check_free_gib("free_gib", free_gib)
         t = _check_count("round_index", round_index)
         if self._last_round is not None and t <= self._last_round:
-            raise ConfigError(
+            raise InvalidArgumentError(
                 f"round_index must increase between calls; got {round_index!r} after "
                 f"{self._last_round}"
             )

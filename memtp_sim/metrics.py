@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .calibration import per_position_metrics, reliability_curve
+from .confidence import per_position_metrics, reliability_curve
 from .engine import FINISHED, REJECTED, EngineState
 
 __all__ = ["RunResult", "compute_metrics", "METRIC_NAMES"]
@@ -238,7 +238,8 @@ class RunResult:
         seed: the run's seed.
         metrics: :func:`compute_metrics` output (units in names).
         state: raw engine arrays (per request and per round).
-        calibration: hardware and acceptance profile summaries with their sources.
+        provenance: what the run was computed from: hardware and acceptance profile summaries with
+            their sources, and the confidence settings with the temperatures applied.
         notes: human-readable remarks (e.g. extrapolation, rejections).
         version: memtp_sim version that produced it.
         wall_s: wall-clock seconds the simulation took.
@@ -248,7 +249,7 @@ class RunResult:
     seed: int
     metrics: dict[str, Any]
     state: EngineState
-    calibration: dict[str, Any]
+    provenance: dict[str, Any]
     policy_label: str
     version: str
     wall_s: float
@@ -290,13 +291,13 @@ class RunResult:
         return pd.DataFrame(self.state.rounds)
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready summary: config, seed, version, calibration sources, metrics, notes."""
+        """JSON-ready summary: config, seed, version, provenance (profiles and their sources), metrics, notes."""
         return {
             "memtp_sim_version": self.version,
             "seed": self.seed,
             "policy": self.policy_label,
             "scenario": self.scenario,
-            "calibration": self.calibration,
+            "provenance": self.provenance,
             "metrics": self.metrics,
             "notes": self.notes,
             "wall_s": self.wall_s,

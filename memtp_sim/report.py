@@ -23,7 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .study import atomic_write_text
+from ._io import atomic_write_text
 
 __all__ = ["StudyResults", "load_results", "aggregate", "write_report", "headline_table", "dspark_losses",
            "phase_table", "winners_notes"]
@@ -456,7 +456,7 @@ def _sps_fig(res: StudyResults) -> go.Figure | None:
     summ = next(iter(res.summaries.values()), None)
     if summ is None:
         return None
-    sps = summ["calibration"]["hardware"]["sps"]
+    sps = summ["provenance"]["hardware"]["sps"]
     b = np.array(sps["batch_tokens"])
     t = np.array(sps["pass_ms"])
     dense = np.arange(b[0], b[-1] + 1)
@@ -473,7 +473,7 @@ def _sps_fig(res: StudyResults) -> go.Figure | None:
     for col in (1, 2):
         fig.update_xaxes(type="log", title_text="tokens in the pass (B)", row=1, col=col)
     fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_layout(title=f"Hardware profile {summ['calibration']['hardware']['name']}: measured SPS(B)", height=400)
+    fig.update_layout(title=f"Hardware profile {summ['provenance']['hardware']['name']}: measured SPS(B)", height=400)
     return fig
 
 
@@ -481,7 +481,7 @@ def _cliffs(res: StudyResults) -> list[str]:
     summ = next(iter(res.summaries.values()), None)
     if summ is None:
         return []
-    sps = summ["calibration"]["hardware"]["sps"]
+    sps = summ["provenance"]["hardware"]["sps"]
     b, t = np.array(sps["batch_tokens"]), np.array(sps["pass_ms"])
     out = []
     for i in range(1, b.size):
@@ -516,8 +516,8 @@ def write_report(root: str | Path) -> Path:
 
     meta = res.meta
     summ = next(iter(res.summaries.values()), {})
-    hw = summ.get("calibration", {}).get("hardware", {})
-    acc = summ.get("calibration", {}).get("acceptance", {})
+    hw = summ.get("provenance", {}).get("hardware", {})
+    acc = summ.get("provenance", {}).get("acceptance", {})
     parts.append(f"<h1>memtp_sim study: {html.escape(meta['name'])}</h1>")
     if meta.get("description"):
         parts.append(f"<p>{html.escape(meta['description'])}</p>")

@@ -2,7 +2,7 @@
 
 Results go under ``<out>/<study name>/``::
 
-    runs/<run_id>/summary.json   config, seed, version, calibration sources, metrics
+    runs/<run_id>/summary.json   config, seed, version, provenance (profiles, sources), metrics
     runs/<run_id>/requests.csv   one row per request
     runs/<run_id>/rounds.parquet one row per engine round
     runs.csv                     one row per run: sweep labels + headline metrics
@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +26,11 @@ from typing import Any, Callable
 import pandas as pd
 import yaml
 
+from ._io import atomic_write_bytes, atomic_write_text, file_digest, json_default
 from .config import Scenario, Study
 from .errors import ConfigError
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-__all__ = ["RunSpec", "plan_runs", "run_study", "atomic_write_text", "atomic_write_bytes"]
+__all__ = ["RunSpec", "plan_runs", "run_study", "input_fingerprint", "check_writable", "runs_table"]
 
 
 @dataclass(frozen=True)
@@ -46,38 +43,23 @@ class RunSpec:
     seed: int
 
 
-_FINGERPRINTS: dict[tuple[str, int, int], str] = {}
-
-
-def _file_digest(path: Path) -> str:
-    st = path.stat()
-    key = (str(path), st.st_mtime_ns, st.st_size)
-    if key not in _FINGERPRINTS:
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _FINGERPRINTS[key] = h.hexdigest()[:16]
-    return _FINGERPRINTS[key]
-
-
 def input_fingerprint(scenario: Scenario) -> dict[str, str]:
     """Content digests of the files a run reads (trace, hardware profile and its measurements,
     acceptance profile), so that resuming never reuses results computed from different inputs."""
     from .acceptance import DEFAULT_ACCEPTANCE, _acceptance_dir
     from .hardware import list_profiles
 
-    out = {"trace": _file_digest(Path(scenario.workload.trace))}
+    out = {"trace": file_digest(Path(scenario.workload.trace))}
     hw = Path(scenario.hardware.profile)
     hw = hw if hw.suffix in (".yaml", ".yml") else list_profiles()[scenario.hardware.profile]
-    out["hardware"] = _file_digest(hw)
+    out["hardware"] = file_digest(hw)
     csv_name = (yaml.safe_load(hw.read_text()) or {}).get("measurements")
     if csv_name and (hw.parent / csv_name).is_file():
-        out["measurements"] = _file_digest(hw.parent / csv_name)
+        out["measurements"] = file_digest(hw.parent / csv_name)
     if scenario.acceptance.alpha is None:
         acc = Path(scenario.acceptance.profile or DEFAULT_ACCEPTANCE)
         acc = acc if acc.suffix in (".yaml", ".yml") else _acceptance_dir() / f"{acc}.yaml"
-        out["acceptance"] = _file_digest(acc)
+        out["acceptance"] = file_digest(acc)
     return out
 
 
@@ -92,39 +74,6 @@ def plan_runs(study: Study, *, source: str = "<study>") -> list[RunSpec]:
     for idx, (labels, scen, seed) in enumerate(study.expand(source=source)):
         out.append(RunSpec(f"{idx:04d}-{_key(scen, seed)}", labels, scen, seed))
     return out
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def _json_default(o: Any) -> Any:
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def _execute(spec: RunSpec, run_dir: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -145,7 +94,7 @@ def _execute(spec: RunSpec, run_dir: str, progress: Callable[[int, int], None] |
     summary["run_id"] = spec.run_id
     summary["labels"] = spec.labels
     summary["inputs"] = input_fingerprint(spec.scenario)
-    atomic_write_text(d / "summary.json", json.dumps(summary, indent=2, default=_json_default, allow_nan=True))
+    atomic_write_text(d / "summary.json", json.dumps(summary, indent=2, default=json_default, allow_nan=True))
     return summary
 
 

@@ -121,7 +121,8 @@ from pydantic import (
     model_validator,
 )
 
-from .config import Scenario, _read_yaml, format_validation_error
+from ._io import read_yaml
+from .config import Scenario, format_validation_error
 from .errors import ConfigError, MemtpSimError
 from .metrics import METRIC_NAMES
 
@@ -569,8 +570,8 @@ def load_tune_spec(path: str | Path) -> TuneSpec:
     Raises:
         ConfigError: unreadable file or any error :func:`parse_tune_spec` raises.
     """
-    p, doc = _read_yaml(path)
-    return parse_tune_spec(doc, source=str(path), base_dir=p.parent)
+    doc = read_yaml(path)
+    return parse_tune_spec(doc, source=str(path), base_dir=Path(path).parent)
 
 
 def _base_doc(spec: TuneSpec) -> dict[str, Any]:
@@ -894,7 +895,7 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *
             raise _Stopped(f"interrupted before seed {seed}")
         res = run(scenario, seed=int(seed))
         if i == 0:
-            temps = [float(t) for t in res.calibration.get("confidence", {}).get("applied_temperatures", [])]
+            temps = [float(t) for t in res.provenance.get("confidence", {}).get("applied_temperatures", [])]
         for m in metrics:
             v = res.metrics.get(m)
             if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
@@ -1710,7 +1711,7 @@ def validate_trials(study: "optuna.Study", spec: TuneSpec, numbers: Sequence[int
         ``{trial number: {"trial", "params", "seeds", "metrics": {metric: CI dict}, "feasible",
         "constraint_values"}}`` for the given trials.
     """
-    from .study import atomic_write_text
+    from ._io import atomic_write_text
 
     fresh = spec.fresh_seeds
     by_num = {t.number: t for t in study.get_trials(deepcopy=False)}
@@ -1757,7 +1758,7 @@ def write_tune_report(study: "optuna.Study", spec: TuneSpec, path: str | Path) -
 
     import optuna.visualization as vis
 
-    from .study import atomic_write_text
+    from ._io import atomic_write_text
 
     path = Path(path)
     parts: list[str] = []

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from memtp_sim.cli import main
-from memtp_sim.memtp import KNOWN_TELEMETRY_SOURCES
+from memtp_sim.telemetry import KNOWN_TELEMETRY_SOURCES
 
 
 def test_reference_point_from_the_command_line(capsys):

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from memtp_sim import run
-from memtp_sim.acceptance import ConfidenceHead, calibration_stream, load_acceptance
+from memtp_sim.acceptance import load_acceptance
+from memtp_sim.confidence import ConfidenceHead, calibration_stream
 from memtp_sim.api import confidence_setup
-from memtp_sim.calibration import apply_temperature, per_position_metrics, sequential_temperature_scaling
+from memtp_sim.confidence import apply_temperature, per_position_metrics, sequential_temperature_scaling
 from memtp_sim.config import Scenario
 
 TRACE = str(Path(__file__).resolve().parents[1] / "data" / "traces" / "azure2023_conv.csv")

@@ -19,16 +19,13 @@ from hypothesis import strategies as st
 
 from memtp_sim.memtp import (
     FLOOR_EPSILON,
-    KNOWN_TELEMETRY_SOURCES,
     CoherenceEstimator,
     CoherenceEWMA,
     DepthController,
-    MemoryTelemetry,
     coherence_gate,
     memtp_depth,
-    memtp_depth_live,
-    read_free_memory,
 )
+from memtp_sim.telemetry import KNOWN_TELEMETRY_SOURCES, MemoryTelemetry, memtp_depth_live, read_free_memory
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from memtp_sim import run
 from memtp_sim.acceptance import AcceptanceModel
 from memtp_sim.config import load_study
-from memtp_sim.engine import Engine, EngineSettings, MemtpSettings
+from memtp_sim.engine import Engine, EngineSettings
+from memtp_sim.memtp import MemtpSettings
 from memtp_sim.errors import ConfigError
 from memtp_sim.hardware import GIB, DrafterCost, HardwareProfile, MemorySpec, SPSTable
 from memtp_sim.policies import make_policy

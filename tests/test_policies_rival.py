@@ -1,4 +1,4 @@
-"""Tests for memtp_sim.policies.rival: dspark_async, threshold, goodput.
+"""Tests for the confidence-ranked rivals of DSpark: dspark_async, threshold, goodput.
 
 Oracles are hand-derived (arithmetic in the comments), the prefix scheduler's own global search
 (for dspark_async with unchanging confidences: DSpark section 5.2 says the async scheduler only
@@ -27,7 +27,7 @@ from memtp_sim.policies import (
     ThresholdPolicy,
     make_policy,
 )
-from memtp_sim.scheduling import hardware_aware_prefix_scheduler
+from memtp_sim.policies import hardware_aware_prefix_scheduler
 
 TRACE = Path(__file__).parents[1] / "data" / "traces" / "azure2023_conv.csv"
 

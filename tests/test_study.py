@@ -73,10 +73,10 @@ def test_study_writes_resumes_and_recomputes_only_missing(tmp_path):
     s = json.loads((run_dirs[0] / "summary.json").read_text())
     assert s["seed"] == 0
     assert s["memtp_sim_version"] == memtp_sim.__version__
-    hw = s["calibration"]["hardware"]
+    hw = s["provenance"]["hardware"]
     assert hw["sources"]["verify"]
     assert "measurements" in hw["sources"]["verify"] or "csv" in hw["sources"]["verify"]
-    assert "Table 1" in s["calibration"]["acceptance"]["source"]
+    assert "Table 1" in s["provenance"]["acceptance"]["source"]
     metrics = s["metrics"]
     for key in ("throughput_tok_per_s", "tok_per_s_user_p50", "ttft_s_p50", "tpot_ms_p50", "e2e_s_p90",
                 "makespan_s", "mean_e2e_s"):

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import uuid
-from types import SimpleNamespace
 from pathlib import Path
 
 import numpy as np

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from ..errors import InvalidArgumentError
 from .base import Policy
 
 __all__ = ["register", "policy_class", "make_policy", "available_policies"]
@@ -15,12 +16,12 @@ def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
     """Class decorator registering a policy under ``name``.
 
     Raises:
-        ValueError: ``name`` is already registered.
+        InvalidArgumentError: ``name`` is already registered.
     """
 
     def deco(cls: type[Policy]) -> type[Policy]:
         if name in _REGISTRY:
-            raise ValueError(f"policy {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+            raise InvalidArgumentError(f"policy {name!r} is already registered by {_REGISTRY[name].__qualname__}")
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -36,12 +37,12 @@ def policy_class(name: str) -> type[Policy]:
     """Look up a policy class.
 
     Raises:
-        ValueError: unknown name (the message lists the registered names).
+        InvalidArgumentError: unknown name (the message lists the registered names).
     """
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose one of: {', '.join(available_policies())}") from None
+        raise InvalidArgumentError(f"unknown policy {name!r}; choose one of: {', '.join(available_policies())}") from None
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

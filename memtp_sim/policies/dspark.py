@@ -1,4 +1,4 @@
-"""DSpark's hardware-aware prefix scheduler (paper Algorithm 1).
+"""DSpark: the hardware-aware prefix scheduler (paper Algorithm 1) and its two policies.
 
 Given each request's conditional confidences ``c[r, k]`` (probability that draft position k is
 accepted given positions 1..k-1 were), the joint survival ``a[r, j] = prod_{k<=j} c[r, k]`` is the
@@ -13,8 +13,12 @@ With ``early_stop`` the scan stops at the first candidate that does not raise Th
 lossless, non-anticipating rule); without it, the best prefix over the whole scan is taken (the
 global search the paper's production scheduler uses to size its capacity, section 5.2).
 
+Policies: ``dspark`` (:class:`DSparkPolicy`, Algorithm 1 each round, synchronous) and
+``dspark_async`` (:class:`DSparkAsyncPolicy`, the production scheduler of section 5.2: capacity
+from a global search two rounds earlier, top-K of the current round).
+
 Source: Cheng et al. 2026 (DSpark), section 3.2 and Algorithm 1; Appendix A for why early stop
-keeps the output distribution exact.
+keeps the output distribution exact; section 5.2 for the asynchronous scheduler.
 """
 
 from __future__ import annotations
@@ -25,9 +29,18 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .hardware import HardwareProfile, SPSTable, load_profile
+from collections import deque
 
-__all__ = ["ScheduleResult", "hardware_aware_prefix_scheduler", "as_sps_table", "pad_confidences"]
+from pydantic import Field
+
+from ..errors import InvalidArgumentError
+from ..hardware import HardwareProfile, SPSTable, load_profile
+from ._candidates import GAMMA_FIELD, draft_budget, expected_rate, survival, take_top
+from .base import Policy, PolicyParams, RoundPlan, RoundView
+from .registry import register
+
+__all__ = ["ScheduleResult", "hardware_aware_prefix_scheduler", "as_sps_table", "pad_confidences",
+           "DSparkPolicy", "DSparkAsyncPolicy"]
 
 
 @dataclass(frozen=True)
@@ -81,31 +94,31 @@ def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray | None]:
     The mask is None when every entry is valid (a rectangular input).
 
     Raises:
-        ValueError: values outside [0, 1], NaN, or not one sequence per request.
+        InvalidArgumentError: values outside [0, 1], NaN, or not one sequence per request.
     """
     if isinstance(confidences, np.ndarray) and confidences.ndim == 2:
         vals = confidences.astype(np.float64, copy=False)
         if vals.size and not (vals.min() >= 0.0 and vals.max() <= 1.0):  # NaN fails both
             bad = vals[~((vals >= 0) & (vals <= 1))]
-            raise ValueError(f"confidences: values must lie in [0, 1], got {bad[0]!r}")
+            raise InvalidArgumentError(f"confidences: values must lie in [0, 1], got {bad[0]!r}")
         return vals, None
     if isinstance(confidences, np.ndarray) and confidences.ndim != 2:
-        raise ValueError(f"confidences: expected a 2-D array (requests x positions), got {confidences.ndim}-D")
+        raise InvalidArgumentError(f"confidences: expected a 2-D array (requests x positions), got {confidences.ndim}-D")
     rows: Sequence[Sequence[float]] = list(confidences)
     if rows and np.ndim(rows[0]) == 0:
-        raise ValueError("confidences: expected one sequence per request (2-D), got a flat sequence")
+        raise InvalidArgumentError("confidences: expected one sequence per request (2-D), got a flat sequence")
     width = max((len(r) for r in rows), default=0)
     vals = np.zeros((len(rows), width))
     mask = np.zeros((len(rows), width), dtype=bool)
     for i, r in enumerate(rows):
         arr = np.asarray(r, dtype=np.float64)
         if arr.ndim != 1:
-            raise ValueError(f"confidences: request {i} is not a 1-D sequence")
+            raise InvalidArgumentError(f"confidences: request {i} is not a 1-D sequence")
         vals[i, : arr.size] = arr
         mask[i, : arr.size] = True
     inside = (vals >= 0) & (vals <= 1)
     if not inside[mask].all():
-        raise ValueError(f"confidences: values must lie in [0, 1], got {vals[mask & ~inside][0]!r}")
+        raise InvalidArgumentError(f"confidences: values must lie in [0, 1], got {vals[mask & ~inside][0]!r}")
     return vals, (None if mask.all() else mask)
 
 
@@ -137,7 +150,7 @@ def hardware_aware_prefix_scheduler(
         and ``batch_tokens`` (one anchor slot per request included).
 
     Raises:
-        ValueError: confidences outside [0, 1]; an SPS table that lacks a B the search needs
+        InvalidArgumentError: confidences outside [0, 1]; an SPS table that lacks a B the search needs
             (outside its measured range, where the lookup rule does not apply); a negative
             prefill or a cap below the anchor slots.
 
@@ -150,12 +163,12 @@ def hardware_aware_prefix_scheduler(
     vals, mask = pad_confidences(confidences)
     num_req = vals.shape[0]
     if prefill_tokens < 0:
-        raise ValueError(f"prefill_tokens: must be >= 0, got {prefill_tokens}")
+        raise InvalidArgumentError(f"prefill_tokens: must be >= 0, got {prefill_tokens}")
     if overhead_s < 0:
-        raise ValueError(f"overhead_s: must be >= 0, got {overhead_s}")
+        raise InvalidArgumentError(f"overhead_s: must be >= 0, got {overhead_s}")
     base_b = num_req + int(prefill_tokens)
     if max_batch_tokens is not None and base_b > max_batch_tokens:
-        raise ValueError(f"max_batch_tokens: {max_batch_tokens} is below the {base_b} anchor and prefill tokens")
+        raise InvalidArgumentError(f"max_batch_tokens: {max_batch_tokens} is below the {base_b} anchor and prefill tokens")
     if num_req == 0:
         return ScheduleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, base_b, 0.0, base_b)
 
@@ -179,7 +192,7 @@ def hardware_aware_prefix_scheduler(
     if max_batch_tokens is not None:
         n_max = min(n_max, int(max_batch_tokens) - base_b)
     if not table.covers(base_b):
-        raise ValueError(f"sps: no value for B={base_b} (the anchor batch); measured range "
+        raise InvalidArgumentError(f"sps: no value for B={base_b} (the anchor batch); measured range "
                          f"{table.min_batch_tokens}..{table.max_batch_tokens}")
     # The lookup rule covers one interval of B; the scan is evaluated as far as it reaches.
     n_cov = n_max if table.covers(base_b + n_max) else table.max_batch_tokens - base_b
@@ -194,7 +207,7 @@ def hardware_aware_prefix_scheduler(
         if not_better.size:
             n_star = int(not_better[0])
         elif n_cov < n_max:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"sps: the scan needs B={base_b + n_cov + 1}, beyond the measured range "
                 f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens"
             )
@@ -202,7 +215,7 @@ def hardware_aware_prefix_scheduler(
             n_star = n_max
     else:
         if n_cov < n_max:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"sps: the global search needs B up to {base_b + n_max}, beyond the measured range "
                 f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens"
             )
@@ -218,3 +231,136 @@ def hardware_aware_prefix_scheduler(
         theta_global=float(theta[g_star]) if g_star >= 0 else float("nan"),
         batch_tokens_global=base_b + g_star if g_star >= 0 else -1,
     )
+
+
+# ------------------------------------------------------------------------------------ policies
+class DSparkParams(PolicyParams):
+    gamma: int = Field(7, ge=1, le=64, description="draft tokens proposed per request (block size)")
+    early_stop: bool = Field(True, description="stop at the first non-improving candidate (lossless)")
+
+
+@register("dspark")
+class DSparkPolicy(Policy):
+    """DSpark's hardware-aware prefix scheduler (paper Algorithm 1), synchronous.
+
+    Drafts ``gamma`` tokens per request, then verifies the prefix set that maximises the expected
+    token rate, counting this round's drafting time as fixed overhead of the step.
+    """
+
+    Params = DSparkParams
+
+    @property
+    def draft_len(self) -> int:
+        return self.params.gamma
+
+    def plan(self, view: RoundView) -> RoundPlan:
+        res = hardware_aware_prefix_scheduler(
+            view.confidences,
+            view.sps,
+            early_stop=self.params.early_stop,
+            prefill_tokens=view.prefill_tokens,
+            max_batch_tokens=view.max_batch_tokens,
+            overhead_s=view.draft_overhead_s,
+        )
+        return RoundPlan(res.lengths, theta=res.theta, theta_global=res.theta_global)
+
+
+class DSparkAsyncParams(PolicyParams):
+    gamma: int = Field(7, **GAMMA_FIELD)
+    lag_rounds: int = Field(2, ge=0, le=1024,
+                            description="engine rounds between computing the capacity K and using it")
+
+
+@register("dspark_async")
+class DSparkAsyncPolicy(Policy):
+    """DSpark's asynchronous production scheduler (paper section 5.2).
+
+    Each round t:
+
+    1. run the *global* search (Algorithm 1 without early stop) on round t's confidences, with
+       this round's prefill, token cap and drafting overhead, and remember its capacity
+       ``K_t`` = number of admitted candidates (draft tokens, bonus excluded);
+    2. take the capacity of ``lag_rounds`` rounds earlier, ``K_{t-lag}`` (the engine must know
+       the next batch size before the current step ends: zero-overhead scheduling);
+    3. admit round t's top ``min(K_{t-lag}, R*gamma, budget)`` candidates ranked by the current
+       ``a[r, j]`` (ties by request then position), ``budget = max_batch_tokens - R - prefill``.
+
+    Rounds are identified by ``view.round_index``: the capacity used at round t is the latest
+    one computed at a round ``<= t - lag_rounds``. A round in which the policy was not consulted
+    (no decoding requests, hence no confidences) leaves no capacity, so the one before it stays
+    in force. **Warm-up:** while no capacity that old exists (the first ``lag_rounds`` rounds of
+    a run), the current round's own ``K_t`` is used, i.e. the plan equals the global search.
+    A ``round_index`` lower than the previous call's starts a new run (history cleared).
+
+    The policy is stateful: use one instance per run.
+
+    ``RoundPlan.theta`` is the expected rate of the admitted set,
+    ``(R + sum admitted a) / (draft_overhead_s + pass_time(B))`` (tokens/s; NaN if the table
+    cannot price B); ``theta_global`` is the global search's best rate this round.
+    ``extra`` holds ``capacity_now`` (K_t) and ``capacity_used`` (the lagged K, before capping).
+
+    Raises (from :meth:`plan`):
+        InvalidArgumentError: confidences not (R, <=gamma) in [0, 1]; anchors plus prefill above the cap;
+            an SPS table that does not cover the search (see the prefix scheduler).
+
+    Source: Cheng et al. 2026 (DSpark), section 5.2 (production scheduler: capacity from a global
+    search over confidences of two steps earlier, top-K of the current step) and Algorithm 1.
+    """
+
+    Params = DSparkAsyncParams
+
+    def __init__(self, params: DSparkAsyncParams) -> None:
+        super().__init__(params)
+        self._history: deque[tuple[int, int]] = deque()  # (round_index, K), increasing index
+
+    @property
+    def draft_len(self) -> int:
+        return self.params.gamma
+
+    def reset(self) -> None:
+        """Forget the capacity history (start of a new run)."""
+        self._history.clear()
+
+    def _lagged_capacity(self, t: int) -> int | None:
+        """Latest remembered K from a round ``<= t - lag`` (None during warm-up); drops entries
+        older than it, which later rounds can no longer need."""
+        limit = t - self.params.lag_rounds
+        found = None
+        while self._history and self._history[0][0] <= limit:
+            if len(self._history) >= 2 and self._history[1][0] <= limit:
+                self._history.popleft()
+                continue
+            found = self._history[0][1]
+            break
+        return found
+
+    def plan(self, view: RoundView) -> RoundPlan:
+        gamma = self.params.gamma
+        a = survival(view, gamma)
+        budget = draft_budget(view)
+        t = int(view.round_index)
+        if self._history and t < self._history[-1][0]:
+            self.reset()
+
+        res = hardware_aware_prefix_scheduler(
+            np.asarray(view.confidences, dtype=np.float64),
+            view.sps,
+            early_stop=False,
+            prefill_tokens=view.prefill_tokens,
+            max_batch_tokens=view.max_batch_tokens,
+            overhead_s=view.draft_overhead_s,
+        )
+        k_now = res.num_candidates
+
+        k_lag = self._lagged_capacity(t) if self.params.lag_rounds > 0 else k_now
+        if k_lag is None:  # warm-up: no capacity lag_rounds old yet -> this round's own
+            k_lag = k_now
+        if self._history and self._history[-1][0] == t:
+            self._history[-1] = (t, k_now)
+        else:
+            self._history.append((t, k_now))
+
+        n = min(k_lag, a.size, budget)
+        lengths, sum_a = take_top(a, n)
+        return RoundPlan(lengths, theta=expected_rate(view, sum_a, n), theta_global=float(res.theta_global),
+                         extra={"capacity_now": int(k_now), "capacity_used": int(k_lag)})

@@ -1,4 +1,4 @@
-"""Tests for memtp_sim.calibration.
+"""Tests for memtp_sim.confidence (calibration metrics and STS).
 
 Oracles are hand-computed values (arithmetic in the comments) and data drawn from a
 known generating process; no test re-computes the implementation's own formula.
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import expit
 
-from memtp_sim.calibration import (
+from memtp_sim.confidence import (
     DEFAULT_TEMPERATURE_GRID,
     PositionMetrics,
     apply_temperature,

@@ -1,4 +1,4 @@
-"""Confidence calibration tools: ECE, reliability curves, AUC, Brier score and STS.
+"""The drafter's confidence head and its calibration: ECE, reliability, AUC, Brier, STS.
 
 A draft confidence head gives every draft position ``k`` a *conditional* survival
 estimate ``c_k`` (probability that position ``k`` is accepted given that positions
@@ -17,8 +17,12 @@ one row per verification round, one column per draft position (column ``k - 1`` 
 position ``k``). ``accepted[r, k - 1]`` is True when positions ``1..k`` of round ``r``
 were all accepted, so each row is a run of True followed by a run of False.
 
-Every function raises ``ValueError`` whose message starts with the name of the
-offending argument.
+:class:`ConfidenceHead` models the head itself (a noisy, over-confident view of the true
+acceptance of :mod:`memtp_sim.acceptance`); :func:`calibration_stream` draws the held-out rounds
+STS is fitted on.
+
+Every function raises :class:`~memtp_sim.errors.InvalidArgumentError` (a ``ValueError``) whose
+message starts with the name of the offending argument.
 """
 
 from __future__ import annotations
@@ -31,8 +35,13 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit, logit
 from scipy.stats import rankdata
 
+from .acceptance import AcceptanceModel
+from .errors import InvalidArgumentError
+
 __all__ = [
     "CONFIDENCE_CLIP",
+    "ConfidenceHead",
+    "calibration_stream",
     "DEFAULT_TEMPERATURE_GRID",
     "PositionMetrics",
     "ReliabilityCurve",
@@ -99,14 +108,14 @@ def _unit_interval_array(values: ArrayLike, name: str, ndim: int | None = None) 
     """Return ``values`` as a non-empty float64 array with entries in [0, 1]."""
     arr = np.asarray(values, dtype=np.float64)
     if ndim is not None and arr.ndim != ndim:
-        raise ValueError(f"{name}: must be {ndim}-D, got shape {arr.shape}")
+        raise InvalidArgumentError(f"{name}: must be {ndim}-D, got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError(f"{name}: must not be empty, got shape {arr.shape}")
+        raise InvalidArgumentError(f"{name}: must not be empty, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: values must be finite, found NaN or inf")
+        raise InvalidArgumentError(f"{name}: values must be finite, found NaN or inf")
     lo, hi = float(arr.min()), float(arr.max())
     if lo < 0.0 or hi > 1.0:
-        raise ValueError(f"{name}: values must lie in [0, 1], got min {lo:g} and max {hi:g}")
+        raise InvalidArgumentError(f"{name}: values must lie in [0, 1], got min {lo:g} and max {hi:g}")
     return arr
 
 
@@ -114,23 +123,23 @@ def _binary_array(values: ArrayLike, name: str, shape: tuple[int, ...], other: s
     """Return ``values`` as a bool array of ``shape``; entries must be bool or 0/1."""
     arr = np.asarray(values)
     if arr.shape != shape:
-        raise ValueError(f"{name}: shape {arr.shape} does not match {other} shape {shape}")
+        raise InvalidArgumentError(f"{name}: shape {arr.shape} does not match {other} shape {shape}")
     if arr.dtype == np.bool_:
         return arr
     if not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name}: must be bool or 0/1 numbers, got dtype {arr.dtype}")
+        raise InvalidArgumentError(f"{name}: must be bool or 0/1 numbers, got dtype {arr.dtype}")
     ok = (arr == 0) | (arr == 1)
     if not np.all(ok):
         bad = arr[~ok].flat[0]
-        raise ValueError(f"{name}: values must be bool or 0/1, got {bad!r}")
+        raise InvalidArgumentError(f"{name}: values must be bool or 0/1, got {bad!r}")
     return arr.astype(bool)
 
 
 def _check_n_bins(n_bins: int) -> int:
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)):
-        raise ValueError(f"n_bins: must be an integer, got {n_bins!r}")
+        raise InvalidArgumentError(f"n_bins: must be an integer, got {n_bins!r}")
     if n_bins < 1:
-        raise ValueError(f"n_bins: must be >= 1, got {n_bins}")
+        raise InvalidArgumentError(f"n_bins: must be >= 1, got {n_bins}")
     return int(n_bins)
 
 
@@ -196,7 +205,7 @@ def expected_calibration_error(
         ECE as a fraction in [0, 1] (multiply by 100 for %).
 
     Raises:
-        ValueError: ``probs`` empty, not 1-D, non-finite or outside [0, 1];
+        InvalidArgumentError: ``probs`` empty, not 1-D, non-finite or outside [0, 1];
             ``outcomes`` of another shape or not bool/0/1; ``n_bins`` < 1.
 
     Source:
@@ -225,7 +234,7 @@ def reliability_curve(
         and a count of 0.
 
     Raises:
-        ValueError: as :func:`expected_calibration_error`.
+        InvalidArgumentError: as :func:`expected_calibration_error`.
 
     Source:
         DeGroot and Fienberg (1983) reliability diagram; DSpark paper Fig. 6.
@@ -259,7 +268,7 @@ def auc_score(scores: ArrayLike, labels: ArrayLike) -> float:
         AUC in [0, 1].
 
     Raises:
-        ValueError: ``scores`` empty, not 1-D or non-finite; ``labels`` of another shape,
+        InvalidArgumentError: ``scores`` empty, not 1-D or non-finite; ``labels`` of another shape,
             not bool/0/1, or containing only one class.
 
     Source:
@@ -268,16 +277,16 @@ def auc_score(scores: ArrayLike, labels: ArrayLike) -> float:
     """
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim != 1:
-        raise ValueError(f"scores: must be 1-D, got shape {s.shape}")
+        raise InvalidArgumentError(f"scores: must be 1-D, got shape {s.shape}")
     if s.size == 0:
-        raise ValueError("scores: must not be empty")
+        raise InvalidArgumentError("scores: must not be empty")
     if not np.all(np.isfinite(s)):
-        raise ValueError("scores: values must be finite, found NaN or inf")
+        raise InvalidArgumentError("scores: values must be finite, found NaN or inf")
     y = _binary_array(labels, "labels", s.shape, "scores")
     n_pos = int(y.sum())
     n_neg = y.size - n_pos
     if n_pos == 0 or n_neg == 0:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"labels: both classes are needed for AUC, got {n_pos} positive and {n_neg} negative"
         )
     ranks = rankdata(s, method="average")
@@ -296,7 +305,7 @@ def brier_score(probs: ArrayLike, outcomes: ArrayLike) -> float:
         ``mean((probs - outcomes)^2)`` in [0, 1].
 
     Raises:
-        ValueError: as :func:`expected_calibration_error`.
+        InvalidArgumentError: as :func:`expected_calibration_error`.
 
     Source:
         Brier (1950), *Verification of forecasts expressed in terms of probability*.
@@ -313,11 +322,11 @@ def brier_score(probs: ArrayLike, outcomes: ArrayLike) -> float:
 def _positive_temperatures(temperatures: ArrayLike, name: str) -> NDArray[np.float64]:
     t = np.asarray(temperatures, dtype=np.float64)
     if t.size == 0:
-        raise ValueError(f"{name}: must not be empty")
+        raise InvalidArgumentError(f"{name}: must not be empty")
     if not np.all(np.isfinite(t)):
-        raise ValueError(f"{name}: values must be finite, found NaN or inf")
+        raise InvalidArgumentError(f"{name}: values must be finite, found NaN or inf")
     if np.any(t <= 0):
-        raise ValueError(f"{name}: values must be > 0, got min {float(t.min()):g}")
+        raise InvalidArgumentError(f"{name}: values must be > 0, got min {float(t.min()):g}")
     return t
 
 
@@ -345,7 +354,7 @@ def apply_temperature(confidences: ArrayLike, temperatures: ArrayLike) -> NDArra
         inputs) with scaled confidences in (0, 1).
 
     Raises:
-        ValueError: ``confidences`` empty, non-finite or outside [0, 1];
+        InvalidArgumentError: ``confidences`` empty, non-finite or outside [0, 1];
             ``temperatures`` non-positive, non-finite, or not broadcastable along the
             last axis of ``confidences``.
 
@@ -355,7 +364,7 @@ def apply_temperature(confidences: ArrayLike, temperatures: ArrayLike) -> NDArra
     c = _unit_interval_array(confidences, "confidences")
     t = _positive_temperatures(temperatures, "temperatures")
     if t.ndim > 1 or (t.ndim == 1 and c.ndim >= 1 and t.shape[0] not in (1, c.shape[-1])):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"temperatures: shape {t.shape} does not broadcast along the last axis of "
             f"confidences with shape {c.shape}"
         )
@@ -372,7 +381,7 @@ def _sequence_inputs(
     broken = acc[:, 1:] & ~acc[:, :-1]
     if np.any(broken):
         row, col = np.argwhere(broken)[0]
-        raise ValueError(
+        raise InvalidArgumentError(
             f"accepted: row {row} has True at position {col + 2} after False at position "
             f"{col + 1}; acceptance must be a prefix (once False, stays False)"
         )
@@ -407,7 +416,7 @@ def sequential_temperature_scaling(
         ``(gamma,)`` fitted temperatures (dimensionless), each an element of ``grid``.
 
     Raises:
-        ValueError: ``confidences`` empty, not 2-D, non-finite or outside [0, 1];
+        InvalidArgumentError: ``confidences`` empty, not 2-D, non-finite or outside [0, 1];
             ``accepted`` of another shape, not bool/0/1, or not a prefix; ``grid``
             empty, not 1-D, non-finite or with a value <= 0; ``n_bins`` < 1.
 
@@ -421,7 +430,7 @@ def sequential_temperature_scaling(
     else:
         g = _positive_temperatures(grid, "grid")
         if g.ndim != 1:
-            raise ValueError(f"grid: must be 1-D, got shape {g.shape}")
+            raise InvalidArgumentError(f"grid: must be 1-D, got shape {g.shape}")
     n_rounds, gamma = c.shape
     # tie-break order: candidates sorted by |log T| so argmin's first hit is nearest 1
     order = np.argsort(np.abs(np.log(g)), kind="stable")
@@ -463,7 +472,7 @@ def per_position_metrics(
         where every round has the same outcome.
 
     Raises:
-        ValueError: as :func:`sequential_temperature_scaling` for the shared arguments.
+        InvalidArgumentError: as :func:`sequential_temperature_scaling` for the shared arguments.
 
     Source:
         DSpark paper §3.2 and Fig. 6 (per-position ECE and AUC of joint survival).
@@ -480,3 +489,54 @@ def per_position_metrics(
             auc[k] = auc_score(a[:, k], acc[:, k])
     brier = np.mean((a - acc) ** 2, axis=0)
     return PositionMetrics(ece=ece, auc=auc, brier=brier)
+
+
+@dataclass(frozen=True)
+class ConfidenceHead:
+    """The drafter's confidence head: a noisy, over-confident view of the true acceptance.
+
+    ``c_raw = sigmoid(overconfidence * (logit(p) + e))`` with ``e ~ N(0, noise_sd^2)`` per
+    position: ``noise_sd`` lowers discrimination (AUC), ``overconfidence > 1`` pushes scores away
+    from 0.5 (the raw heads' over-confidence the DSpark paper reports, Fig. 6). The serving engine
+    then calibrates: ``c = sigmoid(logit(c_raw) / (T_k * temperature))`` with per-position STS
+    temperatures ``T_k`` and a global ``temperature`` knob. ``oracle=True`` reports the true ``p``
+    (a perfectly calibrated, maximally discriminative head).
+
+    Source: DSpark paper section 3.2 (c_k, STS) and Fig. 6 (raw ECE 3-8%, AUC 0.81-0.91).
+    """
+
+    noise_sd: float = 0.4
+    overconfidence: float = 1.35
+    oracle: bool = False
+
+    def __post_init__(self) -> None:
+        if self.noise_sd < 0:
+            raise InvalidArgumentError(f"noise_sd: must be >= 0, got {self.noise_sd}")
+        if self.overconfidence <= 0:
+            raise InvalidArgumentError(f"overconfidence: must be > 0, got {self.overconfidence}")
+
+    def raw_logits(self, rng: np.random.Generator, true_logits: np.ndarray) -> np.ndarray:
+        """Raw head logits for true acceptance logits of shape (R, gamma)."""
+        if self.oracle:
+            return true_logits
+        noisy = true_logits + rng.normal(0.0, self.noise_sd, size=true_logits.shape) if self.noise_sd else true_logits
+        return self.overconfidence * noisy
+
+
+def calibration_stream(acceptance: AcceptanceModel, head: ConfidenceHead, rng: np.random.Generator,
+                       num_rounds: int, gamma: int, domain_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out (confidence, outcome) pairs for fitting STS, independent of any evaluated run.
+
+    Draws ``num_rounds`` fresh requests (domain from ``domain_probs``) with one round each, the
+    head's raw confidences and the acceptance outcome of every position (True while all positions
+    up to k are accepted).
+
+    Returns:
+        (raw confidences (num_rounds, gamma), accepted prefix flags (num_rounds, gamma) bool).
+    """
+    dom = rng.choice(len(acceptance.domains), size=num_rounds, p=domain_probs)
+    diff = acceptance.sample_difficulty(rng, num_rounds)
+    logits = acceptance.round_logits(rng, dom, diff, gamma)
+    accepted = np.cumprod(rng.random(logits.shape) < expit(logits), axis=1).astype(bool)
+    conf = expit(head.raw_logits(rng, logits))
+    return conf, accepted

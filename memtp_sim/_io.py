@@ -1,0 +1,143 @@
+"""File plumbing shared by every module that reads inputs or writes results.
+
+* :func:`atomic_write_bytes` / :func:`atomic_write_text`: write via a temporary file in the same
+  folder and a rename, so a reader (or an interrupted run) never sees half a file.
+* :func:`read_yaml`: a YAML mapping with one-line errors (file, line) that refuses a key given
+  twice in one mapping (PyYAML silently keeps the last).
+* :func:`file_digest`: content hash of an input file, cached by (path, mtime, size).
+* :func:`json_default`: ``json.dumps`` hook for numpy scalars and arrays.
+
+Nothing here knows about scenarios or engines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "file_digest", "json_default", "yaml_loader"]
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file in the same folder, fsync, rename).
+
+    The temporary file is created with mode 0o666 filtered by the process umask (as a plain
+    ``open`` would), so results keep the permissions users expect.
+
+    Raises:
+        OSError: the folder cannot be created or written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """:func:`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` hook: numpy scalars and arrays as plain numbers and lists."""
+    import numpy as np  # numpy is always installed; imported here to keep this module light
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """First 16 hex digits of the SHA-256 of a file's contents (cached by path, mtime and size).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    p = Path(path)
+    st = p.stat()
+    key = (str(p), st.st_mtime_ns, st.st_size)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with p.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()[:16]
+    return _DIGESTS[key]
+
+
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser when libyaml is there
+
+
+class _UniqueKeyLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """Safe loader that refuses a key given twice in one mapping."""
+
+
+def _construct_unique_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+#: The loader :func:`read_yaml` uses (safe, unique keys, C parser when available).
+yaml_loader = _UniqueKeyLoader
+
+
+def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigError,
+              what: str = "a mapping at the top level") -> dict[str, Any]:
+    """Read a YAML file whose top level is a mapping.
+
+    Args:
+        path: the file.
+        error: exception class raised on any problem (``ConfigError`` or ``CalibrationError``).
+        what: what the top level should hold, for the message.
+
+    Raises:
+        error: missing or unreadable file, not UTF-8, invalid YAML (with its line), a key given
+            twice, or a top level that is not a mapping. One line naming the file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise error(f"{path}: file not found")
+    try:
+        doc = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader
+    except OSError as e:
+        raise error(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a UTF-8 text file") from None
+    except yaml.constructor.ConstructorError as e:
+        line = f" at line {e.problem_mark.line + 1}" if e.problem_mark is not None else ""
+        raise error(f"{path}: {e.problem}{line}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise error(f"{path}: not valid YAML{where}") from None
+    if not isinstance(doc, dict):
+        raise error(f"{path}: expected {what}")
+    return doc
