@@ -5,6 +5,7 @@ one GPU serving queue, calibrated from measured AMD Strix Halo (gfx1151) costs a
 request traces.
 """
 
+from ._version import __version__
 from .acceptance import AcceptanceModel, expected_tau_iid, load_acceptance
 from .api import run
 from .confidence import (
@@ -43,7 +44,6 @@ from .policies import (
 )
 from .telemetry import memtp_depth_live, read_free_memory
 
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__",

@@ -8,12 +8,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._version import __version__
 from .acceptance import AcceptanceModel, load_acceptance
 from .confidence import ConfidenceHead, calibration_stream, sequential_temperature_scaling
 from .config import Scenario
+from .drafting import Drafter
 from .engine import Engine, EngineSettings
 from .hardware import HardwareProfile, load_profile
-from .memtp import MemtpSettings
 from .metrics import RunResult, compute_metrics
 from .policies import make_policy
 from .workload import build_workload, load_trace
@@ -85,8 +86,6 @@ def run(scenario: Scenario, *, seed: int = 0,
     Raises:
         ConfigError: the workload cannot be built from the trace (e.g. too few rows).
     """
-    from . import __version__
-
     t_start = time.perf_counter()
     profile = _profile(scenario.hardware.profile)
     acc = build_acceptance(scenario)
@@ -105,15 +104,14 @@ def run(scenario: Scenario, *, seed: int = 0,
         concurrency=wl_cfg.concurrency, think_time_s=wl_cfg.think_time_s,
         start_offset_s=wl_cfg.start_offset_s,
     )
-    # With MEMTP the ensemble depth is the draft length (gamma -> max_depth; each round drafts
-    # the current depth).
-    memtp = MemtpSettings(**scenario.memtp.model_dump()) if scenario.memtp.depth is not None else None
-    policy = make_policy(scenario.policy.name, scenario.effective_policy_params())
-    max_gamma = memtp.max_depth if memtp is not None else int(policy.draft_len)
-    head, temps = confidence_setup(scenario, acc, probs, max_gamma, seed)
+    # The drafter owns the draft length (with MEMTP: the ensemble depth, gamma -> max_depth).
+    spec = scenario.draft_spec()
+    drafter = Drafter(spec, profile.drafter, profile.memory)
+    policy = make_policy(spec.policy_name, spec.policy_params)
+    head, temps = confidence_setup(scenario, acc, probs, spec.max_draft_len, seed)
     settings = EngineSettings(**scenario.engine.model_dump())
     engine = Engine(profile, acc, wl, policy, settings, np.random.default_rng([seed, 1]), progress=progress,
-                    head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]), memtp=memtp)
+                    head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]), drafter=drafter)
     state = engine.run()
     metrics = compute_metrics(state)
     notes: list[str] = []

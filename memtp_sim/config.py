@@ -39,7 +39,13 @@ from pydantic import (
 )
 
 from ._io import read_yaml
-from .errors import CalibrationError, ConfigError
+from .acceptance import load_acceptance
+from .drafting import DraftSpec
+from .errors import CalibrationError, ConfigError, InvalidArgumentError
+from .hardware import load_profile
+from .memtp import MEMTP_DEFAULTS, MemtpSettings
+from .policies import policy_class
+from .workload import load_trace
 
 __all__ = [
     "StrictModel",
@@ -77,8 +83,6 @@ class HardwareConfig(StrictModel):
     @field_validator("profile")
     @classmethod
     def _exists(cls, v: str, info: ValidationInfo) -> str:
-        from .hardware import load_profile
-
         v = _resolve_path(v, info) if v.endswith((".yaml", ".yml")) else v
         try:
             load_profile(v)
@@ -95,8 +99,6 @@ class AcceptanceConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> "AcceptanceConfig":
-        from .acceptance import load_acceptance
-
         if self.alpha is not None:
             if self.profile is not None:
                 raise ValueError("give either alpha (fixed acceptance) or profile (fitted), not both")
@@ -142,18 +144,23 @@ class MemtpConfig(StrictModel):
 
     depth: Literal["elastic"] | PositiveInt | None = Field(
         None, description="elastic (controller), a fixed number of heads, or null (classic drafter, policy gamma)")
-    max_depth: PositiveInt = Field(16, description="heads at most")
-    head_cost_gib: PositiveFloat = Field(4.0, description="memory one head holds while alive (weights + buffers)")
-    r_low: float = Field(0.3, ge=0.0, le=1.0, description="coherence at or below which no head is funded")
-    r_high: float = Field(0.9, ge=0.0, le=1.0, description="coherence at or above which free memory is fully used")
-    coherence_half_life_rounds: PositiveFloat = Field(8.0, description="EWMA half-life of coherence R")
+    max_depth: PositiveInt = Field(MEMTP_DEFAULTS.max_depth, description="heads at most")
+    head_cost_gib: PositiveFloat = Field(MEMTP_DEFAULTS.head_cost_gib,
+                                         description="memory one head holds while alive (weights + buffers)")
+    r_low: float = Field(MEMTP_DEFAULTS.r_low, ge=0.0, le=1.0, description="coherence at or below which no head is funded")
+    r_high: float = Field(MEMTP_DEFAULTS.r_high, ge=0.0, le=1.0,
+                          description="coherence at or above which free memory is fully used")
+    coherence_half_life_rounds: PositiveFloat = Field(MEMTP_DEFAULTS.coherence_half_life_rounds,
+                                                      description="EWMA half-life of coherence R")
     coherence_estimator: Literal["per_verified", "per_tested"] = Field(
         "per_verified", description="per_verified: accepted / verified draft tokens (the default, docs/model.md section 2); "
         "per_tested: accepted / positions actually compared (up to the first rejection), which does not "
         "fall when the scheduler verifies deeper")
-    min_dwell_rounds: PositiveInt = Field(32, description="rounds a depth target must persist before a change")
+    min_dwell_rounds: PositiveInt = Field(MEMTP_DEFAULTS.min_dwell_rounds,
+                                          description="rounds a depth target must persist before a change")
     head_load_gb_per_s: PositiveFloat = Field(
-        84.0, description="copy rate for loading a new head; default: measured CPU<->GPU rate on gfx1151 (lhl)")
+        MEMTP_DEFAULTS.head_load_gb_per_s,
+        description="copy rate for loading a new head; default: measured CPU<->GPU rate on gfx1151 (lhl)")
     initial_depth: PositiveInt | None = Field(None, description="elastic: starting depth (default: the formula's)")
 
     @field_validator("depth", mode="before")
@@ -194,8 +201,6 @@ class WorkloadConfig(StrictModel):
     @field_validator("trace")
     @classmethod
     def _trace_exists(cls, v: str, info: ValidationInfo) -> str:
-        from .workload import load_trace
-
         p = _resolve_path(v, info)
         if not Path(p).is_file():
             raise ValueError(f"trace file not found: {p}")
@@ -246,12 +251,10 @@ class PolicySpec(BaseModel):
 
     @model_validator(mode="after")
     def _params(self) -> "PolicySpec":
-        from .policies import policy_class
-
         try:
             cls = policy_class(self.name)
-        except ValueError as e:
-            raise ValueError(str(e)) from None
+        except InvalidArgumentError as e:
+            raise ValueError(str(e)) from None  # pydantic turns ValueError into a field error
         try:
             cls.Params(**self.params)
         except ValidationError as e:
@@ -281,8 +284,6 @@ class Scenario(StrictModel):
 
     @model_validator(mode="after")
     def _fits_profile(self) -> "Scenario":
-        from .hardware import load_profile
-
         prof = load_profile(self.hardware.profile)
         if self.engine.max_batch_tokens > prof.sps.max_batch_tokens and prof.sps.beyond_max == "error":
             raise ValueError(
@@ -296,22 +297,18 @@ class Scenario(StrictModel):
             raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
         return self
 
+    def memtp_settings(self) -> MemtpSettings | None:
+        """The MEMTP ensemble's settings, or None when the classic drafter runs."""
+        return MemtpSettings(**self.memtp.model_dump()) if self.memtp.depth is not None else None
 
-    def effective_policy_params(self) -> dict[str, Any]:
-        """The policy's parameters as the run uses them: with MEMTP the ensemble depth is the draft
-        length, so a policy's ``gamma`` becomes ``memtp.max_depth`` (each round drafts the current
-        depth)."""
-        from .policies import policy_class
-
-        params = dict(self.policy.params)
-        if self.memtp.depth is not None and "gamma" in policy_class(self.policy.name).Params.model_fields:
-            params["gamma"] = self.memtp.max_depth
-        return params
+    def draft_spec(self) -> DraftSpec:
+        """What the drafter drafts in this scenario (the one owner of the draft length): the block
+        width and the policy's parameters as the run uses them (see :mod:`memtp_sim.drafting`)."""
+        return DraftSpec.resolve(self.policy.name, self.policy.params, self.memtp_settings())
 
     def policy_label(self) -> str:
-        from .policies import make_policy
-
-        return make_policy(self.policy.name, self.effective_policy_params()).describe()
+        """The policy's short label as runs report it, e.g. ``dspark(gamma=7, early_stop=True)``."""
+        return self.draft_spec().policy_label()
 
 
 class Study(StrictModel):

@@ -16,8 +16,9 @@ One round (docs/model.md section 1), at time t:
 3. **Place prefill** (chunked, Sarathi-style): up to ``prefill_chunk_tokens`` prompt tokens of
    admitted requests, first-admitted first, in the budget left after one anchor per decoding
    request. Prefill tokens share the verify pass and count toward its B.
-4. **Draft**: every decoding request drafts ``policy.draft_len`` tokens; the drafter's time
-   ``T_draft(R, gamma)`` comes from the profile. Acceptance probabilities of the drafted
+4. **Draft**: every decoding request drafts ``drafter.depth`` tokens (the one owner of the draft
+   length, :class:`~memtp_sim.drafting.Drafter`); the drafter's time ``T_draft(R, gamma)`` comes
+   from the profile. Acceptance probabilities of the drafted
    positions are drawn now; the (calibrated) confidence head reports them to the policy.
 5. **Schedule**: the policy picks verify lengths; speculative tokens that would overflow the KV
    cache are trimmed (drafts are optional, anchors are not).
@@ -27,8 +28,10 @@ One round (docs/model.md section 1), at time t:
    remaining output); rejected drafts' KV is dropped. A request whose prefill completes emits its
    first token at the end of the pass.
 
-Invariants checked every round (a violation raises ``AssertionError`` at once): KV blocks in use
-never exceed capacity; tokens emitted never exceed a request's output.
+KV blocks are owned by :class:`~memtp_sim.kv_cache.KVCacheManager`. Invariants are checked every
+round and a violation raises :class:`~memtp_sim.errors.EngineInvariantError` at once (never a bare
+``assert``, which ``python -O`` strips): KV blocks in use never exceed capacity; KV plus draft
+heads never exceed memory; a policy's plan stays within what was drafted and the token budget.
 """
 
 from __future__ import annotations
@@ -44,8 +47,11 @@ from scipy.special import expit
 
 from .acceptance import AcceptanceModel
 from .confidence import ConfidenceHead
-from .hardware import GIB, HardwareProfile
-from .memtp import CoherenceEWMA, DepthController, MemtpSettings, memtp_depth
+from .drafting import Drafter, DraftSpec
+from .errors import CalibrationError, EngineInvariantError
+from .hardware import HardwareProfile
+from .kv_cache import KVCacheManager
+from .memtp import MEMTP_DEFAULTS, CoherenceEWMA
 from .policies.base import Policy, RoundView
 from .workload import Workload
 
@@ -148,9 +154,14 @@ class Engine:
         progress: optional callback ``progress(num_done, num_total)`` called every ~2% of requests.
         head: confidence head (default: oracle, c = p).
         temperatures: per-position calibration temperatures applied to the head's logits,
-            shape (>= draft_len,) (default: ones).
+            shape (>= drafter.max_draft_len,) (default: ones).
         head_rng: random generator of the head's noise (kept apart from ``rng`` so that head
             settings do not shift the acceptance draws).
+        drafter: the drafter (draft length, memory, MEMTP depth); default: the classic drafter
+            drafting ``policy.draft_len`` positions.
+
+    Raises:
+        CalibrationError: no KV block fits next to the weights, reserve and drafter.
     """
 
     #: request-rounds of (confidence, outcome) kept for calibration diagnostics
@@ -160,16 +171,18 @@ class Engine:
                  policy: Policy, settings: EngineSettings, rng: np.random.Generator,
                  progress: Callable[[int, int], None] | None = None, head: ConfidenceHead | None = None,
                  temperatures: np.ndarray | None = None, head_rng: np.random.Generator | None = None,
-                 memtp: MemtpSettings | None = None) -> None:
+                 drafter: Drafter | None = None) -> None:
         self.profile = profile
-        self.memtp = memtp
+        self.drafter = drafter if drafter is not None else Drafter(
+            DraftSpec(policy.name, policy.params.model_dump(), int(policy.draft_len)), profile.drafter, profile.memory)
+        memtp = self.drafter.spec.memtp
         self.head = head if head is not None else ConfidenceHead(oracle=True)
-        gamma = int(memtp.max_depth if memtp is not None else policy.draft_len)
-        self.temps = np.ones(gamma) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:gamma]
+        width = self.drafter.max_draft_len
+        self.temps = np.ones(width) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:width]
         self.head_rng = head_rng if head_rng is not None else np.random.default_rng(0)
-        self.diag_raw = np.empty((self.DIAG_ROUNDS, gamma))
-        self.diag_used = np.empty((self.DIAG_ROUNDS, gamma))
-        self.diag_ok = np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)
+        self.diag_raw = np.empty((self.DIAG_ROUNDS, width))
+        self.diag_used = np.empty((self.DIAG_ROUNDS, width))
+        self.diag_ok = np.empty((self.DIAG_ROUNDS, width), dtype=bool)
         self.diag_width = np.empty(self.DIAG_ROUNDS, dtype=np.int64)
         self.diag_n = 0
         self.acc = acceptance
@@ -197,8 +210,6 @@ class Engine:
         self.generated = np.zeros(n, dtype=np.int64)
         self.prefill_target = np.zeros(n, dtype=np.int64)  # tokens to (re)compute before decoding
         self.prefilled = np.zeros(n, dtype=np.int64)
-        self.kv_tokens = np.zeros(n, dtype=np.int64)  # tokens whose KV is stored
-        self.kv_blocks = np.zeros(n, dtype=np.int64)  # blocks held
         self.num_preemptions = np.zeros(n, dtype=np.int64)
         self.num_rounds = np.zeros(n, dtype=np.int64)
         self.verified = np.zeros(n, dtype=np.int64)
@@ -206,35 +217,19 @@ class Engine:
         self.accepted = np.zeros(n, dtype=np.int64)
 
         mem = profile.memory
-        self.block = mem.kv_block_tokens
         self.block_gib = mem.kv_block_gib
-        self.coherence = CoherenceEWMA(memtp.coherence_half_life_rounds if memtp is not None else 8.0, initial=1.0)
-        self.controller: DepthController | None = None
-        if memtp is None:
-            # classic drafter: fixed weights, draft length = the policy's
-            self.depth = int(policy.draft_len)
-            self.heads_gib = mem.drafter_weights_gib if self.depth > 0 else 0.0
-        else:
-            # the ensemble's heads replace the drafter's weights; depth = draft length
-            if memtp.elastic:
-                free0 = mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib
-                depth0 = memtp.initial_depth or memtp_depth(
-                    max(0.0, free0), 1.0, max_depth=memtp.max_depth, head_cost_gib=memtp.head_cost_gib,
-                    r_low=memtp.r_low, r_high=memtp.r_high)
-                self.controller = DepthController(
-                    max_depth=memtp.max_depth, head_cost_gib=memtp.head_cost_gib, r_low=memtp.r_low,
-                    r_high=memtp.r_high, min_dwell_rounds=memtp.min_dwell_rounds, initial_depth=int(depth0))
-                self.depth = self.controller.depth
-            else:
-                self.depth = int(memtp.depth)
-            self.heads_gib = self.depth * memtp.head_cost_gib
-        self.capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.heads_gib)
-        if self.capacity <= 0:
-            raise ValueError(
-                f"no KV memory left: {mem.gpu_allocatable_gib:.1f} GiB allocatable, weights {mem.weights_gib:.1f}, "
-                f"reserve {mem.reserve_gib:.1f}, draft heads/drafter {self.heads_gib:.1f} GiB")
-        self.watermark = int(np.ceil(settings.kv_watermark_frac * self.capacity))
-        self.blocks_used = 0
+        self.coherence = CoherenceEWMA(
+            memtp.coherence_half_life_rounds if memtp is not None else MEMTP_DEFAULTS.coherence_half_life_rounds,
+            initial=1.0)
+        capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.drafter.held_gib)
+        if capacity <= 0:
+            raise CalibrationError(
+                f"{profile.path}: no KV memory left: {mem.gpu_allocatable_gib:.1f} GiB allocatable, weights "
+                f"{mem.weights_gib:.1f}, reserve {mem.reserve_gib:.1f}, draft heads/drafter "
+                f"{self.drafter.held_gib:.1f} GiB")
+        self.kv = KVCacheManager(n, mem.kv_block_tokens, capacity, settings.kv_watermark_frac)
+        # KV blocks with the fewest heads this engine can run (elastic: one head)
+        self.max_capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.drafter.min_held_gib)
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # admission order
         self.num_done = 0
@@ -267,7 +262,7 @@ class Engine:
         if self.prompt[i] + self.output[i] > self.profile.memory.max_model_len:
             self._reject(i, "exceeds_max_model_len")
             return
-        if self._blocks_for(self.prompt[i] + self.output[i]) > self._max_capacity():
+        if self.kv.blocks_for(self.prompt[i] + self.output[i]) > self.max_capacity:
             self._reject(i, "exceeds_kv_capacity")
             return
         if self.cfg.prefill == "disaggregated":
@@ -285,9 +280,9 @@ class Engine:
 
     def _remote_prefill(self, i: int):
         # Disaggregated serving (the DSpark paper's production setting, section 5.4): prefill_gpus
-        # separate GPUs with the same profile compute prompts FIFO, one prompt each at a time, in passes of up to
-        # max_batch_tokens tokens, and emits the first token; its KV then moves to this decode GPU
-        # (transfer time not modelled).
+        # separate GPUs with the same profile compute prompts FIFO, one prompt each at a time, in passes
+        # of up to max_batch_tokens tokens, and emit the first token; the KV then moves to this decode
+        # GPU (transfer time not modelled).
         with self._prefill_gpu.request() as slot:
             yield slot
             yield self.env.timeout(self._prefill_time_s(int(self.prompt[i])))
@@ -347,47 +342,31 @@ class Engine:
             self.progress(self.num_done, self.n)
 
     # ----------------------------------------------------------------- memory
-    def _max_capacity(self) -> int:
-        """KV blocks with the fewest heads this engine can run (elastic: one head)."""
-        if self.controller is None:
-            return self.capacity
-        return self.profile.memory.kv_capacity_blocks(speculative=False, other_gib=self.memtp.head_cost_gib)
-
-    def _update_depth(self, round_index: int) -> float:
-        """Elastic MEMTP: let the controller resize the ensemble; returns head-load stall seconds.
-
-        Memory that can fund heads = allocatable - weights - reserve - KV in use - the KV the
-        head-of-line waiting request needs to be admitted (KV first: heads are released before KV
-        would overflow or a request would wait for memory held by heads).
-        """
+    def _heads_free_gib(self) -> float:
+        """Memory that can fund MEMTP heads: allocatable - weights - reserve - KV in use - the KV
+        the head-of-line waiting request needs to be admitted (KV first: heads are released before
+        KV would overflow or a request would wait for memory held by heads)."""
         mem = self.profile.memory
         pending = 0
         if self.waiting:
             i = self.waiting[0]
             tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
-            pending = int(self._blocks_for(tokens)) + self.watermark
-        kv_gib = (self.blocks_used + pending) * self.block_gib
-        free = max(0.0, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib - kv_gib)
-        old = self.depth
-        new = self.controller.propose(free, self.coherence.value, round_index)
-        if new == old:
-            return 0.0
-        self.depth = new
-        self.heads_gib = new * self.memtp.head_cost_gib
-        self.capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.heads_gib)
-        assert self.blocks_used <= self.capacity, "heads grew into KV in use"
-        if new > old:  # loading new heads stalls the engine
-            return (new - old) * self.memtp.head_cost_gib * GIB / (self.memtp.head_load_gb_per_s * 1e9)
-        return 0.0
+            pending = int(self.kv.blocks_for(tokens)) + self.kv.watermark
+        kv_gib = (self.kv.blocks_used + pending) * self.block_gib
+        return max(0.0, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib - kv_gib)
 
-    def _blocks_for(self, tokens):
-        return -(-tokens // self.block)
+    def _resize_drafter(self, round_index: int) -> float:
+        """Elastic MEMTP: resize the ensemble and the KV capacity; returns head-load stall seconds."""
+        old = self.drafter.depth
+        stall_s = self.drafter.resize(self._heads_free_gib(), self.coherence.value, round_index)
+        if self.drafter.depth != old:
+            self.kv.set_capacity(self.profile.memory.kv_capacity_blocks(speculative=False,
+                                                                        other_gib=self.drafter.held_gib))
+        return stall_s
 
     def _preempt(self, i: int) -> None:
         # Recompute preemption: drop all KV; re-prefill prompt + generated tokens later.
-        self.blocks_used -= int(self.kv_blocks[i])
-        self.kv_blocks[i] = 0
-        self.kv_tokens[i] = 0
+        self.kv.free(i, drop_tokens=True)
         self.prefilled[i] = 0
         self.num_preemptions[i] += 1
         self.kv_transferred[i] = False
@@ -396,192 +375,201 @@ class Engine:
         self.waiting.appendleft(i)
 
     def _admit(self) -> None:
-        cfg = self.cfg
-        while self.waiting and len(self.running) < cfg.max_num_seqs:
+        kv = self.kv
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
             i = self.waiting[0]
             # KV transferred from a prefill GPU covers the prompt (the first token is the anchor);
             # otherwise prompt + generated tokens are (re)computed here, emitting one token.
             transferred = bool(self.kv_transferred[i])
             target = int(self.prompt[i]) if transferred else int(self.prompt[i] + self.generated[i])
-            need = int(self._blocks_for(target))
-            if self.blocks_used + need + self.watermark > self.capacity and self.running:
-                break
-            if self.blocks_used + need > self.capacity:
-                break  # cannot happen for an empty engine: oversize requests were rejected
+            if not kv.can_allocate(int(kv.blocks_for(target)), keep_watermark=bool(self.running)):
+                break  # an empty engine always admits: oversize requests were rejected at arrival
             self.waiting.popleft()
             self.status[i] = RUNNING
             if np.isnan(self.admitted_at[i]):
                 self.admitted_at[i] = self.env.now
             self.prefill_target[i] = target
-            self.prefilled[i] = self.kv_tokens[i] = target if transferred else 0
-            self.kv_blocks[i] = need
-            self.blocks_used += need
+            self.prefilled[i] = target if transferred else 0
+            kv.allocate(i, target, target if transferred else 0)
             self.running.append(i)
 
     # ----------------------------------------------------------------- rounds
     def _engine(self):
         env = self.env
-        cfg = self.cfg
-        sps = self.profile.sps
-        drafter = self.profile.drafter
-        block = self.block
+        drafter = self.drafter
         positions_all = np.arange(max(1, self.temps.size))[None, :]
-        kv_tokens, kv_blocks = self.kv_tokens, self.kv_blocks
         mem = self.profile.memory
         fixed_gib = mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib
         round_index = 0
         while self.num_done < self.n:
             busy = bool(self.running or self.waiting)
-            head_load_s = self._update_depth(round_index) if self.controller is not None and busy else 0.0
-            gamma = self.depth
-            positions = positions_all[:, :gamma]
+            head_load_s = self._resize_drafter(round_index) if drafter.elastic and busy else 0.0
+            gamma = drafter.depth
             self._admit()
             if not self.running:
-                assert not self.waiting, "admission stalled on an idle engine"
+                if self.waiting:
+                    raise EngineInvariantError("admission stalled on an idle engine: the head-of-line request "
+                                               "fits no KV capacity")
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
                 continue
 
-            run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
-            decoding_mask = self.prefilled[run] >= self.prefill_target[run]
-            # 2. every decoding request's anchor needs a KV slot; a request whose stored tokens
-            # fill its last block needs a new block. Preempt the newest admissions until they fit.
-            num_preempted = 0
-            while True:
-                dec = run[decoding_mask]
-                need = self.blocks_used + int(np.count_nonzero(kv_tokens[dec] % block == 0))
-                if need <= self.capacity or run.size <= 1:
-                    break
-                self._preempt(int(run[-1]))
-                num_preempted += 1
-                run, decoding_mask = run[:-1], decoding_mask[:-1]
-            pre = run[~decoding_mask] if dec.size < run.size else run[:0]
+            dec, pre, num_preempted = self._guarantee_anchors()
             num_dec = dec.size
-
-            # 3. chunked prefill, first-admitted first
-            budget = cfg.max_batch_tokens - num_dec
-            chunk_total = 0
-            chunks = None
-            if pre.size and budget > 0:
-                left = self.prefill_target[pre] - self.prefilled[pre]
-                limit = min(cfg.prefill_chunk_tokens, budget)
-                chunks = np.clip(limit - (np.cumsum(left) - left), 0, left)
-                chunk_total = int(chunks.sum())
-
-            # 4. draft + 5. schedule
-            draft_s = 0.0
-            lengths = np.zeros(num_dec, dtype=np.int64)
-            theta = theta_g = np.nan
-            probs = None
-            if num_dec and gamma > 0:
-                draft_s = drafter.round_time_s(num_dec, gamma)
-                logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
-                probs = expit(logits)
-                raw = self.head.raw_logits(self.head_rng, logits)
-                conf = expit(raw / self.temps[:gamma])
-                plan = self.policy.plan(RoundView(
-                    confidences=conf, sps=sps, prefill_tokens=chunk_total, max_batch_tokens=cfg.max_batch_tokens,
-                    draft_overhead_s=draft_s, round_index=round_index))
-                lengths = np.asarray(plan.lengths, dtype=np.int64)
-                if self.memtp is not None:
-                    lengths = np.minimum(lengths, gamma)  # a static k verifies at most what was drafted
-                theta, theta_g = plan.theta, plan.theta_global
-                if lengths.shape != (num_dec,) or lengths.min() < 0 or lengths.max() > gamma:
-                    raise AssertionError(f"policy {self.policy.name} returned invalid lengths {lengths}")
-            # KV at the pass's peak: stored tokens + anchor + verified drafts. Drafts that would
-            # overflow the cache are trimmed, longest first (drafts are optional, anchors are not).
-            num_trimmed = 0
-            extra = -(-(kv_tokens[dec] + 1 + lengths) // block) - kv_blocks[dec]
-            kv_peak = self.blocks_used + int(extra.sum())
-            while kv_peak > self.capacity and lengths.any():
-                j = int(np.argmax(lengths))
-                lengths[j] -= 1
-                num_trimmed += 1
-                kv_peak -= int(extra[j])
-                extra[j] = -(-(kv_tokens[dec[j]] + 1 + lengths[j]) // block) - kv_blocks[dec[j]]
-                kv_peak += int(extra[j])
-            assert kv_peak <= self.capacity, "KV cache over capacity"
-
+            chunks, chunk_total = self._place_prefill(pre, num_dec)
+            draft_s, lengths, probs, raw, conf, theta, theta_g = self._draft_and_plan(dec, gamma, chunk_total,
+                                                                                      round_index)
+            kv_peak, num_trimmed = self.kv.fit_lookahead(dec, lengths)
             verify_tokens = int(lengths.sum())
             batch_tokens = num_dec + verify_tokens + chunk_total
-            assert batch_tokens <= cfg.max_batch_tokens
-            verify_s = float(sps.pass_time_s(batch_tokens))
+            if batch_tokens > self.cfg.max_batch_tokens:
+                raise EngineInvariantError(f"pass of {batch_tokens} tokens exceeds max_batch_tokens "
+                                           f"{self.cfg.max_batch_tokens}")
+            if kv_peak * self.block_gib + drafter.held_gib > fixed_gib + 1e-9:
+                raise EngineInvariantError(f"KV ({kv_peak} blocks) + drafter ({drafter.held_gib:.2f} GiB) exceed "
+                                           f"the {fixed_gib:.2f} GiB left after weights and reserve")
+            verify_s = float(self.profile.sps.pass_time_s(batch_tokens))
             duration = head_load_s + draft_s + verify_s
-            assert kv_peak * self.block_gib + self.heads_gib <= fixed_gib + 1e-9, "KV + heads exceed memory"
             start = env.now
-            num_waiting = len(self.waiting)
-            num_running = len(self.running)
-            num_remote = self.num_remote_prefill
+            num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
             yield env.timeout(duration)
-            now = env.now
 
-            # 7. accept: leading accepted drafts + one bonus token, capped at the remaining output
-            accepted_total = emitted_total = 0
-            finished: list[int] = []
-            if num_dec:
-                if probs is not None:
-                    would = np.cumprod(self.rng.random(probs.shape) < probs, axis=1).astype(bool)
-                    self._record_diag(raw, conf, would)
-                    acc = (would & (positions < lengths[:, None])).sum(axis=1)
-                    accepted_total = int(acc.sum())
-                else:
-                    acc = 0
-                emit = np.minimum(acc + 1, self.output[dec] - self.generated[dec])
-                gen = self.generated[dec] + emit
-                self.generated[dec] = gen
-                new_kv = kv_tokens[dec] + emit  # anchor + accepted drafts stored; rejected dropped
-                kv_tokens[dec] = new_kv
-                new_blocks = -(-new_kv // block)
-                self.blocks_used += int((new_blocks - kv_blocks[dec]).sum())
-                kv_blocks[dec] = new_blocks
-                self.num_rounds[dec] += 1
-                if probs is not None:
-                    self.verified[dec] += lengths
-                    self.accepted[dec] += acc
-                emitted_total = int(emit.sum())
-                fin = gen >= self.output[dec]
-                if fin.any():
-                    finished.extend(dec[fin].tolist())
-            num_prefill = 0
-            if chunk_total:
-                self.prefilled[pre] += chunks
-                kv_tokens[pre] += chunks
-                num_prefill = int(np.count_nonzero(chunks))
-                done_pre = pre[self.prefilled[pre] >= self.prefill_target[pre]]
-                if done_pre.size:
-                    self.generated[done_pre] += 1  # the prefill pass's last logits give a token
-                    emitted_total += int(done_pre.size)
-                    first = done_pre[np.isnan(self.first_token_at[done_pre])]
-                    self.first_token_at[first] = now
-                    finished.extend(done_pre[self.generated[done_pre] >= self.output[done_pre]].tolist())
-            for i in finished:
-                self.finished_at[i] = now
-                self.status[i] = FINISHED
-                self.blocks_used -= int(kv_blocks[i])
-                kv_blocks[i] = 0
-                self.running.remove(i)
-                self._complete(i)
-            assert self.blocks_used <= self.capacity
+            accepted_total, emitted_total, finished, acc = self._accept(dec, lengths, probs, raw, conf, positions_all)
+            num_prefill, emitted_pre = self._advance_prefill(pre, chunks, chunk_total, finished)
+            emitted_total += emitted_pre
+            self._finish(finished)
             if probs is not None:
-                if self.memtp is not None and self.memtp.coherence_estimator == "per_tested":
-                    # positions compared against the target: the accepted run plus the first
-                    # rejection (if it lies within the verified length)
-                    self.coherence.update(accepted_total, int(np.minimum(lengths, acc + 1).sum()))
-                else:
-                    self.coherence.update(accepted_total, verify_tokens)
+                self._update_coherence(lengths, acc, accepted_total, verify_tokens)
 
-            kv_gib = self.blocks_used * self.block_gib
+            kv_gib = self.kv.blocks_used * self.block_gib
             self.log.append((
                 start, duration, draft_s, verify_s, num_dec, num_prefill, chunk_total, batch_tokens,
                 gamma if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
-                num_running, kv_peak, self.blocks_used, theta, theta_g, num_preempted, num_trimmed,
-                gamma, self.coherence.value, self.heads_gib, kv_gib, fixed_gib - self.heads_gib - kv_gib,
-                self.capacity, head_load_s, num_remote,
+                num_running, kv_peak, self.kv.blocks_used, theta, theta_g, num_preempted, num_trimmed,
+                gamma, self.coherence.value, drafter.held_gib, kv_gib, fixed_gib - drafter.held_gib - kv_gib,
+                self.kv.capacity, head_load_s, num_remote,
             ))
             round_index += 1
             if round_index % _RoundLog.FLUSH == 0:
                 self.log.flush()
+
+    def _guarantee_anchors(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Step 2: every decoding request's anchor needs a KV slot; preempt the newest admissions
+        until the anchors fit. Returns (decoding ids, prefilling ids, number preempted)."""
+        run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+        decoding_mask = self.prefilled[run] >= self.prefill_target[run]
+        num_preempted = 0
+        while True:
+            dec = run[decoding_mask]
+            if self.kv.blocks_used + self.kv.anchor_blocks(dec) <= self.kv.capacity or run.size <= 1:
+                break
+            self._preempt(int(run[-1]))
+            num_preempted += 1
+            run, decoding_mask = run[:-1], decoding_mask[:-1]
+        pre = run[~decoding_mask] if dec.size < run.size else run[:0]
+        return dec, pre, num_preempted
+
+    def _place_prefill(self, pre: np.ndarray, num_dec: int) -> tuple[np.ndarray | None, int]:
+        """Step 3: chunked prefill, first-admitted first, in the budget left after the anchors.
+        Returns (chunk per prefilling request or None, total prefill tokens)."""
+        budget = self.cfg.max_batch_tokens - num_dec
+        if not pre.size or budget <= 0:
+            return None, 0
+        left = self.prefill_target[pre] - self.prefilled[pre]
+        limit = min(self.cfg.prefill_chunk_tokens, budget)
+        chunks = np.clip(limit - (np.cumsum(left) - left), 0, left)
+        return chunks, int(chunks.sum())
+
+    def _draft_and_plan(self, dec: np.ndarray, gamma: int, chunk_total: int, round_index: int):
+        """Steps 4-5: draft ``gamma`` positions per decoding request, draw their acceptance, show
+        the (calibrated) confidences to the policy and take its verify lengths.
+
+        Returns (draft_s, lengths (R,), probs, raw head logits, confidences, theta, theta_global);
+        probs/raw/conf are None when nothing was drafted.
+
+        Raises:
+            EngineInvariantError: the plan is not one length per request in [0, gamma].
+        """
+        num_dec = dec.size
+        lengths = np.zeros(num_dec, dtype=np.int64)
+        if not num_dec or gamma <= 0:
+            return 0.0, lengths, None, None, None, np.nan, np.nan
+        draft_s = self.drafter.round_time_s(num_dec)
+        logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
+        probs = expit(logits)
+        raw = self.head.raw_logits(self.head_rng, logits)
+        conf = expit(raw / self.temps[:gamma])
+        plan = self.policy.plan(RoundView(
+            confidences=conf, sps=self.profile.sps, prefill_tokens=chunk_total,
+            max_batch_tokens=self.cfg.max_batch_tokens, draft_overhead_s=draft_s, round_index=round_index))
+        lengths = np.asarray(plan.lengths, dtype=np.int64)
+        if lengths.shape != (num_dec,) or (num_dec and (lengths.min() < 0 or lengths.max() > gamma)):
+            raise EngineInvariantError(f"policy {self.policy.name} returned lengths {lengths.tolist()} for "
+                                       f"{num_dec} requests with {gamma} drafted positions each")
+        return draft_s, lengths.copy(), probs, raw, conf, plan.theta, plan.theta_global
+
+    def _accept(self, dec: np.ndarray, lengths: np.ndarray, probs, raw, conf, positions_all: np.ndarray):
+        """Step 7 for decoding requests: leading accepted drafts plus one bonus token, capped at the
+        remaining output. Returns (accepted drafts, tokens emitted, finished ids, accepted per request)."""
+        finished: list[int] = []
+        if not dec.size:
+            return 0, 0, finished, 0
+        accepted_total = 0
+        if probs is not None:
+            would = np.cumprod(self.rng.random(probs.shape) < probs, axis=1).astype(bool)
+            self._record_diag(raw, conf, would)
+            acc = (would & (positions_all[:, : probs.shape[1]] < lengths[:, None])).sum(axis=1)
+            accepted_total = int(acc.sum())
+        else:
+            acc = 0
+        emit = np.minimum(acc + 1, self.output[dec] - self.generated[dec])
+        gen = self.generated[dec] + emit
+        self.generated[dec] = gen
+        self.kv.append(dec, emit)  # anchor + accepted drafts stored; rejected drafts dropped
+        self.num_rounds[dec] += 1
+        if probs is not None:
+            self.verified[dec] += lengths
+            self.accepted[dec] += acc
+        fin = gen >= self.output[dec]
+        if fin.any():
+            finished.extend(dec[fin].tolist())
+        return accepted_total, int(emit.sum()), finished, acc
+
+    def _advance_prefill(self, pre: np.ndarray, chunks: np.ndarray | None, chunk_total: int,
+                         finished: list[int]) -> tuple[int, int]:
+        """Step 7 for prefilling requests: store the chunks; a request whose prefill completes emits
+        its first token. Returns (requests that prefilled, tokens emitted)."""
+        if not chunk_total:
+            return 0, 0
+        self.prefilled[pre] += chunks
+        self.kv.append_prefill(pre, chunks)
+        done_pre = pre[self.prefilled[pre] >= self.prefill_target[pre]]
+        if done_pre.size:
+            self.generated[done_pre] += 1  # the prefill pass's last logits give a token
+            first = done_pre[np.isnan(self.first_token_at[done_pre])]
+            self.first_token_at[first] = self.env.now
+            finished.extend(done_pre[self.generated[done_pre] >= self.output[done_pre]].tolist())
+        return int(np.count_nonzero(chunks)), int(done_pre.size)
+
+    def _finish(self, finished: list[int]) -> None:
+        now = self.env.now
+        for i in finished:
+            self.finished_at[i] = now
+            self.status[i] = FINISHED
+            self.kv.free(i, drop_tokens=False)
+            self.running.remove(i)
+            self._complete(i)
+        self.kv.check("finish")
+
+    def _update_coherence(self, lengths: np.ndarray, acc: np.ndarray, accepted_total: int, verify_tokens: int) -> None:
+        memtp = self.drafter.spec.memtp
+        if memtp is not None and memtp.coherence_estimator == "per_tested":
+            # positions compared against the target: the accepted run plus the first rejection
+            # (if it lies within the verified length)
+            self.coherence.update(accepted_total, int(np.minimum(lengths, acc + 1).sum()))
+        else:
+            self.coherence.update(accepted_total, verify_tokens)
 
     def _record_diag(self, raw: np.ndarray, used: np.ndarray, would: np.ndarray) -> None:
         # raw: head logits; used: confidences the policy saw; would: acceptance of every position.
@@ -597,7 +585,11 @@ class Engine:
 
     # ----------------------------------------------------------------- run
     def run(self) -> EngineState:
-        """Simulate until every request has completed or been rejected."""
+        """Simulate until every request has completed or been rejected.
+
+        Raises:
+            EngineInvariantError: an invariant broke (see the module docstring).
+        """
         env = self.env
         if self.wl.closed_loop:
             for _ in range(min(self.wl.concurrency or 1, self.n)):
@@ -607,7 +599,7 @@ class Engine:
         proc = env.process(self._engine())
         env.run(until=proc)
         if not np.all((self.status == FINISHED) | (self.status == REJECTED)):
-            raise AssertionError("engine stopped with requests neither finished nor rejected")
+            raise EngineInvariantError("engine stopped with requests neither finished nor rejected")
         return EngineState(
             arrival_at_s=self.arrival_at, ready_at_s=self.ready_at, admitted_at_s=self.admitted_at,
             first_token_at_s=self.first_token_at, finished_at_s=self.finished_at,
@@ -616,9 +608,9 @@ class Engine:
             reject_reason=self.reject_reason, num_preemptions=self.num_preemptions,
             num_rounds=self.num_rounds, draft_tokens_verified=self.verified,
             draft_tokens_accepted=self.accepted, rounds=self.log.arrays(),
-            kv_capacity_blocks=self.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
+            kv_capacity_blocks=self.kv.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
             in_system_area=self.in_system_area,
             confidence_raw=self.diag_raw[: self.diag_n], confidence_used=self.diag_used[: self.diag_n],
             confidence_outcome=self.diag_ok[: self.diag_n], confidence_width=self.diag_width[: self.diag_n],
-            num_depth_changes=self.controller.num_changes if self.controller is not None else 0,
+            num_depth_changes=self.drafter.num_depth_changes,
         )

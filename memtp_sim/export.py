@@ -44,6 +44,7 @@ from typing import Any, Callable, Literal
 
 import yaml
 
+from ._version import __version__
 from .errors import ConfigError
 
 __all__ = ["FORMATS", "export_config", "build_export", "deployment_settings", "provenance_for"]
@@ -159,8 +160,6 @@ def provenance_for(study: Any, spec: Any, trial: Any, validation: dict[str, Any]
         A JSON/YAML-ready dict.
     """
     import optuna
-
-    from . import __version__
 
     reps = trial.user_attrs.get("replicates", {})
     means = trial.user_attrs.get("metrics", {})

@@ -121,6 +121,7 @@ from pydantic import (
     model_validator,
 )
 
+from ._version import __version__
 from ._io import read_yaml
 from .config import Scenario, format_validation_error
 from .errors import ConfigError, MemtpSimError
@@ -1186,8 +1187,6 @@ def open_study(spec: TuneSpec, storage: "optuna.storages.BaseStorage", *, create
             pair rules, objectives, constraints or seeds).
     """
     import optuna
-
-    from . import __version__
 
     if create:
         study = optuna.create_study(study_name=spec.name, storage=storage, directions=spec.directions,

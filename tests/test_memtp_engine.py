@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from memtp_sim import run
 from memtp_sim.acceptance import AcceptanceModel
 from memtp_sim.config import load_study
+from memtp_sim.drafting import Drafter, DraftSpec
 from memtp_sim.engine import Engine, EngineSettings
 from memtp_sim.memtp import MemtpSettings
 from memtp_sim.errors import ConfigError
@@ -42,16 +43,17 @@ def engine(prof: HardwareProfile, memtp: MemtpSettings, prompts, outputs, *, con
     prompts, outputs = np.asarray(prompts), np.asarray(outputs)
     wl = Workload(np.full(prompts.size, np.nan), prompts, outputs, np.zeros(prompts.size, dtype=np.int64),
                   concurrency=concurrency)
-    pol = make_policy("dspark", {"gamma": memtp.max_depth})
+    spec = DraftSpec.resolve("dspark", {}, memtp)
+    pol = make_policy(spec.policy_name, spec.policy_params)
     return Engine(prof, AcceptanceModel.fixed(0.8), wl, pol,
                   EngineSettings(max_batch_tokens=512, prefill_chunk_tokens=128, kv_watermark_frac=0.0),
-                  np.random.default_rng(seed), memtp=memtp)
+                  np.random.default_rng(seed), drafter=Drafter(spec, prof.drafter, prof.memory))
 
 
 def test_fixed_depth_capacity_is_what_the_heads_leave():
     # 20 GiB, 3 heads of 2.5 GiB -> 12.5 GiB of KV = 800 blocks of 1/64 GiB
     eng = engine(profile(20.0), MemtpSettings(depth=3, head_cost_gib=2.5, max_depth=8), [100] * 4, [10] * 4)
-    assert eng.capacity == 800
+    assert eng.kv.capacity == 800
     state = eng.run()
     assert np.all(state.rounds["depth"] == 3)
     assert np.all(state.rounds["heads_gib"] == 7.5)
@@ -63,8 +65,8 @@ def test_elastic_starts_at_the_formula_reference_point():
     # docs/model.md section 2: 21.49 GiB free, 4 GiB per head, R = 1 -> depth 5
     eng = engine(profile(21.49 + 30.0, weights_gib=30.0), MemtpSettings(depth="elastic", max_depth=16), [64], [4],
                  concurrency=1)
-    assert eng.depth == 5
-    assert eng.capacity == int(np.floor((21.49 - 5 * 4.0) * 64))
+    assert eng.drafter.depth == 5
+    assert eng.kv.capacity == int(np.floor((21.49 - 5 * 4.0) * 64))
 
 
 def test_growing_a_head_stalls_for_its_load_time():

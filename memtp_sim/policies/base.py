@@ -1,8 +1,11 @@
 """The policy interface: one decision per engine round.
 
-The engine drafts ``draft_len`` tokens for every decoding request (so the policy sees one
-confidence per drafted position), then calls :meth:`Policy.plan` with a read-only
-:class:`RoundView` and applies the returned :class:`RoundPlan`. Policies never import the engine.
+A policy declares the block it would like drafted (:attr:`Policy.draft_len`); the drafter
+(:class:`memtp_sim.drafting.Drafter`, the one owner of the draft length) decides what each round
+really drafts, e.g. the MEMTP ensemble's current depth. The engine then calls :meth:`Policy.plan`
+with a read-only :class:`RoundView` holding one confidence per drafted position
+(``RoundView.draft_len`` wide) and applies the returned :class:`RoundPlan`. Policies never import
+the engine.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ class RoundView:
     def num_requests(self) -> int:
         return int(self.confidences.shape[0])
 
+    @property
+    def draft_len(self) -> int:
+        """Positions the drafter proposed per request this round (the drafter decides it; a plan's
+        lengths never exceed it)."""
+        return int(self.confidences.shape[1])
+
 
 @dataclass(frozen=True)
 class RoundPlan:
@@ -70,8 +79,9 @@ class Policy(ABC):
     """Base class of verification-length policies.
 
     Subclasses set ``name`` (the YAML name), ``Params`` (a :class:`PolicyParams` model) and
-    implement :meth:`plan`. ``draft_len`` is how many tokens the drafter proposes per request each
-    round (0 = no speculation: no drafter cost, no confidences).
+    implement :meth:`plan`. ``draft_len`` is the block the policy asks the drafter for, tokens per
+    request per round (0 = no speculation: no drafter cost, no confidences); the drafter may draft
+    fewer (``RoundView.draft_len``), and a plan never verifies more than was drafted.
     """
 
     name: ClassVar[str]

@@ -40,7 +40,8 @@ class StaticPolicy(Policy):
         return self.params.k
 
     def plan(self, view: RoundView) -> RoundPlan:
-        lengths = np.full(view.num_requests, self.params.k, dtype=np.int64)
+        # verify k, or all that was drafted when the drafter drafted fewer (e.g. a MEMTP depth < k)
+        lengths = np.full(view.num_requests, min(self.params.k, view.draft_len), dtype=np.int64)
         budget = view.max_batch_tokens - view.num_requests - view.prefill_tokens
         return RoundPlan(fit_to_budget(lengths, budget))
 
@@ -60,6 +61,6 @@ class Mtp1Policy(StaticPolicy):
         return 1
 
     def plan(self, view: RoundView) -> RoundPlan:
-        lengths = np.ones(view.num_requests, dtype=np.int64)
+        lengths = np.full(view.num_requests, min(1, view.draft_len), dtype=np.int64)
         budget = view.max_batch_tokens - view.num_requests - view.prefill_tokens
         return RoundPlan(fit_to_budget(lengths, budget))
