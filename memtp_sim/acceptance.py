@@ -27,6 +27,7 @@ from scipy.optimize import brentq
 from scipy.special import expit, logit
 
 from .errors import CalibrationError
+from .hardware import calibration_dir
 
 __all__ = [
     "AcceptanceModel",
@@ -34,6 +35,7 @@ __all__ = [
     "expected_tau_iid",
     "load_acceptance",
     "DEFAULT_ACCEPTANCE",
+    "acceptance_dir",
 ]
 
 DEFAULT_ACCEPTANCE = "dspark-qwen3"
@@ -200,9 +202,8 @@ def _expected_tau(mu: float, slope: float, s_req: float, s_round: float, gamma: 
     return float(1.0 / np.dot(_GH32_WEIGHTS, 1.0 / tau_u))
 
 
-def _acceptance_dir() -> Path:
-    from .hardware import calibration_dir
-
+def acceptance_dir() -> Path:
+    """Folder of the shipped acceptance profiles (``calibration/acceptance``)."""
     return calibration_dir() / "acceptance"
 
 
@@ -215,9 +216,9 @@ def load_acceptance(name_or_path: str | Path | None = None) -> AcceptanceModel:
     key = DEFAULT_ACCEPTANCE if name_or_path is None else str(name_or_path)
     path = Path(key)
     if path.suffix not in (".yaml", ".yml"):
-        path = _acceptance_dir() / f"{key}.yaml"
+        path = acceptance_dir() / f"{key}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in _acceptance_dir().glob("*.yaml"))
+        known = sorted(p.stem for p in acceptance_dir().glob("*.yaml"))
         raise CalibrationError(f"acceptance profile {key!r} not found; shipped: {', '.join(known)}")
     return _load_acceptance_cached(str(path.resolve()))
 

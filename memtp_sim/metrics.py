@@ -71,10 +71,25 @@ def _mean(x: np.ndarray) -> float:
 
 
 def compute_metrics(st: EngineState) -> dict[str, Any]:
-    """Summary metrics of one run (names carry units). See the module docstring for definitions."""
+    """Summary metrics of one run (names carry units). See the module docstring for definitions.
+
+    Returns:
+        A dict with every name of :data:`METRIC_NAMES` (scalars) plus ``rejected_by_reason`` and,
+        when confidences were recorded, ``calibration_by_position`` (per-position ECE, AUC, Brier and
+        reliability curves).
+    """
+    t0 = t0_of(st)
+    makespan = max(st.end_s - t0, 1e-12)
+    m = _request_metrics(st, makespan)
+    m.update(_round_metrics(st, t0, makespan))
+    m.update(_calibration_metrics(st))
+    return m
+
+
+def _request_metrics(st: EngineState, makespan: float) -> dict[str, Any]:
+    """Per-request latency and speed percentiles, completion and rejection counts."""
     done = st.status == FINISHED
     rej = st.status == REJECTED
-    r = st.rounds
     arr, first, fin = st.arrival_at_s, st.first_token_at_s, st.finished_at_s
     ttft = (first - arr)[done]
     e2e = (fin - arr)[done]
@@ -86,36 +101,16 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
         tpot_ms = np.where(n_dec_tokens > 0, decode_s / n_dec_tokens * 1e3, np.nan)
         user_tps = np.where(decode_s > 0, n_dec_tokens / decode_s, np.nan)
     tpot_ms, user_tps = tpot_ms[np.isfinite(tpot_ms)], user_tps[np.isfinite(user_tps)]
-
-    t0 = float(np.nanmin(arr)) if np.isfinite(arr).any() else 0.0
-    makespan = max(st.end_s - t0, 1e-12)
-    end_round = r["start_s"] + r["duration_s"]
-    window_end = st.last_arrival_s if (st.last_arrival_s - t0) >= 0.5 * makespan else st.end_s
-    in_window = (end_round > t0) & (end_round <= window_end + 1e-12)
-    window_len = max(window_end - t0, 1e-12)
-
-    dec_rounds = float(r["num_decode"].sum())
-    verified = float(r["verify_tokens"].sum())
-    accepted = float(r["accepted_tokens"].sum())
-    total_time = float(r["duration_s"].sum())
-    in_system = r["num_waiting"] + r["num_running"] + r["num_remote_prefill"]
-    theta, theta_g = r["theta"], r["theta_global"]
-    has_theta = np.isfinite(theta) & np.isfinite(theta_g)
-    gap = has_theta & (theta_g > theta * (1 + 1e-9))
-
     reasons: dict[str, int] = {}
     for reason in st.reject_reason[rej]:
         reasons[reason] = reasons.get(reason, 0) + 1
-
-    m: dict[str, Any] = {
+    return {
         "num_requests": int(st.status.size),
         "num_completed": int(done.sum()),
         "num_rejected": int(rej.sum()),
         "rejected_by_reason": reasons,
         "output_tokens_total": int(st.generated_tokens[done].sum()),
         "makespan_s": makespan,
-        "steady_window_s": window_len,
-        "throughput_tok_per_s": float(r["emitted_tokens"][in_window].sum()) / window_len,
         "makespan_throughput_tok_per_s": float(st.generated_tokens.sum()) / makespan,
         "request_throughput_per_s": float(done.sum()) / makespan,
         "tok_per_s_user_p10": _pct(user_tps, 10),
@@ -134,6 +129,42 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
         "mean_e2e_s": _mean(e2e),
         "queue_s_p50": _pct(queue, 50),
         "queue_s_p90": _pct(queue, 90),
+        "num_preemptions": int(st.num_preemptions.sum()),
+        "mean_in_system": st.in_system_area / makespan,
+        "arrival_rate_per_s": _arrival_rate(st),
+    }
+
+
+def _arrival_rate(st: EngineState) -> float:
+    """Requests per second from the first to the last arrival (NaN when they coincide)."""
+    t0 = t0_of(st)
+    return float(st.status.size) / (st.last_arrival_s - t0) if st.last_arrival_s > t0 else float("nan")
+
+
+def t0_of(st: EngineState) -> float:
+    """First arrival time of the run (0 when no request arrived), seconds."""
+    return float(np.nanmin(st.arrival_at_s)) if np.isfinite(st.arrival_at_s).any() else 0.0
+
+
+def _round_metrics(st: EngineState, t0: float, makespan: float) -> dict[str, Any]:
+    """Throughput over the steady window, verify/accept counts, memory and depth over time."""
+    r = st.rounds
+    end_round = r["start_s"] + r["duration_s"]
+    window_end = st.last_arrival_s if (st.last_arrival_s - t0) >= 0.5 * makespan else st.end_s
+    in_window = (end_round > t0) & (end_round <= window_end + 1e-12)
+    window_len = max(window_end - t0, 1e-12)
+    dec_rounds = float(r["num_decode"].sum())
+    verified = float(r["verify_tokens"].sum())
+    accepted = float(r["accepted_tokens"].sum())
+    total_time = float(r["duration_s"].sum())
+    in_system = r["num_waiting"] + r["num_running"] + r["num_remote_prefill"]
+    theta, theta_g = r["theta"], r["theta_global"]
+    has_theta = np.isfinite(theta) & np.isfinite(theta_g)
+    gap = has_theta & (theta_g > theta * (1 + 1e-9))
+    w = r["duration_s"]
+    return {
+        "steady_window_s": window_len,
+        "throughput_tok_per_s": float(r["emitted_tokens"][in_window].sum()) / window_len,
         "num_rounds": int(r["start_s"].size),
         "mean_decode_batch": dec_rounds / max(1, int((r["num_decode"] > 0).sum())),
         "mean_batch_tokens": _mean(r["batch_tokens"]),
@@ -148,25 +179,19 @@ def compute_metrics(st: EngineState) -> dict[str, Any]:
         "busy_frac": total_time / makespan,
         "kv_capacity_blocks": int(st.kv_capacity_blocks),
         "kv_peak_frac": float(r["kv_blocks_peak"].max()) / st.kv_capacity_blocks if r["start_s"].size else 0.0,
-        "num_preemptions": int(st.num_preemptions.sum()),
-        "mean_depth": _time_avg(r["depth"], r["duration_s"]),
+        "mean_depth": _time_avg(r["depth"], w),
         "num_depth_changes": int(st.num_depth_changes),
-        "mean_heads_gib": _time_avg(r["heads_gib"], r["duration_s"]),
-        "mean_kv_gib": _time_avg(r["kv_gib"], r["duration_s"]),
+        "mean_heads_gib": _time_avg(r["heads_gib"], w),
+        "mean_kv_gib": _time_avg(r["kv_gib"], w),
         "peak_kv_gib": float(r["kv_gib"].max()) if r["kv_gib"].size else 0.0,
-        "mean_free_gib": _time_avg(r["free_gib"], r["duration_s"]),
-        "mean_coherence": _time_avg(r["coherence"], r["duration_s"]),
+        "mean_free_gib": _time_avg(r["free_gib"], w),
+        "mean_coherence": _time_avg(r["coherence"], w),
         "head_load_s_total": float(r["head_load_s"].sum()),
-        "mean_waiting": _time_avg(r["num_waiting"], r["duration_s"]),
+        "mean_waiting": _time_avg(r["num_waiting"], w),
         "num_draft_trims": int(r["num_trimmed"].sum()),
         "early_stop_gap_frac": float(gap.sum() / has_theta.sum()) if has_theta.any() else float("nan"),
-        "mean_in_system": st.in_system_area / makespan,
-        "mean_in_system_sampled": float((in_system * r["duration_s"]).sum()) / makespan,
-        "arrival_rate_per_s": float(st.status.size) / max(st.last_arrival_s - t0, 1e-12)
-        if st.last_arrival_s > t0 else float("nan"),
+        "mean_in_system_sampled": float((in_system * w).sum()) / makespan,
     }
-    m.update(_calibration_metrics(st))
-    return m
 
 
 def _calibration_metrics(st: EngineState) -> dict[str, Any]:

@@ -16,6 +16,7 @@ scenario and seed (resume). ``force=True`` recomputes everything.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -27,7 +28,10 @@ import pandas as pd
 import yaml
 
 from ._io import atomic_write_bytes, atomic_write_text, file_digest, json_default
+from .acceptance import DEFAULT_ACCEPTANCE, acceptance_dir
+from .api import run
 from .config import Scenario, Study
+from .hardware import list_profiles
 from .errors import ConfigError
 
 __all__ = ["RunSpec", "plan_runs", "run_study", "input_fingerprint", "check_writable", "runs_table"]
@@ -46,9 +50,6 @@ class RunSpec:
 def input_fingerprint(scenario: Scenario) -> dict[str, str]:
     """Content digests of the files a run reads (trace, hardware profile and its measurements,
     acceptance profile), so that resuming never reuses results computed from different inputs."""
-    from .acceptance import DEFAULT_ACCEPTANCE, _acceptance_dir
-    from .hardware import list_profiles
-
     out = {"trace": file_digest(Path(scenario.workload.trace))}
     hw = Path(scenario.hardware.profile)
     hw = hw if hw.suffix in (".yaml", ".yml") else list_profiles()[scenario.hardware.profile]
@@ -58,7 +59,7 @@ def input_fingerprint(scenario: Scenario) -> dict[str, str]:
         out["measurements"] = file_digest(hw.parent / csv_name)
     if scenario.acceptance.alpha is None:
         acc = Path(scenario.acceptance.profile or DEFAULT_ACCEPTANCE)
-        acc = acc if acc.suffix in (".yaml", ".yml") else _acceptance_dir() / f"{acc}.yaml"
+        acc = acc if acc.suffix in (".yaml", ".yml") else acceptance_dir() / f"{acc}.yaml"
         out["acceptance"] = file_digest(acc)
     return out
 
@@ -78,10 +79,6 @@ def plan_runs(study: Study, *, source: str = "<study>") -> list[RunSpec]:
 
 def _execute(spec: RunSpec, run_dir: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run one spec and write its files (summary.json last, so it marks completion)."""
-    import io
-
-    from .api import run
-
     res = run(spec.scenario, seed=spec.seed, progress=progress)
     d = Path(run_dir)
     buf = io.StringIO()

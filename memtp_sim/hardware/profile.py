@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -136,13 +137,7 @@ def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
-def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
-    """Load a hardware profile by shipped name or YAML path (``None`` = the default profile).
-
-    Raises:
-        CalibrationError: unknown name, missing file, missing field, or a verify curve that is not
-            one complete measured curve (every power of two from 1 to 512, one row each).
-    """
+def _resolve_profile_path(name_or_path: str | Path | None) -> Path:
     key = DEFAULT_PROFILE if name_or_path is None else str(name_or_path)
     path = Path(key)
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
@@ -155,75 +150,56 @@ def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
         path = profiles[key]
     if not path.is_file():
         raise CalibrationError(f"{path}: hardware profile file not found")
-    where = str(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise CalibrationError(f"{where}: not valid YAML ({e.__class__.__name__})") from None
-    if not isinstance(doc, dict):
-        raise CalibrationError(f"{where}: expected a mapping at the top level")
+    return path
 
-    csv_path = path.parent / str(_require(doc, "measurements", where))
+
+def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
+    """Load a hardware profile by shipped name or YAML path (``None`` = the default profile).
+
+    Profiles are cached by path and by the modification time and size of the YAML and its
+    measurements file, so a study that validates hundreds of scenarios parses each file once and
+    an edited file is read again.
+
+    Raises:
+        CalibrationError: unknown name, missing file, missing field, or a verify curve that is not
+            one complete measured curve (every power of two from 1 to 512, one row each).
+    """
+    path = _resolve_profile_path(name_or_path).resolve()
+    doc = _read_profile_doc(str(path), *_stat_key(path))
+    csv_path = path.parent / str(_require(doc, "measurements", str(path)))
     if not csv_path.is_file():
-        raise CalibrationError(f"{where}: measurements: file {csv_path} not found")
+        raise CalibrationError(f"{path}: measurements: file {csv_path} not found")
+    return _build_profile(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@lru_cache(maxsize=64)
+def _read_profile_doc(path_s: str, mtime_ns: int, size: int) -> dict[str, Any]:  # stat in the key: edits reload
+    try:
+        doc = yaml.load(Path(path_s).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+    except yaml.YAMLError as e:
+        raise CalibrationError(f"{path_s}: not valid YAML ({e.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise CalibrationError(f"{path_s}: expected a mapping at the top level")
+    return doc
+
+
+@lru_cache(maxsize=32)
+def _build_profile(path_s: str, yaml_stat: tuple[int, int], csv_s: str, csv_stat: tuple[int, int]) -> HardwareProfile:
+    path, csv_path = Path(path_s), Path(csv_s)
+    where = path_s
+    doc = _read_profile_doc(path_s, *yaml_stat)
     rows = _read_measurements(csv_path)
-
     verify = _require(doc, "verify", where)
-    sel = _select_rows(rows, _require(verify, "select", f"{where}: verify"), f"{where}: verify.select")
-    if not sel:
-        raise CalibrationError(f"{where}: verify.select matches no row of {csv_path.name}")
-    by_b: dict[int, dict[str, str]] = {}
-    for r in sel:
-        b = int(r["tokens_per_pass_B"])
-        if b in by_b:
-            raise CalibrationError(f"{where}: verify.select matches two rows for B={b}; narrow the selection")
-        by_b[b] = r
-    missing = [b for b in (1 << i for i in range(10)) if b not in by_b]
-    if missing:
-        raise CalibrationError(f"{where}: verify curve lacks measured B={missing} (need every power of two 1..512)")
-    if verify.get("lookup", "linear_pass_time") != "linear_pass_time":
-        raise CalibrationError(f"{where}: verify.lookup: only 'linear_pass_time' is supported")
-    bs = sorted(by_b)
-    src_urls = sorted({by_b[b]["source_url_or_repo_path"] for b in bs})
-    sps = SPSTable(
-        np.array(bs),
-        np.array([float(by_b[b]["derived_pass_ms"]) for b in bs]),
-        source=f"{csv_path.name} rows {verify['select'].get('model', '')} ({'; '.join(src_urls)})",
-        beyond_max=str(verify.get("beyond_max", "error")),
-    )
-
+    sps = _load_verify(rows, verify, csv_path, where)
     mem = _require(doc, "memory", where)
-    memory = MemorySpec(
-        gpu_allocatable_gib=float(_require(mem, "gpu_allocatable_gib", f"{where}: memory")),
-        weights_gib=float(_require(mem, "weights_bytes", f"{where}: memory")) / GIB,
-        drafter_weights_gib=float(_require(doc["drafter"], "weights_gib", f"{where}: drafter")),
-        reserve_gib=float(_require(mem, "reserve_gib", f"{where}: memory")),
-        kv_bytes_per_token=int(_require(mem, "kv_bytes_per_token", f"{where}: memory")),
-        kv_block_tokens=int(mem.get("kv_block_tokens", 16)),
-        max_model_len=int(_require(mem, "max_model_len", f"{where}: memory")),
-    )
-
+    memory = _load_memory(mem, _require(doc, "drafter", where), where)
     dr = _require(doc, "drafter", where)
-    dsel = _select_rows(rows, _require(dr, "parallel_select", f"{where}: drafter"), f"{where}: drafter.parallel_select")
-    tests = _require(dr, "parallel_tests", f"{where}: drafter")
-    by_test = {r["test"]: r for r in dsel}
-    for role in ("small", "large"):
-        if tests.get(role) not in by_test:
-            raise CalibrationError(f"{where}: drafter.parallel_tests.{role}={tests.get(role)!r} matches no selected row")
-    small, large = by_test[tests["small"]], by_test[tests["large"]]
-    t_seq = (
-        float(dr["seq_head_rank"]) * float(dr["seq_head_vocab"]) * float(dr["seq_head_bytes_per_param"])
-        / (float(dr["mem_bandwidth_gb_s"]) * 1e9)
-    )
-    drafter = DrafterCost(
-        t_small_s=float(small["derived_pass_ms"]) / 1000.0,
-        large_b=int(large["tokens_per_pass_B"]),
-        t_large_s=float(large["derived_pass_ms"]) / 1000.0,
-        time_scale=float(dr.get("parallel_time_scale", 1.0)),
-        t_seq_s=t_seq,
-        weights_gib=memory.drafter_weights_gib,
-        source=f"{small['source_url_or_repo_path']} ({tests['small']}, {tests['large']})",
-    )
+    drafter = _load_drafter(rows, dr, memory, where)
     sources = {
         "verify": sps.source,
         "gpu_allocatable": str(mem.get("gpu_allocatable_source", "")),
@@ -243,4 +219,67 @@ def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
         path=str(path),
         sources=sources,
         caveats=tuple(verify.get("caveats", ())),
+    )
+
+
+def _load_verify(rows: list[dict[str, str]], verify: Mapping[str, Any], csv_path: Path, where: str) -> SPSTable:
+    """The verify-cost table from the rows ``verify.select`` picks (one complete measured curve)."""
+    sel = _select_rows(rows, _require(verify, "select", f"{where}: verify"), f"{where}: verify.select")
+    if not sel:
+        raise CalibrationError(f"{where}: verify.select matches no row of {csv_path.name}")
+    by_b: dict[int, dict[str, str]] = {}
+    for r in sel:
+        b = int(r["tokens_per_pass_B"])
+        if b in by_b:
+            raise CalibrationError(f"{where}: verify.select matches two rows for B={b}; narrow the selection")
+        by_b[b] = r
+    missing = [b for b in (1 << i for i in range(10)) if b not in by_b]
+    if missing:
+        raise CalibrationError(f"{where}: verify curve lacks measured B={missing} (need every power of two 1..512)")
+    if verify.get("lookup", "linear_pass_time") != "linear_pass_time":
+        raise CalibrationError(f"{where}: verify.lookup: only 'linear_pass_time' is supported")
+    bs = sorted(by_b)
+    src_urls = sorted({by_b[b]["source_url_or_repo_path"] for b in bs})
+    return SPSTable(
+        np.array(bs),
+        np.array([float(by_b[b]["derived_pass_ms"]) for b in bs]),
+        source=f"{csv_path.name} rows {verify['select'].get('model', '')} ({'; '.join(src_urls)})",
+        beyond_max=str(verify.get("beyond_max", "error")),
+    )
+
+
+def _load_memory(mem: Mapping[str, Any], dr: Mapping[str, Any], where: str) -> MemorySpec:
+    return MemorySpec(
+        gpu_allocatable_gib=float(_require(mem, "gpu_allocatable_gib", f"{where}: memory")),
+        weights_gib=float(_require(mem, "weights_bytes", f"{where}: memory")) / GIB,
+        drafter_weights_gib=float(_require(dr, "weights_gib", f"{where}: drafter")),
+        reserve_gib=float(_require(mem, "reserve_gib", f"{where}: memory")),
+        kv_bytes_per_token=int(_require(mem, "kv_bytes_per_token", f"{where}: memory")),
+        kv_block_tokens=int(mem.get("kv_block_tokens", 16)),
+        max_model_len=int(_require(mem, "max_model_len", f"{where}: memory")),
+    )
+
+
+def _load_drafter(rows: list[dict[str, str]], dr: Mapping[str, Any], memory: MemorySpec, where: str) -> DrafterCost:
+    """The DSpark drafter's two-point roofline over the measured small model, plus the Markov head
+    step ``rank * vocab * bytes / bandwidth`` (docs/model.md section 1 step 1)."""
+    dsel = _select_rows(rows, _require(dr, "parallel_select", f"{where}: drafter"), f"{where}: drafter.parallel_select")
+    tests = _require(dr, "parallel_tests", f"{where}: drafter")
+    by_test = {r["test"]: r for r in dsel}
+    for role in ("small", "large"):
+        if tests.get(role) not in by_test:
+            raise CalibrationError(f"{where}: drafter.parallel_tests.{role}={tests.get(role)!r} matches no selected row")
+    small, large = by_test[tests["small"]], by_test[tests["large"]]
+    t_seq = (
+        float(dr["seq_head_rank"]) * float(dr["seq_head_vocab"]) * float(dr["seq_head_bytes_per_param"])
+        / (float(dr["mem_bandwidth_gb_s"]) * 1e9)
+    )
+    return DrafterCost(
+        t_small_s=float(small["derived_pass_ms"]) / 1000.0,
+        large_b=int(large["tokens_per_pass_B"]),
+        t_large_s=float(large["derived_pass_ms"]) / 1000.0,
+        time_scale=float(dr.get("parallel_time_scale", 1.0)),
+        t_seq_s=t_seq,
+        weights_gib=memory.drafter_weights_gib,
+        source=f"{small['source_url_or_repo_path']} ({tests['small']}, {tests['large']})",
     )

@@ -1,0 +1,197 @@
+"""The package's layering holds (docs/architecture.md): imports run one way, no cycles, no hidden
+function-level imports of the package's own modules, no function body too long to read.
+
+These read the source with :mod:`ast`; nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "memtp_sim"
+
+#: Floors, lowest first (docs/architecture.md). A module may import its own floor or lower ones.
+FLOORS: list[tuple[str, ...]] = [
+    ("errors", "_version", "_io", "_html"),
+    ("hardware", "acceptance", "workload", "memtp", "exactness"),
+    ("confidence", "telemetry", "policies"),
+    ("drafting", "kv_cache"),
+    ("config",),
+    ("engine",),
+    ("metrics",),
+    ("api",),
+    ("study",),
+    ("report",),
+    ("tuning",),
+    ("cli", "__main__", "__init__", "dashboard"),
+]
+FLOOR_OF = {name: i for i, names in enumerate(FLOORS) for name in names}
+
+#: A function body longer than this needs a comment saying why it must be one piece.
+MAX_BODY_LINES = 80
+ONE_PIECE_MARK = "one piece"
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted names relative to the package (``engine``, ``policies.dspark``) -> file."""
+    out = {}
+    for f in PKG.rglob("*.py"):
+        rel = f.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _resolve(module: str, node: ast.ImportFrom | ast.Import, is_pkg: bool) -> list[str]:
+    """Package-relative names a statement imports (empty for third-party imports)."""
+    if isinstance(node, ast.Import):
+        return [a.name.removeprefix("memtp_sim.") for a in node.names
+                if a.name == "memtp_sim" or a.name.startswith("memtp_sim.")]
+    if node.level == 0:
+        if node.module and (node.module == "memtp_sim" or node.module.startswith("memtp_sim.")):
+            base = node.module.removeprefix("memtp_sim").lstrip(".")
+            return [base or "__init__"]
+        return []
+    parts = module.split(".") if module != "__init__" else []
+    if not is_pkg:
+        parts = parts[:-1]
+    up = node.level - 1
+    parts = parts[: len(parts) - up] if up else parts
+    base = ".".join(parts + ([node.module] if node.module else []))
+    if not base:  # `from . import x` at the package root
+        return [a.name for a in node.names]
+    return [base]
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int, bool, bool]]:
+    """(imported module, line, inside a function, under TYPE_CHECKING) for each package import."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[str, int, bool, bool]] = []
+
+    def visit(node: ast.AST, in_func: bool, type_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for name in _resolve(module, child, is_pkg):
+                    out.append((name, child.lineno, in_func, type_only))
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, True, type_only)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                visit(child, in_func, True)
+            else:
+                visit(child, in_func, type_only)
+
+    visit(tree, False, False)
+    return out
+
+
+MODULES = _modules()
+
+
+def test_every_module_has_a_floor():
+    missing = sorted({_top(m) for m in MODULES} - set(FLOOR_OF))
+    assert not missing, f"add these modules to FLOORS and docs/architecture.md: {missing}"
+
+
+def test_no_module_imports_a_higher_floor():
+    bad = []
+    for mod, path in MODULES.items():
+        mine = FLOOR_OF[_top(mod)]
+        for name, line, _, type_only in _imports(mod, path):
+            if type_only or _top(name) == _top(mod):
+                continue
+            theirs = FLOOR_OF.get(_top(name))
+            if theirs is not None and theirs > mine:
+                bad.append(f"{path.relative_to(PKG.parent)}:{line} imports {name} (floor {theirs} > {mine})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for mod, path in MODULES.items():
+        for name, _, in_func, type_only in _imports(mod, path):
+            if type_only or mod == "__init__":
+                continue
+            # a module imports a package's __init__ (and so its submodules) when it names the package
+            target = name if name in MODULES else _top(name)
+            if target in graph and target != mod and not mod.startswith(target + "."):
+                graph[mod].add(target)
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state:
+                found = dfs(n)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            cycle = dfs(m)
+            assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_function_level_imports_of_the_package_say_why():
+    bad = []
+    for mod, path in MODULES.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for name, line, in_func, type_only in _imports(mod, path):
+            if not in_func or type_only:
+                continue
+            here, above = lines[line - 1], lines[line - 2] if line >= 2 else ""
+            if "#" not in here and not above.strip().startswith("#"):
+                bad.append(f"{path.relative_to(PKG.parent)}:{line} imports {name} inside a function without a "
+                           "comment saying why")
+    assert not bad, "\n".join(bad)
+
+
+def _long_functions() -> list[str]:
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = node.body
+            start = body[0].lineno
+            if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and len(body) > 1:
+                start = body[1].lineno  # the docstring does not count
+            length = node.end_lineno - start + 1
+            head = "\n".join(lines[node.lineno - 1: start + 2]).lower()
+            if length > MAX_BODY_LINES and ONE_PIECE_MARK not in head:
+                out.append(f"{path.relative_to(PKG.parent)}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_no_long_function_without_a_reason():
+    long = _long_functions()
+    assert not long, (f"function bodies over {MAX_BODY_LINES} lines need a comment near their top saying why "
+                      f"they must be {ONE_PIECE_MARK!r}:\n" + "\n".join(long))
+
+
+@pytest.mark.parametrize("bad", ["from .engine import Engine\n", "from memtp_sim.api import run\n"])
+def test_the_floor_check_can_fail(tmp_path, bad):
+    # the checker sees an upward import written the two ways the package writes imports
+    f = tmp_path / "hardware.py"
+    f.write_text(bad)
+    names = [n for n, *_ in _imports("hardware", f)]
+    assert names and all(FLOOR_OF[_top(n)] > FLOOR_OF["hardware"] for n in names)
