@@ -55,8 +55,9 @@ def check_plan(plan, v: RoundView, gamma: int) -> None:
 
 def test_dspark_async_equals_global_search_when_confidences_are_constant():
     # A jagged table with a cliff after B = 12 and a partial recovery at 24: the global search
-    # (no early stop) is the reference. Same confidences every round -> K_{t-2} == K_t, and the
-    # top-K of the same ranking is the global search's own set.
+    # (no early stop) is the reference. Same confidences every round -> K_{t-2} == K_t from round 2
+    # on, and the top-K of the same ranking is the global search's own set; rounds 0 and 1 are the
+    # warm-up (no capacity two rounds old yet: verify nothing).
     sps = SPSTable.from_mapping({1: 50, 8: 48, 12: 46, 13: 30, 20: 29, 24: 31, 32: 20, 64: 10})
     conf = np.array([
         [0.95, 0.9, 0.9, 0.85, 0.8, 0.8, 0.7],
@@ -72,6 +73,9 @@ def test_dspark_async_equals_global_search_when_confidences_are_constant():
             v = view(conf, sps, prefill=prefill, max_batch=max_batch, overhead=overhead, t=t)
             plan = pol.plan(v)
             check_plan(plan, v, 7)
+            if t < 2:
+                assert plan.lengths.tolist() == [0, 0, 0, 0], (prefill, t)
+                continue
             assert plan.lengths.tolist() == ref.lengths.tolist(), (prefill, t)
             assert plan.theta == pytest.approx(ref.theta, rel=1e-12)
 
@@ -88,13 +92,14 @@ def test_dspark_async_global_search_is_not_trivial_here():
 
 # Rounds of the lag test. STEP_TABLE, overhead 0 -> Theta(B) = tau * SPS(B).
 #
+# Warm-up (section 5.2): until a capacity from lag_rounds rounds earlier exists, K = 0 (verify
+# nothing). A zero-survival draft is never admitted (Algorithm 1, line 4).
 # t=0  R=2, c all 1 -> every a = 1, tau = B: B*SPS = 200,270,320,350,360,350,320 (B=2..8)
-#      -> K0 = 4 (B=6). Warm-up uses K0: top-4 of ties by request then position
-#      (0,0),(0,1),(0,2),(1,0) -> [3, 1].
-# t=1  R=2, c=[[1,0,0],[0,0,0]] -> a=[[1,0,0],[0,0,0]]: B2 2*100=200, B3 3*90=270, B4 3*80=240,
-#      then lower -> K1 = 1. Warm-up uses K1: top-1 (0,0) -> [1, 0].
-# t=2  R=1, c=[[1,1,0]] -> a=[1,1,0]. Uses K0=4, capped at 3 candidates -> [3].
-#      K2: B1 100, B2 200, B3 270, B4 3*80=240 -> K2 = 2.
+#      -> K0 = 4 (B=6). Warm-up: K = 0 -> [0, 0].
+# t=1  R=2, c=[[1,0,0],[0,0,0]] -> a=[[1,0,0],[0,0,0]]: one positive candidate: B2 2*100=200,
+#      B3 3*90=270 -> K1 = 1. Warm-up: K = 0 -> [0, 0].
+# t=2  R=1, c=[[1,1,0]] -> a=[1,1,0]. Uses K0=4, capped at the 2 positive candidates -> [2].
+#      K2: B1 100, B2 200, B3 270 -> K2 = 2.
 # t=3  R=2, c=[[.5,.5,.5],[.9,.9,.9]] -> a0=.5,.25,.125; a1=.9,.81,.729. Uses K1=1 -> (1,0) -> [0, 1].
 #      K3: sorted .9,.81,.729,.5,.25,.125; tau 2.9,3.71,4.439,4.939,5.189,5.314 at B=3..8
 #      -> 261, 296.8, 310.73, 296.34, 259.45, 212.56 (B2: 200) -> K3 = 3.
@@ -109,10 +114,10 @@ def test_dspark_async_global_search_is_not_trivial_here():
 # t=7  R=2, c=[[.2]*3,[.1]*3] -> a0=.2,.04,.008; a1=.1,.01,.001. Uses K5=1 (computed with R=3 and
 #      a tight cap) -> (0,0) -> [1, 0]. K7: B2 200, B3 2.2*90=198 -> K7 = 0.
 LAG_ROUNDS = [
-    # (confidences, prefill, max_batch, expected lengths, K used, K now, candidates, budget)
-    ([[1, 1, 1], [1, 1, 1]], 0, 8, [3, 1], 4, 4, 6, 6),
-    ([[1, 0, 0], [0, 0, 0]], 0, 8, [1, 0], 1, 1, 6, 6),
-    ([[1, 1, 0]], 0, 8, [3], 4, 2, 3, 7),
+    # (confidences, prefill, max_batch, expected lengths, K used, K now, positive candidates, budget)
+    ([[1, 1, 1], [1, 1, 1]], 0, 8, [0, 0], 0, 4, 6, 6),
+    ([[1, 0, 0], [0, 0, 0]], 0, 8, [0, 0], 0, 1, 1, 6),
+    ([[1, 1, 0]], 0, 8, [2], 4, 2, 2, 7),
     ([[.5, .5, .5], [.9, .9, .9]], 0, 8, [0, 1], 1, 3, 6, 6),
     ([[.8, .5, 1], [.7, 1, .2]], 0, 8, [1, 1], 2, 3, 6, 6),
     ([[.6, .6, .6], [.95, .95, .95], [.7, .7, .7]], 1, 5, [0, 1, 0], 3, 1, 9, 1),
@@ -143,13 +148,13 @@ def test_dspark_async_differs_from_sync_global_search_when_confidences_change():
 
 
 def test_dspark_async_lag_one_and_zero():
-    # lag 1 on the first three rounds above: t=0 warm-up K0=4 -> [3,1]; t=1 uses K0=4 on
-    # a=[[1,0,0],[0,0,0]] -> (0,0) then zeros by request/position (0,1),(0,2),(1,0) -> [3,1];
+    # lag 1 on the first three rounds above: t=0 warm-up K=0 -> [0,0]; t=1 uses K0=4 on
+    # a=[[1,0,0],[0,0,0]] -> (0,0) only (zeros are never candidates) -> [1,0];
     # t=2 uses K1=1 on a=[1,1,0] -> [1].
     pol = make_policy("dspark_async", {"gamma": 3, "lag_rounds": 1})
     got = [pol.plan(view(c, prefill=p, max_batch=m, t=t)).lengths.tolist()
            for t, (c, p, m, *_) in enumerate(LAG_ROUNDS[:3])]
-    assert got == [[3, 1], [3, 1], [1]]
+    assert got == [[0, 0], [1, 0], [1]]
     # lag 0: every round is its own global search: K0=4 -> [3,1]; K1=1 -> [1,0]; K2=2 -> [2].
     pol = make_policy("dspark_async", {"gamma": 3, "lag_rounds": 0})
     got = [pol.plan(view(c, prefill=p, max_batch=m, t=t)).lengths.tolist()
@@ -167,12 +172,14 @@ def test_dspark_async_round_gap_keeps_latest_old_capacity():
 
 
 def test_dspark_async_new_run_restarts_warm_up():
-    # round_index going back to 0 = a new run: warm-up again, so t=0 of all-ones -> K0=4 -> [3,1],
-    # even though the previous call (t=1) remembered K1 = 1.
+    # round_index going back to 0 = a new run: warm-up again, so t=0 and t=1 verify nothing and
+    # t=2 uses the new run's K0 = 4 (not the old run's K1 = 1) -> [3, 1] on all-ones.
     pol = make_policy("dspark_async", {"gamma": 3})
     pol.plan(view(LAG_ROUNDS[0][0], t=0))
     pol.plan(view(LAG_ROUNDS[1][0], t=1))
-    assert pol.plan(view(LAG_ROUNDS[0][0], t=0)).lengths.tolist() == [3, 1]
+    assert pol.plan(view(LAG_ROUNDS[0][0], t=0)).lengths.tolist() == [0, 0]
+    assert pol.plan(view(LAG_ROUNDS[1][0], t=1)).lengths.tolist() == [0, 0]
+    assert pol.plan(view(LAG_ROUNDS[0][0], t=2)).lengths.tolist() == [3, 1]
 
 
 def test_dspark_async_theta_is_rate_of_chosen_set():
@@ -317,8 +324,8 @@ def test_every_policy_respects_budget_and_range(name, extra, case):
 @settings(max_examples=100, deadline=None)
 @given(case=rounds())
 def test_dspark_async_admits_exactly_the_capped_lagged_capacity(case):
-    # sum(lengths) == min(K_{t-2} (or K_t in warm-up), R*gamma, budget), with K_t taken from the
-    # global search itself (the reference, not the policy).
+    # sum(lengths) == min(K_{t-2} (0 in warm-up), positive candidates, budget), with K_t taken from
+    # the global search itself (the reference, not the policy).
     gamma, views = case
     pol = make_policy("dspark_async", {"gamma": gamma})
     ks = []
@@ -328,10 +335,11 @@ def test_dspark_async_admits_exactly_the_capped_lagged_capacity(case):
                                               max_batch_tokens=v.max_batch_tokens,
                                               overhead_s=v.draft_overhead_s).num_candidates
         ks.append(k_t)
-        k_used = ks[t - 2] if t >= 2 else k_t
+        k_used = ks[t - 2] if t >= 2 else 0
         budget = v.max_batch_tokens - v.num_requests - v.prefill_tokens
         plan = pol.plan(v)
-        assert int(plan.lengths.sum()) == min(k_used, v.confidences.size, budget)
+        positive = int(np.count_nonzero(np.cumprod(v.confidences, axis=1) > 0))
+        assert int(plan.lengths.sum()) == min(k_used, positive, budget)
         # prefix property of the admitted set: every admitted a is >= every non-admitted a
         a = np.cumprod(v.confidences, axis=1)
         taken = np.arange(gamma)[None, :] < plan.lengths[:, None]

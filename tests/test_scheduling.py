@@ -326,6 +326,18 @@ def test_sps_table_missing_the_anchor_batch():
         hardware_aware_prefix_scheduler([[0.9]], {2: 1.0, 3: 1.0})
 
 
+@pytest.mark.parametrize("early", [True, False])
+def test_zero_survival_draft_is_never_admitted_even_when_sps_rises(early):
+    # Hand case (Algorithm 1, line 4: only drafts with positive probability are candidates). SPS
+    # rises with B, so admitting any token raises Theta = tau * SPS(B) even when it adds nothing
+    # to tau: a = [0.5, 0] -> only the first draft; a = [0, 0] -> none.
+    sps = {1: 1.0, 2: 2.0, 3: 3.0}
+    r = hardware_aware_prefix_scheduler([[0.5, 0.0]], sps, early_stop=early)
+    assert r.lengths.tolist() == [1] and r.batch_tokens == 2 and r.theta == pytest.approx(1.5 * 2.0)
+    r = hardware_aware_prefix_scheduler([[0.0, 0.9]], sps, early_stop=early)
+    assert r.lengths.tolist() == [0] and r.batch_tokens == 1 and r.theta == pytest.approx(1.0)
+
+
 def test_early_stop_needs_no_more_of_the_table_than_it_scans():
     # Appendix A stops at B = 1 after looking at B = 2; SPS(3) is not needed for early stop,
     # while the global search needs the whole scan.
@@ -359,8 +371,10 @@ def _best_tau_by_size(conf, cap_k):
     """Best tau for every number k of admitted drafts, over all prefix choices (no greedy order)."""
     num_req = len(conf)
     gains = [np.concatenate(([0.0], np.cumsum(np.cumprod(row)))) if row else np.zeros(1) for row in conf]
+    # Algorithm 1, line 4: only drafts with positive joint survival are candidates
+    usable = [int(np.count_nonzero(np.cumprod(row) > 0)) if row else 0 for row in conf]
     best: dict[int, float] = {}
-    for choice in itertools.product(*(range(len(row) + 1) for row in conf)):
+    for choice in itertools.product(*(range(u + 1) for u in usable)):
         k = sum(choice)
         if k > cap_k:
             continue
@@ -376,7 +390,8 @@ def test_properties_against_brute_force(inst):
     num_req = len(conf)
     base = num_req + prefill
     total = sum(len(r) for r in conf)
-    cap_k = total if cap is None else cap - base
+    positive = sum(int(np.count_nonzero(np.cumprod(row) > 0)) for row in conf if row)
+    cap_k = min(positive, total if cap is None else cap - base)
     best_tau = _best_tau_by_size(conf, cap_k)
     theta_star = [best_tau[k] / (overhead + 1.0 / sps[base + k]) for k in range(cap_k + 1)]
 

@@ -2,7 +2,7 @@
 
 Each request r drafted L positions with conditional confidences ``c[r, k]`` (shape (R, L)); the
 joint survival ``a[r, j] = prod_{k<=j} c[r, k]`` is the expected contribution of verifying
-position j (DSpark paper section 3.2). Candidate order, shared by all: ``a`` descending, ties by
+position j (DSpark paper section 3.2). Only candidates with ``a > 0`` are ever admitted (Algorithm 1, line 4). Candidate order, shared by all: ``a`` descending, ties by
 request index then position (the order of DSpark's Algorithm 1). Because ``a`` never increases
 along a row, any leading part of this order is a per-request prefix.
 """
@@ -69,14 +69,16 @@ def ranked_candidates(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def take_top(a: np.ndarray, n: int) -> tuple[np.ndarray, float]:
-    """Admit the first ``n`` candidates of :func:`ranked_candidates` order.
+    """Admit the first ``n`` candidates of :func:`ranked_candidates` order, never one whose joint
+    survival is zero (DSpark Algorithm 1, line 4: only drafts with positive probability are
+    candidates), so fewer than ``n`` may be admitted.
 
     Returns:
-        ``(lengths, sum_a)``: lengths per request, shape (R,), int64; and the sum of the
-        admitted ``a`` (expected accepted draft tokens, bonus excluded).
+        ``(lengths, sum_a)``: lengths per request, shape (R,), int64 (their sum is the number
+        admitted); and the sum of the admitted ``a`` (expected accepted draft tokens, bonus excluded).
     """
     rows, _, vals = ranked_candidates(a)
-    n = max(0, min(int(n), rows.size))
+    n = max(0, min(int(n), int(np.count_nonzero(vals > 0.0))))
     lengths = np.bincount(rows[:n], minlength=a.shape[0]).astype(np.int64)
     return lengths, float(vals[:n].sum())
 

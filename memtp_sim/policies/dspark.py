@@ -188,7 +188,8 @@ def hardware_aware_prefix_scheduler(
         a_sorted = a[order]
         r_sorted = rows[order]
 
-    n_max = a_sorted.size
+    # Line 4 of Algorithm 1: only drafts with positive probability are candidates (they sort last).
+    n_max = int(np.count_nonzero(a_sorted > 0.0))
     if max_batch_tokens is not None:
         n_max = min(n_max, int(max_batch_tokens) - base_b)
     if not table.covers(base_b):
@@ -289,7 +290,8 @@ class DSparkAsyncPolicy(Policy):
     one computed at a round ``<= t - lag_rounds``. A round in which the policy was not consulted
     (no decoding requests, hence no confidences) leaves no capacity, so the one before it stays
     in force. **Warm-up:** while no capacity that old exists (the first ``lag_rounds`` rounds of
-    a run), the current round's own ``K_t`` is used, i.e. the plan equals the global search.
+    a run), the capacity is 0 and nothing is verified: the next batch size must be known before
+    the current step ends, and no earlier step has produced one (section 5.2).
     A ``round_index`` lower than the previous call's starts a new run (history cleared).
 
     The policy is stateful: use one instance per run.
@@ -353,14 +355,14 @@ class DSparkAsyncPolicy(Policy):
         k_now = res.num_candidates
 
         k_lag = self._lagged_capacity(t) if self.params.lag_rounds > 0 else k_now
-        if k_lag is None:  # warm-up: no capacity lag_rounds old yet -> this round's own
-            k_lag = k_now
+        if k_lag is None:  # warm-up: no capacity lag_rounds old yet -> verify nothing (section 5.2)
+            k_lag = 0
         if self._history and self._history[-1][0] == t:
             self._history[-1] = (t, k_now)
         else:
             self._history.append((t, k_now))
 
-        n = min(k_lag, a.size, budget)
-        lengths, sum_a = take_top(a, n)
+        lengths, sum_a = take_top(a, min(k_lag, a.size, budget))
+        n = int(lengths.sum())
         return RoundPlan(lengths, theta=expected_rate(view, sum_a, n), theta_global=float(res.theta_global),
                          extra={"capacity_now": int(k_now), "capacity_used": int(k_lag)})

@@ -22,7 +22,9 @@ class ThresholdPolicy(Policy):
     """Static confidence threshold: verify request r's positions while ``a[r, j] >= threshold``.
 
     ``l_r = #{j : a[r, j] >= threshold}`` (a prefix, since ``a`` never increases along a row);
-    threshold 0 verifies the whole block, a threshold above every ``a`` verifies nothing. If the
+    threshold 0 verifies every draft the head gives a positive survival (the whole block unless
+    some ``a`` is exactly 0: a zero-survival draft is never a candidate), a threshold above every
+    ``a`` verifies nothing. If the
     selected drafts overflow ``budget = max_batch_tokens - R - prefill_tokens``, the lowest-``a``
     candidates are dropped first (ties: the later request / position goes first), which keeps
     every request's selection a prefix.
@@ -45,7 +47,8 @@ class ThresholdPolicy(Policy):
     def plan(self, view: RoundView) -> RoundPlan:
         a = survival(view, self.params.gamma)
         budget = draft_budget(view)
-        selected = int((a >= self.params.threshold).sum())
+        # a zero-survival draft is never a candidate (Algorithm 1, line 4), even at threshold 0
+        selected = int(((a >= self.params.threshold) & (a > 0.0)).sum())
         # Candidates above the threshold are exactly the first `selected` of the ranked order
         # (everything above t sorts before everything below), so trimming = taking fewer.
         n = min(selected, budget)
