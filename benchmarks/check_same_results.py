@@ -25,7 +25,7 @@ from memtp_sim.study import run_study
 def _runs(study_path: str) -> pd.DataFrame:
     study = load_study(study_path)
     with tempfile.TemporaryDirectory() as tmp:
-        _, table = run_study(study, out_dir=tmp, source=study_path)
+        table = run_study(study, out_dir=tmp, source=study_path).table
     return table
 
 

@@ -109,12 +109,15 @@ def run(scenario: Scenario, *, seed: int = 0,
     drafter = Drafter(spec, profile.drafter, profile.memory)
     policy = make_policy(spec.policy_name, spec.policy_params)
     head, temps = confidence_setup(scenario, acc, probs, spec.max_draft_len, seed)
-    settings = EngineSettings(**scenario.engine.model_dump())
+    settings = EngineSettings(**(scenario.engine.model_dump() | {"max_num_seqs": scenario.engine.num_seqs_limit}))
     engine = Engine(profile, acc, wl, policy, settings, np.random.default_rng([seed, 1]), progress=progress,
                     head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]), drafter=drafter)
     state = engine.run()
     metrics = compute_metrics(state)
     notes: list[str] = []
+    if wl.num_not_arrived:
+        notes.append(f"{wl.num_not_arrived} of the {wl.num_requests + wl.num_not_arrived} requests asked for never "
+                     "arrived: the rate schedule ended first")
     if metrics["num_rejected"]:
         notes.append(f"{metrics['num_rejected']} request(s) rejected: {metrics['rejected_by_reason']}")
     if metrics["num_preemptions"]:

@@ -32,6 +32,7 @@ from pydantic import (
     PositiveFloat,
     NonNegativeInt,
     PositiveInt,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -61,7 +62,12 @@ __all__ = [
     "load_study",
     "load_scenario",
     "format_validation_error",
+    "check_no_ignored_fields",
 ]
+
+
+#: Requests one run may hold (per-request arrays and result tables live in memory).
+MAX_REQUESTS_PER_RUN = 10_000_000
 
 
 class StrictModel(BaseModel):
@@ -95,7 +101,12 @@ class AcceptanceConfig(StrictModel):
     profile: str | None = Field(None, description="acceptance profile, fitted to DSpark Table 1 (default: dspark-qwen3)")
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="fixed i.i.d. per-position acceptance")
     domain_mix: dict[str, float] = Field(default_factory=lambda: {"chat": 1.0},
-                                         description="probability of each domain")
+                                         description="probability of each domain (must sum to 1)")
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _resolve_path(v, info) if v is not None and v.endswith((".yaml", ".yml")) else v
 
     @model_validator(mode="after")
     def _check(self) -> "AcceptanceConfig":
@@ -110,8 +121,12 @@ class AcceptanceConfig(StrictModel):
         unknown = sorted(set(self.domain_mix) - set(model.domains))
         if unknown:
             raise ValueError(f"domain_mix: unknown domain(s) {unknown}; allowed: {', '.join(model.domains)}")
-        if any(w < 0 for w in self.domain_mix.values()) or sum(self.domain_mix.values()) <= 0:
-            raise ValueError("domain_mix: weights must be >= 0 with a positive sum")
+        if any(w < 0 for w in self.domain_mix.values()):
+            raise ValueError("domain_mix: weights must be >= 0")
+        total = sum(self.domain_mix.values())
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"domain_mix: probabilities must sum to 1 (they sum to {total:g}); "
+                             "e.g. {chat: 0.5, code: 0.5}")
         return self
 
 
@@ -189,7 +204,9 @@ class RateSegment(StrictModel):
 class WorkloadConfig(StrictModel):
     trace: str = Field(..., description="trace CSV path, relative to the YAML file")
     mode: Literal["trace", "poisson", "closed_loop"] = "closed_loop"
-    num_requests: PositiveInt = 300
+    num_requests: PositiveInt = Field(
+        300, le=MAX_REQUESTS_PER_RUN,
+        description=f"requests in the run (at most {MAX_REQUESTS_PER_RUN:,}: per-request state is held in memory)")
     rate_scale: PositiveFloat = Field(1.0, description="trace mode: arrival-rate multiplier")
     rate_per_s: PositiveFloat | None = Field(None, description="poisson mode: requests per second")
     rate_schedule: list[RateSegment] | None = Field(
@@ -233,7 +250,9 @@ class WorkloadConfig(StrictModel):
 class EngineConfig(StrictModel):
     max_batch_tokens: PositiveInt = Field(512, description="token budget of one forward pass (B cap)")
     prefill_chunk_tokens: PositiveInt = Field(256, description="prefill tokens per pass at most (chunked prefill)")
-    max_num_seqs: PositiveInt = Field(256, description="running requests at most")
+    max_num_seqs: PositiveInt | None = Field(
+        None, description="running requests at most (default: min(256, max_batch_tokens); every running request "
+        "needs one token of each pass)")
     kv_watermark_frac: float = Field(0.01, ge=0.0, lt=1.0, description="KV blocks kept free at admission")
     prefill: Literal["colocated", "disaggregated"] = Field(
         "colocated",
@@ -241,6 +260,18 @@ class EngineConfig(StrictModel):
         "prefill GPU of the same profile computes prompts (the DSpark paper's production setting)",
     )
     prefill_gpus: PositiveInt = Field(1, description="disaggregated: prefill GPUs feeding this decode GPU")
+
+    @model_validator(mode="after")
+    def _seqs_fit_the_pass(self) -> "EngineConfig":
+        if self.max_num_seqs is not None and self.max_num_seqs > self.max_batch_tokens:
+            raise ValueError(f"max_num_seqs: {self.max_num_seqs} running requests cannot each put one token in a pass "
+                             f"of max_batch_tokens {self.max_batch_tokens}; allowed: <= {self.max_batch_tokens}")
+        return self
+
+    @property
+    def num_seqs_limit(self) -> int:
+        """Running requests at most, as the engine applies it."""
+        return self.max_num_seqs if self.max_num_seqs is not None else min(256, self.max_batch_tokens)
 
 
 class PolicySpec(BaseModel):
@@ -295,7 +326,47 @@ class Scenario(StrictModel):
                              f"goodput), not {self.policy.name!r}")
         if self.engine.prefill_chunk_tokens >= self.engine.max_batch_tokens:
             raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
+        mem = prof.memory
+        spec = self.draft_spec()
+        m = spec.memtp
+        held = (m.head_cost_gib * (1 if m.elastic else int(m.depth))) if m is not None else \
+            (mem.drafter_weights_gib if spec.speculative else 0.0)
+        if mem.kv_capacity_blocks(speculative=False, other_gib=held) <= 0:
+            what = "memtp.head_cost_gib" if m is not None else "hardware.profile"
+            raise ValueError(
+                f"{what}: no KV block fits: {mem.gpu_allocatable_gib:.1f} GiB allocatable - weights "
+                f"{mem.weights_gib:.1f} - reserve {mem.reserve_gib:.1f} - drafter/heads {held:.1f} GiB leaves nothing "
+                "for the KV cache")
         return self
+
+    def ignored_fields(self) -> dict[str, str]:
+        """Dotted paths whose value cannot change this scenario's run, each with the reason.
+
+        A field listed here that the user set is refused at load (by :func:`load_scenario`, or by
+        :meth:`Study.expand` when it takes effect in no run of the study): every field a user can
+        set either changes the resolved scenario or is refused.
+        """
+        out: dict[str, str] = {}
+        if self.engine.prefill == "colocated":
+            out["engine.prefill_gpus"] = "only used with engine.prefill: disaggregated"
+        memtp_only = [f for f in MemtpConfig.model_fields if f != "depth"]
+        if self.memtp.depth is None:
+            for f in memtp_only:
+                out[f"memtp.{f}"] = "only used with memtp.depth (elastic or a number of heads)"
+        elif self.memtp.depth != "elastic":
+            for f in ("max_depth", "r_low", "r_high", "min_dwell_rounds", "initial_depth", "head_load_gb_per_s"):
+                out[f"memtp.{f}"] = "only used with memtp.depth: elastic (a fixed depth drafts its own number of heads)"
+        if not self.draft_spec().speculative:
+            for f in ConfidenceConfig.model_fields:
+                out[f"confidence.{f}"] = f"policy {self.policy.name!r} drafts nothing, so it reads no confidences"
+        elif self.confidence.head == "oracle":
+            for f in ("noise_sd", "overconfidence", "sts", "sts_rounds"):
+                out[f"confidence.{f}"] = "only used with confidence.head: model (the oracle reports the truth)"
+        elif self.confidence.sts != "fit":
+            out["confidence.sts_rounds"] = "only used with confidence.sts: fit"
+        if self.acceptance.alpha is not None:
+            out["acceptance.domain_mix"] = "not used with a fixed acceptance.alpha (one i.i.d. acceptance for all)"
+        return out
 
     def memtp_settings(self) -> MemtpSettings | None:
         """The MEMTP ensemble's settings, or None when the classic drafter runs."""
@@ -313,6 +384,8 @@ class Scenario(StrictModel):
 
 class Study(StrictModel):
     """A sweep of scenarios: base x sweep (cartesian) x policies x seeds."""
+
+    _base_dir: str | None = PrivateAttr(default=None)
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
@@ -347,36 +420,79 @@ class Study(StrictModel):
                 raise ValueError(f"{k}: sweep values must be a non-empty list")
         return v
 
+    @model_validator(mode="after")
+    def _remember_base_dir(self, info: ValidationInfo) -> "Study":
+        # relative paths in variants and sweep values resolve against the study file, like base's
+        self._base_dir = (info.context or {}).get("base_dir")
+        return self
+
+    @model_validator(mode="after")
+    def _policy_overrides(self) -> "Study":
+        for vname, over in (self.variants or {}).items():
+            for k in over:
+                clash = [s for s in self.sweep if s == k or s.startswith(k + ".") or k.startswith(s + ".")]
+                if clash:
+                    raise ValueError(f"variants.{vname}.{k}: the sweep also sets {clash[0]}; one value per run, "
+                                     "so set it in one place")
+        if self.policies is None:
+            return self
+        keys = [("sweep", k) for k in self.sweep] + [
+            (f"variants.{v}", k) for v, over in (self.variants or {}).items() for k in over]
+        for where, k in keys:
+            if k in ("policy", "policy.name"):
+                raise ValueError(f"{where}.{k}: the study's policies list already chooses the policy; put the "
+                                 "policy in the list (or drop the list and sweep policy.name)")
+        return self
+
     def expand(self, *, source: str = "<study>") -> list[tuple[dict[str, Any], Scenario, int]]:
         """All runs: (labels, scenario, seed), in a stable order.
 
+        Each run starts from ``base``, takes its policy from ``policies`` (when given), then the
+        variant's overrides, then the sweep values, so a sweep or variant of ``policy.<param>``
+        changes the policy that runs. Relative paths resolve against the study file.
+
         Raises:
-            ConfigError: a sweep value makes an invalid scenario (message names the sweep key).
+            ConfigError: a sweep value or variant makes an invalid scenario (the message names the
+                point), or a field the study sets has no effect in any of its runs.
         """
         base = self.base.model_dump(mode="python")
         base["policy"] = self._policy_dict(self.base.policy)
         keys = list(self.sweep)
-        policies = self.policies or [self.base.policy]
+        policies = self.policies or [None]
         variants = list((self.variants or {"": {}}).items())
+        context = {"base_dir": self._base_dir} if getattr(self, "_base_dir", None) else None
+        set_paths = _set_paths(self.base) | set(keys)
+        ignored: dict[str, list[str]] = {}  # path -> reasons, one per run where it was ignored
+        applicable: dict[str, int] = {}
         out = []
         for vname, overrides in variants:
             for values in itertools.product(*(self.sweep[k] for k in keys)):
                 for pol in policies:
                     doc = copy.deepcopy(base)
+                    if pol is not None:
+                        doc["policy"] = self._policy_dict(pol)
                     for k, v in overrides.items():
                         _set_dotted(doc, k, v, f"{source}: variants.{vname}")
                     for k, v in zip(keys, values):
                         _set_dotted(doc, k, v, source)
-                    doc["policy"] = self._policy_dict(pol)
                     try:
-                        scen = Scenario.model_validate(doc)
+                        scen = Scenario.model_validate(doc, context=context)
                     except ValidationError as e:
                         where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={v!r}" for k, v in zip(keys, values)])
                         raise ConfigError(format_validation_error(e, f"{source} ({where})")) from None
+                    reasons = scen.ignored_fields()
+                    for path in set_paths | set(overrides):
+                        applicable[path] = applicable.get(path, 0) + 1
+                        if path in reasons:
+                            ignored.setdefault(path, []).append(reasons[path])
                     labels = ({"variant": vname} if vname else {}) | dict(zip(keys, values))
                     labels["policy"] = scen.policy_label()
                     for seed in self.seeds:
                         out.append((labels, scen, int(seed)))
+        for path, n in applicable.items():
+            if len(ignored.get(path, [])) == n:
+                raise ConfigError(f"{source}: {path}: has no effect in any run of this study ({ignored[path][0]}); "
+                                  "remove it or change the setting it depends on")
         return out
 
     @property
@@ -387,6 +503,20 @@ class Study(StrictModel):
     @staticmethod
     def _policy_dict(p: PolicySpec) -> dict[str, Any]:
         return {"name": p.name, **p.params}
+
+
+def _set_paths(model: BaseModel, prefix: str = "") -> set[str]:
+    """Dotted paths of the fields a user set explicitly (pydantic's ``model_fields_set``), recursing
+    into sections; a policy counts as one field (its parameters are the policy's own)."""
+    out: set[str] = set()
+    for name in model.model_fields_set:
+        value = getattr(model, name)
+        path = f"{prefix}{name}"
+        if isinstance(value, BaseModel) and not isinstance(value, PolicySpec):
+            out |= _set_paths(value, path + ".")
+        else:
+            out.add(path)
+    return out
 
 
 def _show(v: Any) -> str:
@@ -480,6 +610,21 @@ def load_scenario(path: str | Path) -> Scenario:
     doc = read_yaml(path, what="a mapping at the top level (hardware, acceptance, workload, engine, policy...)")
     p = Path(path)
     try:
-        return Scenario.model_validate(doc, context={"base_dir": str(p.parent)})
+        scen = Scenario.model_validate(doc, context={"base_dir": str(p.parent)})
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, str(path), Scenario)) from None
+    check_no_ignored_fields(scen, str(path))
+    return scen
+
+
+def check_no_ignored_fields(scenario: Scenario, source: str) -> None:
+    """Refuse a scenario in which a field the user set cannot take effect.
+
+    Raises:
+        ConfigError: one line naming ``source``, the field and why it has no effect.
+    """
+    reasons = scenario.ignored_fields()
+    for path in sorted(_set_paths(scenario)):
+        if path in reasons:
+            raise ConfigError(f"{source}: {path}: has no effect in this scenario ({reasons[path]}); "
+                              "remove it or change the setting it depends on")

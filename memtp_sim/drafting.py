@@ -16,9 +16,9 @@ Draft length rules (docs/model.md sections 1 and 2):
   (:attr:`memtp_sim.policies.Policy.draft_len`, ``gamma`` or ``k``); 0 for ``no_spec``. The drafter's
   weights (``profile.memory.drafter_weights_gib``) are resident whenever it drafts.
 * MEMTP ensemble: each head lets drafting go one position deeper, so the draft length is the
-  ensemble depth ``d`` (fixed, or elastic by :class:`~memtp_sim.memtp.DepthController`), at most
-  ``max_depth``; a policy's ``gamma`` becomes ``max_depth``. The heads (``d * head_cost_gib``)
-  replace the classic drafter's weights.
+  ensemble depth ``d`` (fixed, or elastic by :class:`~memtp_sim.memtp.DepthController`, at most
+  ``max_depth``); a policy's ``gamma`` becomes the block width (``d`` when fixed, ``max_depth``
+  when elastic). The heads (``d * head_cost_gib``) replace the classic drafter's weights.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class DraftSpec:
     Attributes:
         policy_name: the verification policy's YAML name.
         policy_params: the policy's parameters as the run uses them (under MEMTP a ``gamma``
-            parameter equals ``memtp.max_depth``).
+            parameter equals the block width).
         max_draft_len: widest block any round drafts, positions per request (bonus excluded);
             0 = no speculation.
         memtp: the MEMTP ensemble settings, or None for the classic drafter.
@@ -64,12 +64,14 @@ class DraftSpec:
         if memtp is None:
             width = int(make_policy(policy_name, params).draft_len)
             return cls(policy_name, params, width, None)
+        # elastic: the block is as wide as the deepest ensemble; fixed: exactly the heads there are
+        width = int(memtp.max_depth) if memtp.elastic else int(memtp.depth)
         if "gamma" in policy_class(policy_name).Params.model_fields:
-            params["gamma"] = int(memtp.max_depth)
+            params["gamma"] = width
         if int(make_policy(policy_name, params).draft_len) <= 0:
             raise InvalidArgumentError(f"memtp.depth: policy {policy_name!r} never drafts; the ensemble needs one "
                                        "that does")
-        return cls(policy_name, params, int(memtp.max_depth), memtp)
+        return cls(policy_name, params, width, memtp)
 
     @property
     def speculative(self) -> bool:

@@ -376,7 +376,9 @@ class Engine:
 
     def _admit(self) -> None:
         kv = self.kv
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+        # every running request may need one anchor token in a pass: never more than the pass holds
+        limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)
+        while self.waiting and len(self.running) < limit:
             i = self.waiting[0]
             # KV transferred from a prefill GPU covers the prompt (the first token is the anchor);
             # otherwise prompt + generated tokens are (re)computed here, emitting one token.

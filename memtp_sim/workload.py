@@ -32,7 +32,8 @@ __all__ = ["Trace", "Workload", "load_trace", "build_workload"]
 
 @dataclass(frozen=True)
 class Trace:
-    """A request trace: arrival offsets (s, from the first request), prompt and output tokens."""
+    """A request trace, sorted by arrival: arrival offsets (s, from the earliest request, whatever
+    the file's row order), prompt and output tokens (whole numbers >= 1)."""
 
     path: str
     arrival_s: np.ndarray
@@ -56,6 +57,8 @@ class Workload:
         concurrency: closed-loop users (None for open loop).
         think_time_s: closed-loop pause between a completion and the user's next request.
         description: one line for reports.
+        num_not_arrived: requests asked for (``num_requests``) that never arrived because a
+            rate schedule ended first; counted so that no request disappears without a reason.
     """
 
     arrival_s: np.ndarray
@@ -65,6 +68,7 @@ class Workload:
     concurrency: int | None = None
     think_time_s: float = 0.0
     description: str = ""
+    num_not_arrived: int = 0
 
     @property
     def num_requests(self) -> int:
@@ -79,10 +83,22 @@ def _rows(p: Path, cols: list[str], path: str) -> pd.DataFrame:
     df = pd.read_csv(p, usecols=cols)
     if len(df) == 0:
         raise ConfigError(f"{path}: trace has a header but no rows")
-    missing = df.isna().any(axis=1)
-    if missing.any():
-        raise ConfigError(f"{path}: row {int(missing.to_numpy().argmax()) + 2} has an empty or non-numeric cell")
+    for c in cols:
+        bad = df[c].isna()
+        if bad.any():
+            raise ConfigError(f"{path}: row {int(bad.to_numpy().argmax()) + 2}, column {c}: empty or non-numeric cell")
     return df
+
+
+def _token_counts(df: pd.DataFrame, col: str, path: str) -> np.ndarray:
+    """A token-count column as int64: every value a whole number >= 1 (row numbers count the header)."""
+    v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(v) | (v < 1) | (v != np.round(v))
+    if bad.any():
+        i = int(bad.argmax())
+        raise ConfigError(f"{path}: row {i + 2}, column {col}: {df[col].iloc[i]!r} is not a whole number of "
+                          "tokens >= 1")
+    return v.astype(np.int64)
 
 
 @lru_cache(maxsize=8)
@@ -99,25 +115,33 @@ def _read_trace(path: str, mtime_ns: int = 0, size: int = 0) -> Trace:  # stat i
     try:
         if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= set(head):
             df = _rows(p, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], path)
-            ts = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
-            arr = (ts - ts.iloc[0]).dt.total_seconds().to_numpy()
-            prompt, out, fmt = df["ContextTokens"].to_numpy(), df["GeneratedTokens"].to_numpy(), "azure2023"
+            ts = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f", errors="coerce")
+            if ts.isna().any():
+                i = int(ts.isna().to_numpy().argmax())
+                raise ConfigError(f"{path}: row {i + 2}, column TIMESTAMP: {df['TIMESTAMP'].iloc[i]!r} is not a "
+                                  "time like 2023-11-16 18:15:46.6805900")
+            arr = (ts - ts.min()).dt.total_seconds().to_numpy()
+            cols, fmt = ("ContextTokens", "GeneratedTokens"), "azure2023"
         elif {"timestamp", "input_length", "output_length"} <= set(head):
             df = _rows(p, ["timestamp", "input_length", "output_length"], path)
-            arr = (df["timestamp"].to_numpy(dtype=np.float64) - float(df["timestamp"].iloc[0])) / 1000.0
-            prompt, out, fmt = df["input_length"].to_numpy(), df["output_length"].to_numpy(), "mooncake"
+            stamp = pd.to_numeric(df["timestamp"], errors="coerce").to_numpy(dtype=np.float64)
+            if not np.isfinite(stamp).all():
+                i = int((~np.isfinite(stamp)).argmax())
+                raise ConfigError(f"{path}: row {i + 2}, column timestamp: {df['timestamp'].iloc[i]!r} is not a "
+                                  "number of milliseconds")
+            arr = (stamp - stamp.min()) / 1000.0
+            cols, fmt = ("input_length", "output_length"), "mooncake"
         else:
             raise ConfigError(
                 f"{path}: unknown trace columns {head}; expected Azure (TIMESTAMP, ContextTokens, "
                 "GeneratedTokens) or Mooncake (timestamp, input_length, output_length)"
             )
-        prompt, out = prompt.astype(np.int64), out.astype(np.int64)
+        prompt, out = _token_counts(df, cols[0], path), _token_counts(df, cols[1], path)
     except (ValueError, TypeError, IndexError, pd.errors.ParserError) as e:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{path}: trace rows could not be parsed ({e.__class__.__name__}: {str(e)[:80]})") from None
-    if (prompt < 1).any() or (out < 1).any():
-        raise ConfigError(f"{path}: every request needs >= 1 prompt token and >= 1 output token")
+    # arrivals are measured from the earliest request, whatever the row order; replay in time order
     order = np.argsort(arr, kind="stable")
     return Trace(str(p), arr[order], prompt[order], out[order], fmt)
 
@@ -204,13 +228,16 @@ def build_workload(
             prompt, out, domain = prompt[: arrival.size], out[: arrival.size], domain[: arrival.size]
             desc = "Poisson ramp " + " -> ".join(f"{r:g}/s x {d:g}s" for d, r in rate_schedule)
         else:
-            assert rate_per_s is not None and rate_per_s > 0
+            if rate_per_s is None or rate_per_s <= 0:
+                raise ConfigError(f"workload.rate_per_s: must be > 0 in poisson mode, got {rate_per_s}")
             arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, size=n))
             arrival -= arrival[0]
             desc = f"Poisson {rate_per_s:g} req/s"
-        return Workload(arrival, prompt, out, domain, description=f"{desc}, lengths from {Path(trace.path).name}")
+        return Workload(arrival, prompt, out, domain, description=f"{desc}, lengths from {Path(trace.path).name}",
+                        num_not_arrived=n - int(arrival.size))
     if mode == "closed_loop":
-        assert concurrency is not None and concurrency >= 1
+        if concurrency is None or concurrency < 1:
+            raise ConfigError(f"workload.concurrency: must be >= 1 in closed_loop mode, got {concurrency}")
         return Workload(np.full(n, np.nan), prompt, out, domain, concurrency=int(concurrency),
                         think_time_s=float(think_time_s),
                         description=f"closed loop, {concurrency} users, lengths from {Path(trace.path).name}")

@@ -100,8 +100,8 @@ def test_kv_plus_heads_plus_weights_never_exceed_memory(alloc, head_cost, depth,
     outputs = [20 + (p % 37) for p in prompts]
     try:
         eng = engine(prof, ms, prompts, outputs, concurrency=conc, seed=seed)
-    except ValueError:
-        return  # a fixed depth that leaves no KV at all is refused up front
+    except ValueError:  # CalibrationError: a fixed depth that leaves no KV at all is refused up front
+        return
     state = eng.run()
     r = state.rounds
     block_gib = 1.0 / 64
@@ -123,11 +123,13 @@ def test_memtp_config_errors_name_the_field(tmp_path):
     bad.write_text(base.replace("    max_depth: 16", "    max_depth: 4\n    initial_depth: 5"))
     with pytest.raises(ConfigError, match=r"bad\.yaml.*initial_depth"):
         load_study(bad)
-    # with MEMTP the policy's gamma is the ensemble's max depth, whatever the YAML says
+    # with MEMTP the policy's gamma is the ensemble's block, whatever the YAML says: max_depth (16)
+    # when elastic, the number of heads when fixed
     ok = tmp_path / "ok.yaml"
     ok.write_text(base.replace("  policy: {name: dspark, gamma: 16}", "  policy: {name: dspark, gamma: 7}"))
-    labels = {s.labels["policy"] for s in plan_runs(load_study(ok))}
-    assert all("gamma=16" in lab for lab in labels if lab.startswith("dspark("))
+    labels = {(s.labels["memtp.depth"], s.labels["policy"]) for s in plan_runs(load_study(ok))}
+    want = {1: "gamma=1,", 5: "gamma=5,", 16: "gamma=16,", "elastic": "gamma=16,"}
+    assert all(want[d] in lab for d, lab in labels if lab.startswith("dspark(")), labels
 
 
 @pytest.mark.slow

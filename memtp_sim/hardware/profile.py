@@ -11,6 +11,7 @@ The lookup rule between measured points is documented in :mod:`memtp_sim.hardwar
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -48,6 +49,7 @@ class HardwareProfile:
     path: str
     sources: dict[str, str] = field(default_factory=dict)
     caveats: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # plausibility notes on the measurements (hardware.profile.check_curve)
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready description for run outputs."""
@@ -74,6 +76,7 @@ class HardwareProfile:
             },
             "sources": self.sources,
             "caveats": list(self.caveats),
+            "warnings": list(self.warnings),
         }
 
 
@@ -103,8 +106,8 @@ def list_profiles() -> dict[str, Path]:
     out: dict[str, Path] = {}
     for p in sorted(calibration_dir().glob("*/*.yaml")):
         try:
-            doc = yaml.safe_load(p.read_text())
-        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            doc = _read_profile_doc(str(p.resolve()), *_stat_key(p))
+        except (OSError, CalibrationError, UnicodeDecodeError):
             continue  # a broken file is reported when loaded by path
         if isinstance(doc, dict) and "name" in doc and "verify" in doc and "measurements" in doc:
             out[str(doc["name"])] = p
@@ -127,8 +130,97 @@ def _select_rows(rows: list[dict[str, str]], select: Mapping[str, Any], where: s
 
 
 def _read_measurements(path: Path) -> list[dict[str, str]]:
+    """Rows of a measurements CSV; each row also carries ``_row``, its line number in the file."""
     with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    for i, r in enumerate(rows):
+        r["_row"] = str(i + 2)  # line 1 is the header
+    return rows
+
+
+def _cell(row: dict[str, str], column: str, csv_path: Path, *, kind: type = float, positive: bool = True) -> Any:
+    """One numeric cell; a bad one is an error naming the file, row and column."""
+    text = row.get(column)
+    try:
+        value = kind(float(text)) if kind is int else float(text)  # type: ignore[arg-type]
+        ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+        if kind is int and float(text) != int(float(text)):  # type: ignore[arg-type]
+            ok = False
+    except (TypeError, ValueError):
+        ok, value = False, None
+    if not ok:
+        what = "a whole number" if kind is int else "a number"
+        raise CalibrationError(f"{csv_path}: row {row.get('_row', '?')}, column {column}: {text!r} is not "
+                               f"{what} {'> 0' if positive else '>= 0'}")
+    return value
+
+
+def _field(d: Mapping[str, Any], key: str, where: str, *, kind: type = float, minimum: float = 0.0,
+           strict: bool = True, default: Any = None) -> Any:
+    """A numeric YAML field, checked: the right kind (no bool, no text, no fraction for counts) and
+    above ``minimum`` (``>`` if ``strict`` else ``>=``)."""
+    if key not in d:
+        if default is None:
+            raise CalibrationError(f"{where}: missing field {key!r}")
+        return default
+    v = d[key]
+    good = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if good and kind is int:
+        good = float(v) == int(v)
+    if good:
+        good = v > minimum if strict else v >= minimum
+    if not good:
+        what = "a whole number" if kind is int else "a number"
+        raise CalibrationError(f"{where}.{key}: {v!r} is not {what} {'>' if strict else '>='} {minimum:g}")
+    return kind(v)
+
+
+#: A measured pass may be at most this many times faster than the one at the next smaller measured
+#: B. Real curves do fall (a kernel switch): the largest fall in the shipped gfx1151 collection is
+#: 2.4x (Hunyuan-A13B, llama.cpp HIP, B = 32 -> 64); a 10x fall is a typo.
+MAX_PASS_TIME_FALL = 3.0
+#: Falls above this are kept but reported as a warning in every run's report.
+WARN_PASS_TIME_FALL = 1.5
+#: A pass may be at most this factor times ``B_next / B_prev`` slower than the one before (compute
+#: bound growth is ~linear in B; measured cliffs, e.g. 5x for 2x B on HIP, stay below 8x).
+MAX_PASS_TIME_RISE_PER_B = 4.0
+
+
+def check_curve(batch_tokens: np.ndarray, pass_ms: np.ndarray, *, where: str,
+                rows: list[str] | None = None, column: str = "derived_pass_ms") -> list[str]:
+    """Physical plausibility of a measured pass-time curve (sorted by B).
+
+    Args:
+        batch_tokens: measured B, shape (n,), increasing.
+        pass_ms: pass time at each B, shape (n,), ms.
+        where: the file, for messages.
+        rows: the file row of each point (for messages), or None.
+        column: the column the times came from.
+
+    Returns:
+        Warnings (one line each) for falls above :data:`WARN_PASS_TIME_FALL`.
+
+    Raises:
+        CalibrationError: a fall above :data:`MAX_PASS_TIME_FALL` or a rise above
+            :data:`MAX_PASS_TIME_RISE_PER_B` times the growth of B, naming file, row and column.
+    """
+    b, t = np.asarray(batch_tokens, dtype=np.float64), np.asarray(pass_ms, dtype=np.float64)
+    warnings: list[str] = []
+    for i in range(1, b.size):
+        loc = f"{where}: row {rows[i]}, column {column}" if rows else f"{where}: B={int(b[i])}"
+        fall, rise = t[i - 1] / t[i], t[i] / t[i - 1]
+        if fall > MAX_PASS_TIME_FALL:
+            raise CalibrationError(
+                f"{loc}: {t[i]:g} ms at B={int(b[i])} is {fall:.1f}x faster than {t[i - 1]:g} ms at B={int(b[i - 1])}; "
+                f"a larger batch is at most {MAX_PASS_TIME_FALL:g}x faster in real curves (check for a typo)")
+        if rise > MAX_PASS_TIME_RISE_PER_B * b[i] / b[i - 1]:
+            raise CalibrationError(
+                f"{loc}: {t[i]:g} ms at B={int(b[i])} is {rise:.1f}x slower than {t[i - 1]:g} ms at B={int(b[i - 1])}; "
+                f"at most {MAX_PASS_TIME_RISE_PER_B:g} x the growth of B is plausible (check for a typo)")
+        if fall > WARN_PASS_TIME_FALL:
+            warnings.append(f"{loc}: pass time falls {fall:.1f}x from B={int(b[i - 1])} to B={int(b[i])} "
+                            f"({t[i - 1]:g} -> {t[i]:g} ms); kept as measured")
+    return warnings
 
 
 def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
@@ -195,11 +287,11 @@ def _build_profile(path_s: str, yaml_stat: tuple[int, int], csv_s: str, csv_stat
     doc = _read_profile_doc(path_s, *yaml_stat)
     rows = _read_measurements(csv_path)
     verify = _require(doc, "verify", where)
-    sps = _load_verify(rows, verify, csv_path, where)
+    sps, warnings = _load_verify(rows, verify, csv_path, where)
     mem = _require(doc, "memory", where)
     memory = _load_memory(mem, _require(doc, "drafter", where), where)
     dr = _require(doc, "drafter", where)
-    drafter = _load_drafter(rows, dr, memory, where)
+    drafter = _load_drafter(rows, dr, memory, csv_path, where)
     sources = {
         "verify": sps.source,
         "gpu_allocatable": str(mem.get("gpu_allocatable_source", "")),
@@ -219,17 +311,19 @@ def _build_profile(path_s: str, yaml_stat: tuple[int, int], csv_s: str, csv_stat
         path=str(path),
         sources=sources,
         caveats=tuple(verify.get("caveats", ())),
+        warnings=tuple(warnings),
     )
 
 
-def _load_verify(rows: list[dict[str, str]], verify: Mapping[str, Any], csv_path: Path, where: str) -> SPSTable:
+def _load_verify(rows: list[dict[str, str]], verify: Mapping[str, Any], csv_path: Path,
+                 where: str) -> tuple[SPSTable, list[str]]:
     """The verify-cost table from the rows ``verify.select`` picks (one complete measured curve)."""
     sel = _select_rows(rows, _require(verify, "select", f"{where}: verify"), f"{where}: verify.select")
     if not sel:
         raise CalibrationError(f"{where}: verify.select matches no row of {csv_path.name}")
     by_b: dict[int, dict[str, str]] = {}
     for r in sel:
-        b = int(r["tokens_per_pass_B"])
+        b = _cell(r, "tokens_per_pass_B", csv_path, kind=int)
         if b in by_b:
             raise CalibrationError(f"{where}: verify.select matches two rows for B={b}; narrow the selection")
         by_b[b] = r
@@ -240,27 +334,40 @@ def _load_verify(rows: list[dict[str, str]], verify: Mapping[str, Any], csv_path
         raise CalibrationError(f"{where}: verify.lookup: only 'linear_pass_time' is supported")
     bs = sorted(by_b)
     src_urls = sorted({by_b[b]["source_url_or_repo_path"] for b in bs})
-    return SPSTable(
+    times = np.array([_cell(by_b[b], "derived_pass_ms", csv_path) for b in bs])
+    warnings = check_curve(np.array(bs), times, where=str(csv_path), rows=[by_b[b]["_row"] for b in bs])
+    table = SPSTable(
         np.array(bs),
-        np.array([float(by_b[b]["derived_pass_ms"]) for b in bs]),
+        times,
         source=f"{csv_path.name} rows {verify['select'].get('model', '')} ({'; '.join(src_urls)})",
         beyond_max=str(verify.get("beyond_max", "error")),
     )
+    return table, warnings
 
 
 def _load_memory(mem: Mapping[str, Any], dr: Mapping[str, Any], where: str) -> MemorySpec:
-    return MemorySpec(
-        gpu_allocatable_gib=float(_require(mem, "gpu_allocatable_gib", f"{where}: memory")),
-        weights_gib=float(_require(mem, "weights_bytes", f"{where}: memory")) / GIB,
-        drafter_weights_gib=float(_require(dr, "weights_gib", f"{where}: drafter")),
-        reserve_gib=float(_require(mem, "reserve_gib", f"{where}: memory")),
-        kv_bytes_per_token=int(_require(mem, "kv_bytes_per_token", f"{where}: memory")),
-        kv_block_tokens=int(mem.get("kv_block_tokens", 16)),
-        max_model_len=int(_require(mem, "max_model_len", f"{where}: memory")),
+    """The memory budget; every figure checked, and the budget must leave room for KV."""
+    w = f"{where}: memory"
+    spec = MemorySpec(
+        gpu_allocatable_gib=_field(mem, "gpu_allocatable_gib", w),
+        weights_gib=_field(mem, "weights_bytes", w, kind=int) / GIB,
+        drafter_weights_gib=_field(dr, "weights_gib", f"{where}: drafter", strict=False),
+        reserve_gib=_field(mem, "reserve_gib", w, strict=False),
+        kv_bytes_per_token=_field(mem, "kv_bytes_per_token", w, kind=int),
+        kv_block_tokens=_field(mem, "kv_block_tokens", w, kind=int, default=16),
+        max_model_len=_field(mem, "max_model_len", w, kind=int),
     )
+    used = spec.weights_gib + spec.reserve_gib + spec.drafter_weights_gib
+    if used + spec.kv_block_gib > spec.gpu_allocatable_gib:
+        raise CalibrationError(
+            f"{w}: the budget does not add up: weights {spec.weights_gib:.2f} + reserve {spec.reserve_gib:.2f} + "
+            f"drafter {spec.drafter_weights_gib:.2f} GiB leave no room for one KV block in "
+            f"gpu_allocatable_gib {spec.gpu_allocatable_gib:.2f}")
+    return spec
 
 
-def _load_drafter(rows: list[dict[str, str]], dr: Mapping[str, Any], memory: MemorySpec, where: str) -> DrafterCost:
+def _load_drafter(rows: list[dict[str, str]], dr: Mapping[str, Any], memory: MemorySpec, csv_path: Path,
+                  where: str) -> DrafterCost:
     """The DSpark drafter's two-point roofline over the measured small model, plus the Markov head
     step ``rank * vocab * bytes / bandwidth`` (docs/model.md section 1 step 1)."""
     dsel = _select_rows(rows, _require(dr, "parallel_select", f"{where}: drafter"), f"{where}: drafter.parallel_select")
@@ -270,15 +377,16 @@ def _load_drafter(rows: list[dict[str, str]], dr: Mapping[str, Any], memory: Mem
         if tests.get(role) not in by_test:
             raise CalibrationError(f"{where}: drafter.parallel_tests.{role}={tests.get(role)!r} matches no selected row")
     small, large = by_test[tests["small"]], by_test[tests["large"]]
+    w = f"{where}: drafter"
     t_seq = (
-        float(dr["seq_head_rank"]) * float(dr["seq_head_vocab"]) * float(dr["seq_head_bytes_per_param"])
-        / (float(dr["mem_bandwidth_gb_s"]) * 1e9)
+        _field(dr, "seq_head_rank", w, kind=int) * _field(dr, "seq_head_vocab", w, kind=int)
+        * _field(dr, "seq_head_bytes_per_param", w) / (_field(dr, "mem_bandwidth_gb_s", w) * 1e9)
     )
     return DrafterCost(
-        t_small_s=float(small["derived_pass_ms"]) / 1000.0,
-        large_b=int(large["tokens_per_pass_B"]),
-        t_large_s=float(large["derived_pass_ms"]) / 1000.0,
-        time_scale=float(dr.get("parallel_time_scale", 1.0)),
+        t_small_s=_cell(small, "derived_pass_ms", csv_path) / 1000.0,
+        large_b=_cell(large, "tokens_per_pass_B", csv_path, kind=int),
+        t_large_s=_cell(large, "derived_pass_ms", csv_path) / 1000.0,
+        time_scale=_field(dr, "parallel_time_scale", w, default=1.0),
         t_seq_s=t_seq,
         weights_gib=memory.drafter_weights_gib,
         source=f"{small['source_url_or_repo_path']} ({tests['small']}, {tests['large']})",

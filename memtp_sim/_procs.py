@@ -1,0 +1,90 @@
+"""Worker processes that die with their parent, and one-writer locks on result folders.
+
+* :func:`die_with_parent` runs in each worker process (a ``ProcessPoolExecutor`` initializer, or the
+  first thing a tuning worker does): on Linux the kernel sends the worker SIGKILL when its parent
+  dies (``prctl(PR_SET_PDEATHSIG)``), and on every platform a daemon thread exits the worker once
+  its parent is gone. A ``kill -9`` of ``run`` or ``tune`` therefore leaves no idle or unsupervised
+  workers behind.
+* :class:`FolderLock` is an exclusive, non-blocking ``flock`` on ``<folder>/.lock`` holding the
+  owner's pid: a second ``run`` on a busy results folder says so and exits instead of redoing
+  everything. The kernel releases the lock when the owner dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .errors import MemtpSimError
+
+__all__ = ["die_with_parent", "FolderLock", "FolderBusyError"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+class FolderBusyError(MemtpSimError, RuntimeError):
+    """Another process holds the results folder's lock."""
+
+
+def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
+    """Make this (worker) process exit when ``parent_pid`` (default: its parent) dies."""
+    parent = os.getppid() if parent_pid is None else parent_pid
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the watchdog below still works
+            pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)  # the parent is gone: nobody will read our results
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(1)
+
+
+class FolderLock:
+    """Exclusive lock on ``folder/.lock`` (see module docstring); a context manager.
+
+    Raises:
+        FolderBusyError: on enter, when another live process holds the lock (message names it).
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], what: str = "a run") -> None:
+        self.path = Path(folder) / ".lock"
+        self.what = what
+        self._fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        import fcntl  # POSIX only; imported here so that the module imports everywhere
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise FolderBusyError(f"{self.path.parent}: busy: {owner} is writing results here; wait for it to "
+                                  "finish, or give another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{self.what} (pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')})".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
