@@ -18,7 +18,7 @@ from pathlib import Path
 
 import optuna
 
-from memtp_sim.tune import load_tune_spec, run_tune, top_trials, validate_trials, write_tune_report
+from memtp_sim.tuning import load_tune_spec, run_tune, top_trials, validate_trials, write_tune_report
 
 SPEC = Path(__file__).resolve().parents[1] / "studies" / "tune.yaml"
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import MemtpSimError
+from .tuning import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
+from .tuning.export import export_config
 
 __all__ = ["main"]
 
@@ -36,9 +38,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .config import load_study
-    from .report import headline_table, load_results, write_report
-    from .study import check_writable, plan_runs, run_study
+    from .config import load_study  # lazy: a subcommand loads only what it uses
+    from .report import headline_table, load_results, write_report  # lazy: pandas + plotly; keep --help fast
+    from .study import check_writable, plan_runs, run_study  # lazy: a subcommand loads only what it uses
 
     console = Console(stderr=True)
     study = load_study(args.study)
@@ -60,48 +62,98 @@ def _cmd_run(args: argparse.Namespace) -> int:
         def on_run_progress(done: int, total: int) -> None:  # runs executing in this process
             prog.update(inner, completed=done, total=total, visible=True)
 
-        root, _ = run_study(study, out_dir=args.out, jobs=args.jobs, force=args.force, source=args.study,
-                            on_progress=on_progress, on_run_progress=on_run_progress)
-    report = write_report(root)
+        out = run_study(study, out_dir=args.out, jobs=args.jobs, force=args.force, source=args.study,
+                        on_progress=on_progress, on_run_progress=on_run_progress)
+    root = out.root
     elapsed = time.perf_counter() - t0
-    res = load_results(root)
-    _print_table(headline_table(res))
-    print(f"\n{n_runs} runs in {elapsed:.1f} s; results in {root}/; report: {report}")
+    if not args.quiet and out.num_reused:
+        print(f"resume: reused {out.num_reused} finished run(s) with the same scenario, seed and inputs; "
+              f"ran {out.num_ran}", file=sys.stderr)
+    if out.num_stale and not args.quiet:
+        print(f"note: {out.num_stale} folder(s) under {root}/runs belong to no run of this study (left untouched)",
+              file=sys.stderr)
+    if len(out.table):
+        report = write_report(root)
+        _print_table(headline_table(load_results(root)))
+        print(f"\n{n_runs} runs in {elapsed:.1f} s; results in {root}/; report: {report}")
+    if out.failed:
+        print(f"\n{len(out.failed)} of {n_runs} run(s) failed (the report says which); run the same command "
+              "again to retry them:", file=sys.stderr)
+        for rid, why in list(out.failed.items())[:10]:
+            print(f"  {rid}: {why}", file=sys.stderr)
+        return 1
     return 0
 
 
-def _print_table(df) -> None:  # noqa: ANN001 - pandas DataFrame
+def _print_table(df, *, console=None) -> None:  # noqa: ANN001 - pandas DataFrame, rich Console
+    """Print ``df`` as rich tables that fit the console and never cut a number.
+
+    The leading key columns (up to and including ``policy``) repeat in every table and wrap at
+    spaces, as headers do; every other column is as wide as its widest cell. When those columns do
+    not all fit beside the keys, they are split over several tables, one after another.
+    """
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(show_header=True, header_style="bold")
-    for c in df.columns:
-        t.add_column(str(c), justify="right")
-    for _, row in df.iterrows():
-        t.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row.tolist()])
-    Console(width=max(120, min(220, os.get_terminal_size(0).columns if sys.stdout.isatty() else 200))).print(t)
+    if console is None:
+        console = Console(width=max(60, os.get_terminal_size(sys.stdout.fileno()).columns)
+                          if sys.stdout.isatty() else 200)
+    cols = [str(c) for c in df.columns]
+    cells = [[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
+    n_keys = cols.index("policy") + 1 if "policy" in cols else 1
+
+    def width(i: int) -> int:  # content width: headers and keys may wrap at spaces, other cells never
+        longest_word = max((len(w) for text in [cols[i]] + [r[i] for r in cells] for w in text.split()), default=1)
+        widest_cell = max((len(r[i]) for r in cells), default=1)
+        if i < n_keys:
+            return max(longest_word, min(max(widest_cell, len(cols[i])), 20))
+        return max(longest_word, widest_cell)
+
+    widths = [width(i) for i in range(len(cols))]
+    roomy = widths[:n_keys] + [max(w, len(c)) for w, c in zip(widths[n_keys:], cols[n_keys:])]
+    if sum(roomy) + 3 * len(cols) + 1 <= console.width:  # everything fits with headers on one line
+        widths = roomy
+    room = console.width - (sum(widths[:n_keys]) + 3 * n_keys + 1)  # 3 = padding + border per column
+    groups: list[list[int]] = [[]]
+    for i in range(n_keys, len(cols)):
+        if groups[-1] and sum(widths[j] + 3 for j in groups[-1]) + widths[i] + 3 > room:
+            groups.append([])
+        groups[-1].append(i)
+    for group in groups:
+        t = Table(show_header=True, header_style="bold")
+        for i in list(range(n_keys)) + group:
+            # a number fits its column exactly, so it never wraps; "fold" (not "...") keeps every digit
+            t.add_column(cols[i], justify="right", width=widths[i], overflow="fold")
+        for r in cells:
+            t.add_row(*[r[i] for i in list(range(n_keys)) + group])
+        console.print(t)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .report import write_report
+    from .report import load_results, write_report  # lazy: pandas + plotly; keep --help fast
 
     root = Path(args.study_dir)
-    for name in ("runs.csv", "study.json"):
-        if not (root / name).is_file():
-            return _fail(f"{root}: no {name} here; this is not a finished study folder "
-                         "(run one first: python -m memtp_sim run STUDY.yaml)")
+    if not (root / "study.json").is_file():
+        return _fail(f"{root}: no study.json here; this is not a study folder "
+                     "(run one first: python -m memtp_sim run STUDY.yaml)")
     try:
         print(write_report(root))
     except (pd.errors.EmptyDataError, KeyError, ValueError) as e:
         return _fail(f"{root}: study results are incomplete or damaged ({e.__class__.__name__}); "
                      "rerun the study to rebuild them")
+    missing = load_results(root).missing
+    if missing:
+        print(f"warning: the report covers {len(load_results(root).table)} runs; {len(missing)} run(s) of the "
+              "study have no verified result (listed at the top of the report); run the study again to retry "
+              "them", file=sys.stderr)
+        return 1
     return 0
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
-    from .hardware import DEFAULT_PROFILE, list_profiles, load_profile
+    from .hardware import DEFAULT_PROFILE, list_profiles, load_profile  # lazy: a subcommand loads only what it uses
 
     for name, path in list_profiles().items():
         p = load_profile(name)
@@ -112,7 +164,7 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
-    from .policies import hardware_aware_prefix_scheduler
+    from .policies import hardware_aware_prefix_scheduler  # lazy: a subcommand loads only what it uses
 
     try:
         conf = [[float(x) for x in row.split(",")] for row in args.confidences]
@@ -136,9 +188,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import shlex
 
-    import optuna
-
-    from .tune import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
+    import optuna  # lazy: only this command needs optuna (~0.1 s at startup)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     spec = load_tune_spec(args.spec)
@@ -193,8 +243,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_config
-
     def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
@@ -207,8 +255,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_depth(args: argparse.Namespace) -> int:
     import json
 
-    from .memtp import memtp_depth
-    from .telemetry import memtp_depth_live
+    from .memtp import memtp_depth  # lazy: a subcommand loads only what it uses
+    from .telemetry import memtp_depth_live  # lazy: a subcommand loads only what it uses
 
     kw = {"head_cost_gib": args.head_cost_gib, "r_low": args.r_low, "r_high": args.r_high}
     try:
@@ -283,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the telemetry as JSON")
     d.set_defaults(func=_cmd_depth)
 
-    tu = sub.add_parser("tune", help="tune a scenario with Optuna (resumable; see memtp_sim/tune.py)")
+    tu = sub.add_parser("tune", help="tune a scenario with Optuna (resumable; see memtp_sim/tuning)")
     tu.add_argument("spec", help="tune YAML, e.g. studies/tune.yaml")
     tu.add_argument("--storage", help="Optuna storage URL (default: sqlite:///results/<study>/optuna.db); "
                     "postgresql+psycopg2://user:pass@host/db or journal:///path/file.log for many workers")

@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "memtp_sim"
 
 #: Floors, lowest first (docs/architecture.md). A module may import its own floor or lower ones.
 FLOORS: list[tuple[str, ...]] = [
-    ("errors", "_version", "_io", "_html"),
+    ("errors", "_version", "_io", "_html", "_procs"),
     ("hardware", "acceptance", "workload", "memtp", "exactness"),
     ("confidence", "telemetry", "policies"),
     ("drafting", "kv_cache"),

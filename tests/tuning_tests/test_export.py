@@ -1,4 +1,4 @@
-"""Production-config export (memtp_sim.export): the files parse and match the chosen trial, the
+"""Production-config export (memtp_sim.tuning.export): the files parse and match the chosen trial, the
 "best" rule picks what a brute-force search over the trials picks, every file carries provenance,
 bad requests (empty study, unknown study, r_low >= r_high) are one-line errors with exit 2, and a
 trial exported by number that fails the constraints gets one warning line."""
@@ -21,11 +21,11 @@ from _sim_helpers import tiny_tune_doc
 import memtp_sim
 from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
-from memtp_sim.export import _infeasibility_warning, deployment_settings
 from memtp_sim.hardware import load_profile
-from memtp_sim.tune import open_storage, open_study, parse_tune_spec, run_tune
+from memtp_sim.tuning import open_storage, open_study, parse_tune_spec, run_tune
+from memtp_sim.tuning.export import _infeasibility_warning, deployment_settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
 PROFILE = "gfx1151-llama31-8b-q4km-vulkan"
 SLA_VERIFY = 1.5  # constraint: mean_verify_len <= 1.5 (gamma 1 always meets it, gamma 6 never does)

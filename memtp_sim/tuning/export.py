@@ -1,7 +1,7 @@
 """Production configs from a tuned study: vLLM, SGLang and the MEMTP controller, with provenance.
 
 ``python -m memtp_sim export --study NAME [--storage URL] [--trial best|N] --format vllm|sglang|memtp
-[-o FILE]`` picks a trial (``best``: see :mod:`memtp_sim.tune`), makes sure it has been re-run on
+[-o FILE]`` picks a trial (``best``: see :func:`memtp_sim.tuning.select_trial`), makes sure it has been re-run on
 fresh seeds (runs the validation now if the tuner has not), and writes:
 
 * ``vllm``: JSON with ``speculative_config`` (``method``, ``num_speculative_tokens`` = the tuned max
@@ -20,7 +20,7 @@ fresh seeds (runs the validation now if the tuner has not), and writes:
 The *max depth* is the scenario's ``memtp.max_depth`` when the MEMTP ensemble is on
 (``memtp.depth`` set), otherwise the policy's draft length (``policy.gamma``; ``k`` for static).
 Gate thresholds and head cost come from the scenario's ``memtp`` section, or, on a scenario
-without one, from :func:`memtp_sim.memtp.memtp_depth`'s defaults (marked as such).
+without one, from :data:`memtp_sim.memtp.MEMTP_DEFAULTS` (marked as such).
 
 Every file records ``provenance``: study, storage (password masked), trial number and the rule that
 chose it, parameters, objective and constraint values (tuning mean and per-seed values; fresh-seed
@@ -35,17 +35,31 @@ the tuning seeds but not on the fresh validation seeds.
 from __future__ import annotations
 
 import datetime as _dt
-import inspect
 import json
 import shlex
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import yaml
 
-from ._version import __version__
-from .errors import ConfigError
+from .._io import atomic_write_text
+from .._version import __version__
+from ..api import build_acceptance
+from ..config import Scenario
+from ..errors import ConfigError
+from ..hardware import load_profile
+from ..memtp import MEMTP_DEFAULTS
+from ..policies import make_policy
+from ._loading import parse_tune_spec
+from ._selection import constraint_failures, select_trial
+from ._space import scenario_for
+from ._spec import STUDY_ATTR, TuneSpec
+from ._storage import default_storage_url, mask_url, open_storage
+from ._validation import validate_trials
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
 
 __all__ = ["FORMATS", "export_config", "build_export", "deployment_settings", "provenance_for"]
 
@@ -61,14 +75,14 @@ class _PlainDumper(yaml.SafeDumper):
 
 def _yaml(doc: Any) -> str:
     return yaml.dump(doc, Dumper=_PlainDumper, sort_keys=False, allow_unicode=True)
+
+
 _SUFFIX = {"vllm": ".vllm.json", "sglang": ".sglang.args", "memtp": ".memtp.yaml"}
 
 
 def _memtp_defaults() -> dict[str, float]:
-    from .memtp import memtp_depth
-
-    sig = inspect.signature(memtp_depth).parameters
-    return {k: float(sig[k].default) for k in ("r_low", "r_high", "head_cost_gib")}
+    """The gate thresholds and head cost a scenario without a ``memtp`` section gets."""
+    return {k: float(getattr(MEMTP_DEFAULTS, k)) for k in ("r_low", "r_high", "head_cost_gib")}
 
 
 def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[float] | None = None) -> dict[str, Any]:
@@ -87,8 +101,6 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
     Raises:
         ConfigError: ``r_low >= r_high``, or a policy that does not draft (nothing to export).
     """
-    from .policies import make_policy
-
     pol = dict(scenario.get("policy") or {})
     name = pol.pop("name", "dspark")
     policy = make_policy(name, pol)
@@ -109,7 +121,7 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
         gate = {k: float(mem.get(k, defaults[k])) for k in defaults}
         gate_source = "scenario memtp section"
     else:
-        gate, gate_source = defaults, "memtp_sim.memtp.memtp_depth defaults (scenario has no memtp section)"
+        gate, gate_source = defaults, "memtp_sim.memtp.MEMTP_DEFAULTS (scenario has no memtp section)"
     if not gate["r_low"] < gate["r_high"]:
         raise ConfigError(f"memtp: r_low ({gate['r_low']:g}) must be < r_high ({gate['r_high']:g}); "
                           "the coherence gate needs a non-empty linear region")
@@ -127,10 +139,7 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
     }
 
 
-def _calibration(scenario_obj: Any) -> dict[str, Any]:
-    from .api import build_acceptance
-    from .hardware import load_profile
-
+def _calibration(scenario_obj: Scenario) -> dict[str, Any]:
     prof = load_profile(scenario_obj.hardware.profile)
     acc = build_acceptance(scenario_obj).summary()
     return {
@@ -143,15 +152,16 @@ def _calibration(scenario_obj: Any) -> dict[str, Any]:
     }
 
 
-def provenance_for(study: Any, spec: Any, trial: Any, validation: dict[str, Any], *, storage_url: str,
-                   selection: str, scenario_obj: Any) -> dict[str, Any]:
+def provenance_for(study: "optuna.Study", spec: TuneSpec, trial: "optuna.trial.FrozenTrial",
+                   validation: dict[str, Any], *, storage_url: str, selection: str,
+                   scenario_obj: Scenario) -> dict[str, Any]:
     """The provenance block every exported file carries.
 
     Args:
         study: the Optuna study.
-        spec: its :class:`~memtp_sim.tune.TuneSpec`.
+        spec: its :class:`~memtp_sim.tuning.TuneSpec`.
         trial: the exported FrozenTrial.
-        validation: the trial's fresh-seed record (see :func:`memtp_sim.tune.validate_trials`).
+        validation: the trial's fresh-seed record (see :func:`memtp_sim.tuning.validate_trials`).
         storage_url: storage URL, password masked.
         selection: how the trial was chosen (text).
         scenario_obj: the trial's :class:`~memtp_sim.config.Scenario`.
@@ -159,7 +169,7 @@ def provenance_for(study: Any, spec: Any, trial: Any, validation: dict[str, Any]
     Returns:
         A JSON/YAML-ready dict.
     """
-    import optuna
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
     reps = trial.user_attrs.get("replicates", {})
     means = trial.user_attrs.get("metrics", {})
@@ -224,6 +234,10 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
 
     Raises:
         ConfigError: unknown format.
+
+    Source: vLLM's ``--speculative-config`` (``method``, ``num_speculative_tokens``) and SGLang's
+    server arguments (``--speculative-algorithm``, ``--speculative-num-steps``,
+    ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``), as documented by each project.
     """
     depth = int(settings["max_depth"])
     dspark: dict[str, Any] = {
@@ -283,8 +297,6 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
 
 
 def _sps_table(profile_name: str) -> dict[str, Any]:
-    from .hardware import load_profile
-
     prof = load_profile(profile_name)
     sps = prof.sps
     steps = sps.sps(sps.batch_tokens)
@@ -299,10 +311,8 @@ def _sps_table(profile_name: str) -> dict[str, Any]:
     }
 
 
-def _infeasibility_warning(spec: Any, trial: Any, validation: dict[str, Any]) -> str | None:
+def _infeasibility_warning(spec: TuneSpec, trial: Any, validation: dict[str, Any]) -> str | None:
     """One line when the trial fails its constraints (tuning seeds, else fresh seeds); None when it meets them."""
-    from .tune import constraint_failures
-
     tuning = constraint_failures(spec, trial.user_attrs.get("constraint_values", []),
                                  trial.user_attrs.get("metrics", {}))
     if tuning:
@@ -338,19 +348,7 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
         ConfigError: unknown format, missing storage or study, a study not made by
             ``memtp_sim tune``, empty study, no feasible trial, bad trial number, r_low >= r_high.
     """
-    import optuna
-
-    from ._io import atomic_write_text
-    from .tune import (
-        STUDY_ATTR,
-        default_storage_url,
-        mask_url,
-        open_storage,
-        parse_tune_spec,
-        scenario_for,
-        select_trial,
-        validate_trials,
-    )
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
     if fmt not in FORMATS:
         raise ConfigError(f"--format: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")

@@ -1,0 +1,801 @@
+"""The study report's numbers: every aggregation behind its tables, notes and figures.
+
+Each function takes a :class:`~memtp_sim.report.StudyResults` (or a slice of its ``table``) and
+returns pandas DataFrames, NamedTuples of numbers, or plain-words notes built from them. Nothing
+here draws: :mod:`memtp_sim.report.figures` turns these frames into Plotly figures, so a report and
+a dashboard can share the numbers and tests can check them by hand.
+
+Conventions: a metric ``m`` averaged over seeds appears as ``m_mean`` (arithmetic mean), ``m_sd``
+(sample standard deviation, ddof=1; 0 for one seed) and ``num_seeds``; groups keep the order the
+study lists them in (its YAML order), not sorted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from ._results import StudyResults, load_phases
+
+__all__ = [
+    "HEADLINE",
+    "MEMORY_HEADLINE",
+    "TIMELINE_COLUMNS",
+    "DsparkGaps",
+    "LatencySamples",
+    "Reliability",
+    "SpsCurve",
+    "Timeline",
+    "aggregate",
+    "calibration_table",
+    "cliff_notes",
+    "cliffs",
+    "dspark_gaps",
+    "dspark_losses",
+    "facets",
+    "frontier_points",
+    "headline_table",
+    "is_numeric",
+    "latency_samples",
+    "load_curves",
+    "phase_notes",
+    "phase_table",
+    "reliability_curves",
+    "sps_curve",
+    "time_weighted_bins",
+    "timeline",
+    "winners",
+    "winners_notes",
+]
+
+HEADLINE = [
+    ("throughput_tok_per_s", "throughput tok/s"),
+    ("tok_per_s_user_p50", "tok/s/user p50"),
+    ("tok_per_s_user_p10", "tok/s/user p10"),
+    ("ttft_s_p50", "TTFT p50 s"),
+    ("tpot_ms_p50", "TPOT p50 ms"),
+    ("mean_verify_len", "verify len"),
+    ("tau", "tau"),
+    ("acceptance_rate", "accept rate"),
+    ("num_rejected", "rejected"),
+]
+MEMORY_HEADLINE = [
+    ("queue_s_p90", "queue p90 s"),
+    ("mean_depth", "mean depth"),
+    ("mean_heads_gib", "heads GiB"),
+    ("mean_kv_gib", "KV GiB mean"),
+    ("peak_kv_gib", "KV GiB peak"),
+]
+# the MEMTP timeline's per-round columns (rounds.parquet), in panel order
+TIMELINE_COLUMNS = ("depth", "free_gib", "kv_gib", "coherence", "num_waiting")
+_DSPARK = "dspark"
+_STATIC = ("static", "mtp1")
+_CONFIDENCE_POLICIES = ("dspark", "threshold", "goodput")  # policies that rank draft confidences
+
+
+def is_numeric(col: pd.Series) -> bool:
+    """True when every value of ``col`` reads as a number (the axis is then numeric, else categorical)."""
+    return bool(pd.to_numeric(col, errors="coerce").notna().all())
+
+
+def _as_tuple(key: Any) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _where(keys: list[str], values: tuple) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in zip(keys, values))
+
+
+def aggregate(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """Mean, standard deviation and count over seeds for each combination of ``keys``.
+
+    Args:
+        table: one row per run (runs.csv), with columns ``keys`` and ``metrics``.
+        keys: the grouping columns (e.g. sweep keys and ``policy``); NaN is a group of its own.
+        metrics: numeric columns to average.
+
+    Returns:
+        One row per group, in the order the table first lists each group (its YAML order), not
+        sorted: ``keys``, ``<metric>_mean`` for each metric, ``<metric>_sd`` (ddof=1; 0 for a
+        single run), ``num_seeds`` (runs in the group).
+
+    Raises:
+        KeyError: a key or metric column is missing.
+    """
+    g = table.groupby(keys, dropna=False, sort=False)[metrics]
+    mean = g.mean().add_suffix("_mean")
+    sd = g.std(ddof=1).fillna(0.0).add_suffix("_sd")
+    out = pd.concat([mean, sd], axis=1)
+    out["num_seeds"] = g.size()
+    return out.reset_index()
+
+
+def facets(res: StudyResults) -> list[tuple[str, pd.DataFrame]]:
+    """The study's runs split by the sweep keys other than the x axis (one set of figures each).
+
+    Args:
+        res: the study (its ``facet_keys`` split ``res.table``).
+
+    Returns:
+        ``(title, rows)`` pairs in study order; the title reads ``"key = value, ..."`` (``""`` and
+        the whole table when there is nothing to split by).
+    """
+    keys = res.facet_keys
+    if not keys:
+        return [("", res.table)]
+    return [(_where(keys, _as_tuple(vals)), sub)
+            for vals, sub in res.table.groupby(keys, dropna=False, sort=False)]
+
+
+def headline_table(res: StudyResults) -> pd.DataFrame:
+    """Headline metrics, mean over seeds, per facet / load point / policy.
+
+    Args:
+        res: the study; runs.csv needs the metrics of :data:`HEADLINE` (and of
+            :data:`MEMORY_HEADLINE` when a run drives the MEMTP ensemble).
+
+    Returns:
+        Columns: the facet keys, the x key, ``policy``, then the labels of :data:`HEADLINE`
+        (``throughput tok/s``, ``tok/s/user p50``, ``tok/s/user p10``, ``TTFT p50 s``,
+        ``TPOT p50 ms``, ``verify len``, ``tau``, ``accept rate``, ``rejected``) and, when the study
+        runs the MEMTP ensemble, those of :data:`MEMORY_HEADLINE` (``queue p90 s``,
+        ``mean depth``, ``heads GiB``, ``KV GiB mean``, ``KV GiB peak``).
+
+    Raises:
+        KeyError: runs.csv lacks a headline metric.
+    """
+    keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
+    cols_spec = HEADLINE + (MEMORY_HEADLINE if res.uses_memtp else [])
+    agg = aggregate(res.table, keys, [m for m, _ in cols_spec])
+    cols = keys + [f"{m}_mean" for m, _ in cols_spec]
+    return agg[cols].rename(columns={f"{m}_mean": label for m, label in cols_spec})
+
+
+# ---------------------------------------------------------------------------------------------
+# who wins where
+
+
+def _winner_spans(points: list[tuple[Any, pd.DataFrame]], metric: str) -> list[dict[str, Any]]:
+    """Neighbouring points with the same leader (and the same presence of a rival) merged."""
+    spans: list[dict[str, Any]] = []
+    for xv, pt in points:
+        ranked = pt.sort_values(f"{metric}_mean", ascending=False)
+        best = ranked.iloc[0]
+        second = ranked.iloc[1] if len(ranked) > 1 else None
+        lead = best[f"{metric}_mean"] / second[f"{metric}_mean"] - 1 if second is not None else np.nan
+        runner_up = second["policy"] if second is not None else ""
+        last = spans[-1] if spans else None
+        if last is not None and last["policy"] == best["policy"] and bool(last["runner_up"]) == bool(runner_up):
+            last["xs"].append(xv)
+            if lead > last["lead"]:
+                last.update(lead=lead, runner_up=runner_up)
+        else:
+            spans.append({"xs": [xv], "policy": best["policy"], "lead": lead, "runner_up": runner_up})
+    return spans
+
+
+def winners(res: StudyResults) -> pd.DataFrame:
+    """Per facet and metric, which policy leads at each point of the sweep axis (mean over seeds),
+    with neighbouring points that share a leader merged into one span.
+
+    Metrics: ``throughput_tok_per_s`` (tok/s) and ``tok_per_s_user_p50`` (tok/s per user, median).
+
+    Returns:
+        One row per span, in study order: ``facet`` (``"key = value, ..."``, ``""`` without facets),
+        ``metric``, ``xs`` (list of x values in the span; ``["all"]`` without an x axis),
+        ``policy`` (the leader), ``lead`` (largest fraction by which the leader beats the runner-up
+        within the span, e.g. 0.08 = 8%; NaN where only one policy ran), ``runner_up`` (the policy
+        second at that point; ``""`` where only one ran).
+
+    Raises:
+        KeyError: runs.csv lacks one of the metrics.
+    """
+    x = res.x_key
+    keys = res.facet_keys + ([x] if x else []) + ["policy"]
+    agg = aggregate(res.table, keys, ["throughput_tok_per_s", "tok_per_s_user_p50"])
+    groups = agg.groupby(res.facet_keys, dropna=False, sort=False) if res.facet_keys else [((), agg)]
+    rows = []
+    for facet, sub in groups:
+        where = _where(res.facet_keys, _as_tuple(facet))
+        points = list(sub.groupby(x, sort=False)) if x else [("all", sub)]
+        for metric in ("throughput_tok_per_s", "tok_per_s_user_p50"):
+            for span in _winner_spans(points, metric):
+                rows.append({"facet": where, "metric": metric, **span})
+    return pd.DataFrame(rows, columns=["facet", "metric", "xs", "policy", "lead", "runner_up"])
+
+
+def winners_notes(res: StudyResults, *, tie: float = 0.01) -> list[str]:
+    """In plain words, per facet: which policy gives the highest throughput and which the highest
+    median per-user speed along the sweep axis (from :func:`winners`).
+
+    Args:
+        res: the study.
+        tie: a lead under this fraction (default 0.01 = 1%) is called a near tie.
+
+    Returns:
+        One sentence per facet and metric, e.g. ``"highest throughput: workload.concurrency 1-8:
+        dspark(...), up to 12% ahead of mtp1; ..."``. A study that ran a single policy gets one
+        sentence saying so (there is no rival to rank it against).
+    """
+    if len(res.policies) == 1:
+        return [(f"Only {res.policies[0]} was run in this study, so there is no rival policy to rank it "
+                 "against; the figures below compare the sweep settings instead.")]
+    x = res.x_key
+    what = {"throughput_tok_per_s": "highest throughput", "tok_per_s_user_p50": "fastest per user (p50)"}
+    w = winners(res)
+    notes = []
+    for (facet, metric), spans in w.groupby(["facet", "metric"], sort=False):
+        parts = []
+        for _, r in spans.iterrows():
+            xs = r["xs"]
+            span = (f"{x} {xs[0]}" if len(xs) == 1 else f"{x} {xs[0]}-{xs[-1]}") if x else ""
+            if not r["runner_up"]:
+                verdict = f"only {r['policy']} was run"
+            elif r["lead"] < tie:
+                verdict = f"near tie, {r['policy']} and {r['runner_up']} within {tie:.0%}"
+            else:
+                verdict = f"{r['policy']}, up to {r['lead']:.0%} ahead of {r['runner_up']}"
+            parts.append(f"{span}: {verdict}" if span else verdict)
+        notes.append(f"{facet + ': ' if facet else ''}{what[metric]}: " + "; ".join(parts) + ".")
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# where DSpark loses to a static policy
+
+
+class DsparkGaps(NamedTuple):
+    """Load points where a DSpark policy trails the best static policy (see :func:`dspark_gaps`)."""
+
+    points: pd.DataFrame
+    dspark_policies: list[str]
+    static_policies: list[str]
+
+
+_GAP_COLUMNS = ["facet", "x", "policy", "throughput_tok_per_s", "mean_verify_len", "draft_time_frac",
+                "early_stop_gap_frac", "static_policy", "static_throughput_tok_per_s",
+                "static_mean_verify_len", "static_draft_time_frac", "gap_frac", "noise_frac"]
+
+
+def dspark_gaps(res: StudyResults, *, margin: float = 0.02) -> DsparkGaps:
+    """Every point where a DSpark policy's throughput trails the best static policy (a policy whose
+    label starts with ``static`` or ``mtp1``) by more than ``margin`` and by more than the seed spread.
+
+    The gap is ``1 - dspark_mean / static_mean``; the spread is ``(dspark_sd + static_sd) /
+    static_mean`` (throughput over seeds, tok/s). A point is listed when the gap exceeds both.
+
+    Args:
+        res: the study.
+        margin: the smallest gap worth listing, as a fraction (default 0.02 = 2%).
+
+    Returns:
+        ``points``: one row per loss, sorted by facet and x: ``facet`` (``"key = value, ..."``),
+        ``x`` (the point on the sweep axis; None without one), ``policy``,
+        ``throughput_tok_per_s``, ``mean_verify_len``, ``draft_time_frac``, ``early_stop_gap_frac``
+        (means over seeds), the same for the best static policy with a ``static_`` prefix
+        (``static_policy`` its label), ``gap_frac`` and ``noise_frac``. ``dspark_policies`` and
+        ``static_policies``: what the study ran of each kind; with either empty there is nothing to
+        compare and ``points`` is empty.
+
+    Raises:
+        KeyError: runs.csv lacks ``throughput_tok_per_s``, ``early_stop_gap_frac``,
+            ``mean_verify_len`` or ``draft_time_frac``.
+    """
+    ds_pol = [p for p in res.policies if p.startswith(_DSPARK)]
+    st_pol = [p for p in res.policies if p.startswith(_STATIC)]
+    empty = pd.DataFrame(columns=_GAP_COLUMNS)
+    if not ds_pol or not st_pol:
+        return DsparkGaps(empty, ds_pol, st_pol)
+    x = res.x_key
+    keys = res.facet_keys + ([x] if x else []) + ["policy"]
+    m = ["throughput_tok_per_s", "early_stop_gap_frac", "mean_verify_len", "draft_time_frac"]
+    agg = aggregate(res.table, keys, m)
+    groups = agg.groupby(res.facet_keys, dropna=False) if res.facet_keys else [((), agg)]
+    rows = []
+    for facet, sub in groups:
+        where = _where(res.facet_keys, _as_tuple(facet))
+        for xv, pt in (sub.groupby(x) if x else [(None, sub)]):
+            ds = pt[pt["policy"].str.startswith(_DSPARK)]
+            st = pt[pt["policy"].str.startswith(_STATIC)]
+            if ds.empty or st.empty:
+                continue
+            best = st.loc[st["throughput_tok_per_s_mean"].idxmax()]
+            for _, d in ds.iterrows():
+                gap = 1 - d["throughput_tok_per_s_mean"] / best["throughput_tok_per_s_mean"]
+                noise = (d["throughput_tok_per_s_sd"] + best["throughput_tok_per_s_sd"]) / best["throughput_tok_per_s_mean"]
+                if gap <= max(margin, noise):
+                    continue
+                rows.append({"facet": where, "x": xv, "policy": d["policy"],
+                             **{c: d[f"{c}_mean"] for c in m}, "static_policy": best["policy"],
+                             **{f"static_{c}": best[f"{c}_mean"] for c in m if c != "early_stop_gap_frac"},
+                             "gap_frac": gap, "noise_frac": noise})
+    return DsparkGaps(pd.DataFrame(rows, columns=_GAP_COLUMNS) if rows else empty, ds_pol, st_pol)
+
+
+def _loss_reasons(p: pd.Series) -> list[str]:
+    reasons = []
+    trapped = p["early_stop_gap_frac"]
+    if np.isfinite(trapped) and trapped > 0.05:
+        reasons.append(
+            f"in {trapped:.0%} of its rounds early stop halted although a global search over the "
+            "same candidates expected a higher token rate further on: the next candidate would "
+            "cross a jump in the measured SPS(B) (see the SPS figure), and Algorithm 1's lossless "
+            "rule stops at the first non-improvement (the paper's section 5.2 caveat; the "
+            "production variant's global search does not stop there)")
+    if p["draft_time_frac"] - p["static_draft_time_frac"] > 0.05:
+        reasons.append(
+            f"drafting takes {p['draft_time_frac']:.0%} of its time against "
+            f"{p['static_draft_time_frac']:.0%} for {p['static_policy']}: it drafts gamma tokens for "
+            "every request every round, and on this chip a drafter pass over R x gamma tokens is "
+            "a sizeable fraction of a verify pass")
+    if not reasons:
+        reasons.append("its objective looks one round ahead only; neither early stop nor drafting "
+                       "time explains the gap here")
+    return reasons
+
+
+def dspark_losses(res: StudyResults, *, margin: float = 0.02) -> list[str]:
+    """Plain-words notes for every point of :func:`dspark_gaps`, with the measured reasons: how often
+    early stop halted below a better batch (``early_stop_gap_frac`` over 5%) and how much more of
+    the time went to drafting than for the static policy (``draft_time_frac``, 5 points more).
+
+    Args:
+        res: the study.
+        margin: the smallest gap worth listing, as a fraction (default 0.02 = 2%).
+
+    Returns:
+        One note per loss; empty when there is none, and also when the study ran no DSpark or no
+        static policy (check :func:`dspark_gaps` to tell the two apart).
+    """
+    x = res.x_key
+    notes = []
+    for _, p in dspark_gaps(res, margin=margin).points.iterrows():
+        where = ", ".join(s for s in (p["facet"], f"{x} = {p['x']}" if x else "") if s)
+        reasons = _loss_reasons(p)
+        notes.append(
+            f"{where + ': ' if where else ''}{p['policy']} gives {p['throughput_tok_per_s']:.1f} tok/s vs "
+            f"{p['static_policy']} {p['static_throughput_tok_per_s']:.1f} tok/s ({p['gap_frac']:.1%} lower; "
+            f"mean verify length {p['mean_verify_len']:.2f} vs {p['static_mean_verify_len']:.2f}). "
+            + " ".join(("Also, " + r if i else r[0].upper() + r[1:]) + "." for i, r in enumerate(reasons)))
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# figures' data: frontier, load sweep, latency
+
+
+def _sorted_per_policy(agg: pd.DataFrame, x: str | None) -> pd.DataFrame:
+    """Policies in study order, each one's points sorted by ``x`` when ``x`` is numeric."""
+    parts = [d.sort_values(x) if x and is_numeric(d[x]) else d for _, d in agg.groupby("policy", sort=False)]
+    return pd.concat(parts, ignore_index=True) if parts else agg
+
+
+def frontier_points(table: pd.DataFrame, x: str | None) -> pd.DataFrame:
+    """Throughput vs per-user speed, one point per policy and setting of ``x`` (the paper's Fig. 7).
+
+    Args:
+        table: runs.csv rows (one facet of the study, or all of it).
+        x: the sweep-axis column, or None (one point per policy).
+
+    Returns:
+        Columns ``x`` (when given), ``policy``, ``throughput_tok_per_s_mean``/``_sd`` (tok/s),
+        ``tok_per_s_user_p50_mean``/``_sd`` (tok/s per user, median over requests), ``num_seeds``;
+        policies in study order, each one's points sorted by ``x`` when numeric.
+    """
+    agg = aggregate(table, ([x] if x else []) + ["policy"], ["throughput_tok_per_s", "tok_per_s_user_p50"])
+    return _sorted_per_policy(agg, x)
+
+
+def load_curves(table: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Throughput, verify budget and per-user speed against the sweep axis (the paper's Fig. 8).
+
+    Args:
+        table: runs.csv rows (one facet of the study, or all of it).
+        x: the sweep-axis column.
+
+    Returns:
+        Columns ``x``, ``policy``, ``<m>_mean`` and ``<m>_sd`` for ``throughput_tok_per_s`` (tok/s),
+        ``mean_verify_len`` (draft tokens verified per request per round), ``tok_per_s_user_p50``
+        (tok/s per user) and ``verify_budget`` (tokens per request per round including the bonus
+        token: ``mean_verify_len + 1``), ``num_seeds``; ordered as :func:`frontier_points`.
+    """
+    agg = aggregate(table, [x, "policy"], ["throughput_tok_per_s", "mean_verify_len", "tok_per_s_user_p50"])
+    agg["verify_budget_mean"] = agg["mean_verify_len_mean"] + 1.0
+    agg["verify_budget_sd"] = agg["mean_verify_len_sd"]
+    return _sorted_per_policy(agg, x)
+
+
+class LatencySamples(NamedTuple):
+    """Per-request latencies of the first seed's runs (see :func:`latency_samples`)."""
+
+    samples: pd.DataFrame
+    seed: int
+
+
+def latency_samples(res: StudyResults, table: pd.DataFrame, x: str | None) -> LatencySamples:
+    """TTFT, TPOT and end-to-end latency of every finished request of the lowest seed's runs.
+
+    Args:
+        res: the study (to find each run's requests.csv).
+        table: runs.csv rows (one facet of the study, or all of it).
+        x: the sweep-axis column, or None.
+
+    Returns:
+        ``samples``: one row per finished request: ``policy``, ``x_value`` (the run's ``x`` as
+        text; the policy without an x axis), ``ttft_s``, ``tpot_ms`` (1000 / tok/s/user), ``e2e_s``;
+        policies in study order, runs in table order; runs without requests.csv are skipped.
+        ``seed``: the seed used (the lowest in ``table``).
+    """
+    seed = int(table["seed"].min())
+    first_seed = table[table["seed"] == seed]
+    frames = []
+    for pol in res.policies:
+        for _, row in first_seed[first_seed["policy"] == pol].iterrows():
+            f = res.run_file(row["run_id"], "requests.csv")
+            if not f.is_file():
+                continue
+            rq = pd.read_csv(f, usecols=["status", "ttft_s", "e2e_s", "tok_per_s_user"])
+            rq = rq[rq["status"] == "finished"]
+            frames.append(pd.DataFrame({
+                "policy": pol, "x_value": str(row[x]) if x else pol, "ttft_s": rq["ttft_s"].to_numpy(),
+                "tpot_ms": 1000.0 / rq["tok_per_s_user"].to_numpy(), "e2e_s": rq["e2e_s"].to_numpy()}))
+    cols = ["policy", "x_value", "ttft_s", "tpot_ms", "e2e_s"]
+    return LatencySamples(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols), seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# hardware profile: SPS(B) and its cliffs
+
+
+class SpsCurve(NamedTuple):
+    """The hardware profile's verify-pass table (see :func:`sps_curve`)."""
+
+    name: str
+    measured: pd.DataFrame
+    rule: pd.DataFrame
+
+
+def sps_curve(res: StudyResults) -> SpsCurve | None:
+    """The measured SPS(B) points of the study's hardware profile and the simulator's lookup rule
+    (pass time linear between measured points) at every integer B in between.
+
+    Args:
+        res: the study (the first run's summary holds the profile: every run shares it).
+
+    Returns:
+        ``name``: the profile; ``measured`` and ``rule``: columns ``batch_tokens`` (B, tokens in the
+        pass), ``pass_ms`` (ms per pass), ``verify_tok_per_s`` (B x SPS(B) = B / pass time). None
+        when no run has a summary.
+
+    Raises:
+        KeyError: the summary has no ``provenance.hardware.sps`` table.
+    """
+    summ = res.first_summary
+    if not summ:
+        return None
+    hw = summ["provenance"]["hardware"]
+    b = np.asarray(hw["sps"]["batch_tokens"])  # B stays integer (tokens)
+    t = np.asarray(hw["sps"]["pass_ms"], dtype=np.float64)
+    dense = np.arange(b[0], b[-1] + 1)
+    t_dense = np.interp(dense, b, t)
+
+    def frame(bb: np.ndarray, tt: np.ndarray) -> pd.DataFrame:
+        return pd.DataFrame({"batch_tokens": bb, "pass_ms": tt, "verify_tok_per_s": bb / tt * 1000})
+
+    return SpsCurve(str(hw.get("name", "")), frame(b, t), frame(dense, t_dense))
+
+
+def cliffs(res: StudyResults) -> pd.DataFrame:
+    """Cliffs between neighbouring measured points of the profile's SPS(B).
+
+    A cliff is either a ``rate_drop`` (verify tokens per second B / pass time falls by more than 5%
+    from one measured point to the next) or a ``pass_jump`` (pass time grows more than 1.6x).
+
+    Args:
+        res: the study (the first run's summary holds the profile).
+
+    Returns:
+        One row per cliff: ``b_from``, ``b_to`` (tokens), ``pass_ms_from``, ``pass_ms_to`` (ms),
+        ``verify_tok_per_s_from``, ``verify_tok_per_s_to``, ``kind``. Empty without summaries.
+    """
+    cols = ["b_from", "b_to", "pass_ms_from", "pass_ms_to", "verify_tok_per_s_from", "verify_tok_per_s_to", "kind"]
+    summ = res.first_summary
+    if not summ:
+        return pd.DataFrame(columns=cols)
+    sps = summ["provenance"]["hardware"]["sps"]
+    b, t = np.array(sps["batch_tokens"]), np.array(sps["pass_ms"])
+    rows = []
+    for i in range(1, b.size):
+        kind = ("rate_drop" if b[i] / t[i] < b[i - 1] / t[i - 1] * 0.95
+                else "pass_jump" if t[i] / t[i - 1] > 1.6 else None)
+        if kind:
+            rows.append((b[i - 1], b[i], t[i - 1], t[i], b[i - 1] / t[i - 1] * 1000, b[i] / t[i] * 1000, kind))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def cliff_notes(cl: pd.DataFrame) -> list[str]:
+    """One phrase per row of :func:`cliffs`.
+
+    Args:
+        cl: :func:`cliffs`.
+
+    Returns:
+        e.g. ``"B=32 to 64: pass time 266.4 to 1076.6 ms (120 to 59 verify tok/s)"`` for a rate drop,
+        ``"B=8 to 16: pass time jumps 47.3 to 86.5 ms (x1.83)"`` for a pass-time jump.
+    """
+    out = []
+    for _, c in cl.iterrows():
+        b0, b1 = int(c["b_from"]), int(c["b_to"])
+        if c["kind"] == "rate_drop":
+            out.append(f"B={b0} to {b1}: pass time {c['pass_ms_from']:.1f} to {c['pass_ms_to']:.1f} ms "
+                       f"({c['verify_tok_per_s_from']:.0f} to {c['verify_tok_per_s_to']:.0f} verify tok/s)")
+        else:
+            out.append(f"B={b0} to {b1}: pass time jumps {c['pass_ms_from']:.1f} to {c['pass_ms_to']:.1f} ms "
+                       f"(x{c['pass_ms_to'] / c['pass_ms_from']:.2f})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# confidence calibration
+
+
+class Reliability(NamedTuple):
+    """Reliability diagrams' data (see :func:`reliability_curves`)."""
+
+    curves: pd.DataFrame
+    picks: pd.DataFrame
+    positions: tuple[int, ...]
+    missing: tuple[int, ...]
+    max_position: int
+
+
+def _stored_positions(res: StudyResults, run_id: str) -> set[int]:
+    cal = res.summaries.get(run_id, {}).get("metrics", {}).get("calibration_by_position") or {}
+    return {int(k.split("_", 1)[1]) for k in (cal.get("reliability") or {}) if k.startswith("used_")}
+
+
+def _reliability_picks(res: StudyResults, positions: tuple[int, ...]) -> pd.DataFrame:
+    """Per curve (variant, else one), the lowest-seed confidence-ranking run that stores the most of
+    ``positions`` (the first such run in table order on a tie)."""
+    t = res.table
+    cand = t[(t["seed"] == t["seed"].min()) & t["policy"].str.startswith(_CONFIDENCE_POLICIES)]
+    groups = cand.groupby("variant", sort=False) if "variant" in t else [(None, cand)]
+    rows = []
+    for variant, g in groups:
+        if g.empty:
+            continue
+        stored = [_stored_positions(res, rid) for rid in g["run_id"]]
+        score = [(len(s & set(positions)), len(s)) for s in stored]
+        i = max(range(len(score)), key=lambda j: (score[j], -j))
+        row = g.iloc[i]
+        run = ", ".join([f"{k} = {row[k]}" for k in res.sweep_keys] + [f"seed {int(row['seed'])}"])
+        rows.append({"label": str(variant) if variant is not None else row["policy"], "run_id": row["run_id"],
+                     "policy": row["policy"], "run": run, "num_positions": len(stored[i])})
+    return pd.DataFrame(rows, columns=["label", "run_id", "policy", "run", "num_positions"])
+
+
+def reliability_curves(res: StudyResults, positions: tuple[int, ...] = (1, 3, 5, 7)) -> Reliability | None:
+    """Reliability of the cumulative confidence a_k at a few draft positions: the raw head once, and
+    what the policy saw (after temperatures) per variant (one curve when the study has no variants).
+
+    Each curve comes from one run of the lowest seed with a confidence-ranking policy (DSpark,
+    threshold, goodput). The runs' summaries keep a position's curve only where that position was
+    drafted often enough, so a run with a shallow draft (MEMTP depth 1, gamma 2, ...) has none for
+    the deeper positions; the run picked per curve is the one storing the most of ``positions``.
+
+    Args:
+        res: the study.
+        positions: draft positions k (1-based) to show.
+
+    Returns:
+        ``curves``: long frame ``label`` (variant or policy; ``raw head`` for the raw curve),
+        ``kind`` (``raw`` / ``used``), ``position``, ``mean_prob`` (mean a_k in the bin),
+        ``frac_positive`` (fraction of those request-rounds with positions 1..k all accepted),
+        ``count`` (request-rounds in the bin; NaN if the summary has no counts).
+        ``picks``: the run behind each curve (``label``, ``run_id``, ``policy``, ``run``
+        (its sweep settings and seed, in words), ``num_positions`` stored). ``positions``: the
+        requested positions with data; ``missing``: those without; ``max_position``: the deepest
+        position any picked run stores. None when no run ranks confidences or none stores a curve.
+    """
+    picks = _reliability_picks(res, positions)
+    rows = []
+    for i, p in enumerate(picks.itertuples()):
+        cal = res.summaries.get(p.run_id, {}).get("metrics", {}).get("calibration_by_position") or {}
+        rel = cal.get("reliability") or {}
+        for k in positions:
+            for kind in ("raw", "used"):
+                c = rel.get(f"{kind}_{k}")
+                if c is None or (kind == "raw" and any(r["kind"] == "raw" and r["position"] == k for r in rows)):
+                    continue  # the raw head is the same in every variant: keep it once
+                n = len(c["mean_prob"])
+                rows += [{"label": "raw head" if kind == "raw" else p.label, "kind": kind, "position": k,
+                          "mean_prob": c["mean_prob"][j], "frac_positive": c["frac_positive"][j],
+                          "count": c["counts"][j] if "counts" in c else np.nan} for j in range(n)]
+    if not rows:
+        return None
+    curves = pd.DataFrame(rows)
+    have = set(curves["position"])
+    return Reliability(curves, picks, tuple(k for k in positions if k in have),
+                       tuple(k for k in positions if k not in have), int(picks["num_positions"].max()))
+
+
+def calibration_table(res: StudyResults) -> pd.DataFrame | None:
+    """ECE and AUC of the cumulative confidence per facet and policy, mean over seeds.
+
+    Args:
+        res: the study (runs.csv columns ``ece_raw_mean``, ``ece_mean``, ``auc_mean``).
+
+    Returns:
+        Columns: the facet keys, ``policy``, ``raw head ECE``, ``ECE as used``, ``AUC`` (runs.csv
+        ``ece_raw_mean``, ``ece_mean``, ``auc_mean`` averaged over seeds); None when the study
+        records no calibration (no ``ece_mean`` column, or all NaN).
+    """
+    if "ece_mean" not in res.table:
+        return None
+    keys = res.facet_keys + ["policy"]
+    agg = aggregate(res.table, keys, ["ece_raw_mean", "ece_mean", "auc_mean"])
+    if agg["ece_mean_mean"].isna().all():
+        return None
+    return agg[keys + ["ece_raw_mean_mean", "ece_mean_mean", "auc_mean_mean"]].rename(columns={
+        "ece_raw_mean_mean": "raw head ECE", "ece_mean_mean": "ECE as used", "auc_mean_mean": "AUC"})
+
+
+# ---------------------------------------------------------------------------------------------
+# MEMTP: timeline and load phases
+
+
+def time_weighted_bins(rounds: pd.DataFrame, columns: tuple[str, ...] | list[str], bin_s: float) -> pd.DataFrame:
+    """Time-weighted means of per-round quantities in fixed bins of simulated time.
+
+    A round belongs to the bin holding its ``start_s``; its weight is its ``duration_s``. Bins with
+    no round are absent; a bin whose rounds all last 0 s gives NaN.
+
+    Args:
+        rounds: one row per round: ``start_s``, ``duration_s`` (s) and ``columns``.
+        columns: the quantities to average.
+        bin_s: bin width (s).
+
+    Returns:
+        Indexed by ``bin_start_s`` (multiples of ``bin_s``, ascending), one column per quantity:
+        ``sum(value * duration) / sum(duration)`` over the bin's rounds.
+    """
+    b = (rounds["start_s"] // bin_s) * bin_s
+    w = rounds["duration_s"]
+    cols = list(columns)
+    out = rounds[cols].mul(w, axis=0).groupby(b).sum().div(w.groupby(b).sum(), axis=0)
+    out.index.name = "bin_start_s"
+    return out
+
+
+class Timeline(NamedTuple):
+    """The MEMTP timeline's data (see :func:`timeline`)."""
+
+    bins: pd.DataFrame
+    phases: pd.DataFrame
+    policy: str
+    seed: int
+    bin_s: float
+
+
+def timeline(res: StudyResults, bin_s: float = 60.0) -> Timeline | None:
+    """Ensemble depth, free memory, KV in use, coherence R and queue over simulated time, for the
+    first policy's runs of the lowest seed (one line per setting of the x axis).
+
+    Args:
+        res: the study.
+        bin_s: bin width (s) of :func:`time_weighted_bins`.
+
+    Returns:
+        ``bins``: ``label`` (``"<x> = <value>"``, or the policy), ``run_id``, ``bin_start_s`` and the
+        time-weighted :data:`TIMELINE_COLUMNS` (``depth`` heads, ``free_gib``, ``kv_gib`` GiB,
+        ``coherence`` in [0, 1], ``num_waiting`` requests); runs without rounds.parquet are skipped.
+        ``phases``: the load ramp of the first run (``start_s``, ``end_s``, ``rate_per_s``; empty
+        without a ramp). ``policy``, ``seed``, ``bin_s``: what was shown. None when the study is empty.
+    """
+    t, x = res.table, res.x_key
+    if t.empty:
+        return None
+    seed, policy = int(t["seed"].min()), t["policy"].iloc[0]
+    first = t[(t["seed"] == seed) & (t["policy"] == policy)]
+    frames = []
+    for _, row in first.iterrows():
+        f = res.run_file(row["run_id"], "rounds.parquet")
+        if not f.is_file():
+            continue
+        r = pd.read_parquet(f, columns=["start_s", "duration_s", *TIMELINE_COLUMNS])
+        binned = time_weighted_bins(r, TIMELINE_COLUMNS, bin_s).reset_index()
+        binned.insert(0, "run_id", row["run_id"])
+        binned.insert(0, "label", f"{x} = {row[x]}" if x else row["policy"])
+        frames.append(binned)
+    cols = ["label", "run_id", "bin_start_s", *TIMELINE_COLUMNS]
+    bins = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    phases = pd.DataFrame(load_phases(res.summaries.get(first["run_id"].iloc[0], {})),
+                          columns=["start_s", "end_s", "rate_per_s"])
+    return Timeline(bins, phases, policy, seed, bin_s)
+
+
+def _phase_rows(res: StudyResults, run: pd.Series, phases: list[tuple[float, float, float]]) -> list[dict]:
+    rq = pd.read_csv(res.run_file(run["run_id"], "requests.csv"),
+                     usecols=["status", "arrival_at_s", "queue_s", "ttft_s", "tok_per_s_user"])
+    rd = pd.read_parquet(res.run_file(run["run_id"], "rounds.parquet"),
+                         columns=["start_s", "duration_s", "depth", "kv_gib"])
+    rows = []
+    for k, (start, end, rate) in enumerate(phases):
+        sel = rq[(rq["arrival_at_s"] >= start) & (rq["arrival_at_s"] < end)]
+        done = sel[sel["status"] == "finished"]
+        rr = rd[(rd["start_s"] >= start) & (rd["start_s"] < end)]
+        w = rr["duration_s"].sum()
+        rows.append({
+            **{key: run[key] for key in res.sweep_keys}, "policy": run["policy"], "seed": run["seed"],
+            "phase": f"{k + 1}: {rate:g} req/s",
+            "requests": len(sel), "rejected": int((sel["status"] == "rejected").sum()),
+            "tok/s/user p50": done["tok_per_s_user"].median(),
+            "TTFT p50 s": done["ttft_s"].median(),
+            "queue p90 s": done["queue_s"].quantile(0.9),
+            "mean depth": (rr["depth"] * rr["duration_s"]).sum() / w if w > 0 else np.nan,
+            "peak KV GiB": rr["kv_gib"].max() if len(rr) else np.nan,
+        })
+    return rows
+
+
+def phase_table(res: StudyResults) -> pd.DataFrame | None:
+    """Per load phase of a ramped workload, what each run group saw (mean over seeds).
+
+    Requests belong to the phase their arrival falls in; rounds to the phase their start falls in.
+
+    Args:
+        res: the study; each run's summary gives its ramp (``scenario.workload.rate_schedule``),
+            its requests.csv and rounds.parquet the rest.
+
+    Returns:
+        One row per sweep setting, policy and phase (study order): the sweep keys, ``policy``,
+        ``phase`` (``"<n>: <rate> req/s"``), ``requests`` (arrived), ``rejected``,
+        ``tok/s/user p50``, ``TTFT p50 s`` and ``queue p90 s`` (finished requests),
+        ``mean depth`` (time-weighted over rounds, heads), ``peak KV GiB``. None when a run has no
+        load ramp (or no summary), or the study is empty.
+
+    Raises:
+        FileNotFoundError: a run's requests.csv or rounds.parquet is missing.
+    """
+    rows = []
+    for _, run in res.table.iterrows():
+        phases = load_phases(res.summaries.get(run["run_id"]) or {})
+        if not phases:
+            return None
+        rows += _phase_rows(res, run, phases)
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    keys = res.sweep_keys + ["policy", "phase"]
+    return df.drop(columns="seed").groupby(keys, sort=False).mean(numeric_only=True).reset_index()
+
+
+def phase_notes(ph: pd.DataFrame, x: str | None) -> list[str]:
+    """One sentence per (policy, phase) of :func:`phase_table`: which setting of ``x`` gives the best
+    median per-user speed, where the ``elastic`` setting stands, and who rejected requests.
+
+    Args:
+        ph: :func:`phase_table`.
+        x: the sweep key to compare along (e.g. ``memtp.depth``), or None.
+
+    Returns:
+        Sentences sorted by policy and phase; empty when ``x`` is None or not a column of ``ph``.
+    """
+    if x is None or x not in ph:
+        return []
+    notes = []
+    for (pol, phase), g in ph.groupby(["policy", "phase"], sort=True):
+        best = g.loc[g["tok/s/user p50"].idxmax()]
+        msg = f"{pol}, phase {phase}: fastest per user with {x} = {best[x]} ({best['tok/s/user p50']:.1f} tok/s/user p50)"
+        el = g[g[x].astype(str) == "elastic"]
+        if not el.empty and str(best[x]) != "elastic":
+            e = el.iloc[0]
+            msg += f"; elastic {e['tok/s/user p50']:.1f} at mean depth {e['mean depth']:.1f}"
+        rej = g[g["rejected"] > 0]
+        if not rej.empty:
+            msg += "; rejected (KV cannot fit next to the heads): " + ", ".join(
+                f"{x} = {r[x]}: {r['rejected']:g}" for _, r in rej.iterrows())
+        notes.append(msg)
+    return notes

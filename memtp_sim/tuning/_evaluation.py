@@ -1,0 +1,201 @@
+"""Scoring a point: seed runs, the Optuna objective, constraint values, and stopping on Ctrl-C.
+
+**Noise.** Every trial runs the same ``seeds`` (common random numbers: all trials see the same
+requests and acceptance draws). The trial value is the mean over seeds; per-seed values are the
+trial's user attribute ``replicates``.
+
+**Constraints.** Violations (:meth:`MetricConstraint.violation`) go to the sampler: with Optuna >= 5
+through ``Trial.set_constraint`` (Optuna 5 deprecated the samplers' ``constraints_func`` in its
+favour; constraint-aware samplers, ``study.best_trials`` and ``plot_pareto_front`` read the same
+stored values), with Optuna 4 through the sampler's ``constraints_func``
+(:func:`constraints_from_attrs`). Infeasible trials stay in the study but never enter the Pareto
+front or the export.
+
+**Ctrl-C.** The first Ctrl-C asks the running trials to stop between two seed runs (that trial
+FAILs; finished trials are kept; :class:`SigintSetsEvent`, :class:`Stopped`); a second one
+interrupts at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ..api import run
+from ..config import Scenario
+from ._space import sample_params, scenario_for
+from ._spec import TuneSpec
+from ._storage import worker_identity
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
+__all__ = [
+    "Stopped",
+    "evaluate",
+    "has_set_constraint",
+    "constraints_from_attrs",
+    "make_objective",
+    "stop_callback",
+    "SigintSetsEvent",
+]
+
+
+class Stopped(Exception):
+    """A stop was requested (Ctrl-C): raised between two seed runs of a trial, which then FAILs."""
+
+
+def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *,
+             should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Run ``scenario`` once per seed and collect scalar metrics.
+
+    Args:
+        scenario: the scenario.
+        seeds: run seeds (one replicate each).
+        metrics: metric names to keep (missing or non-scalar ones are skipped).
+        should_stop: checked before each seed run; when it returns True the evaluation is
+            abandoned (an internal exception the tuner turns into a FAIL trial and a clean stop).
+
+    Returns:
+        ``{"replicates": {metric: [value per seed]}, "means": {metric: nanmean},
+        "applied_temperatures": [per-position temperatures of the first seed]}``; a metric is kept
+        only when every seed reported it as a number.
+
+    Raises:
+        Stopped: ``should_stop()`` returned True before a seed run.
+    """
+    reps: dict[str, list[float]] = {m: [] for m in metrics}
+    temps: list[float] = []
+    for i, seed in enumerate(seeds):
+        if should_stop is not None and should_stop():
+            raise Stopped(f"interrupted before seed {seed}")
+        res = run(scenario, seed=int(seed))
+        if i == 0:
+            temps = [float(t) for t in res.provenance.get("confidence", {}).get("applied_temperatures", [])]
+        for m in metrics:
+            v = res.metrics.get(m)
+            if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+                reps[m].append(float(v))
+    reps = {m: v for m, v in reps.items() if len(v) == len(seeds)}
+    means = {}
+    for m, v in reps.items():
+        arr = np.asarray(v, dtype=np.float64)
+        means[m] = float(np.nanmean(arr)) if np.isfinite(arr).any() else float("nan")
+    return {"replicates": reps, "means": means, "applied_temperatures": temps}
+
+
+def has_set_constraint() -> bool:
+    """Whether this Optuna has ``Trial.set_constraint`` (Optuna >= 5).
+
+    Returns:
+        True on Optuna 5 and later.
+    """
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def constraints_from_attrs(trial: "optuna.trial.FrozenTrial") -> list[float]:
+    """A ``constraints_func`` (Optuna 4) reading the violations the objective stored.
+
+    Args:
+        trial: a finished trial.
+
+    Returns:
+        Its ``user_attrs["constraint_values"]`` (empty when absent), <= 0 meaning satisfied.
+    """
+    return [float(v) for v in trial.user_attrs.get("constraint_values", [])]
+
+
+def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None,
+                   ) -> Callable[["optuna.trial.Trial"], float | tuple[float, ...]]:
+    """The Optuna objective: sample a point, run every tuning seed, record the trial.
+
+    The trial records the user attributes ``worker``, ``seeds``, ``replicates``, ``metrics`` (seed
+    means), ``applied_temperatures``, ``constraint_values`` and ``feasible``; with Optuna >= 5 the
+    constraint values also go through ``Trial.set_constraint``.
+
+    Args:
+        spec: the tune spec.
+        should_stop: checked before each seed run (see :func:`evaluate`).
+
+    Returns:
+        ``objective(trial) -> value`` (one objective) or a tuple of values (several), seed means.
+    """
+    use_set_constraint = has_set_constraint()
+    tracked = spec.tracked_metrics
+
+    def objective(trial: "optuna.trial.Trial") -> float | tuple[float, ...]:
+        trial.set_user_attr("worker", worker_identity())
+        values = sample_params(trial, spec)
+        scen = scenario_for(spec, values)
+        try:
+            ev = evaluate(scen, spec.seeds, tracked, should_stop=should_stop)
+        except Stopped as e:
+            trial.set_user_attr("failed_reason", f"{e} (Ctrl-C); run the same command again to resume")
+            raise
+        cons = [c.violation(ev["means"].get(c.metric, float("nan"))) for c in spec.constraints]
+        trial.set_user_attr("seeds", [int(s) for s in spec.seeds])
+        trial.set_user_attr("replicates", ev["replicates"])
+        trial.set_user_attr("metrics", ev["means"])
+        trial.set_user_attr("applied_temperatures", ev["applied_temperatures"])
+        trial.set_user_attr("constraint_values", cons)
+        trial.set_user_attr("feasible", bool(all(v <= 0 for v in cons)))
+        if use_set_constraint:
+            for c, v in zip(spec.constraints, cons):
+                trial.set_constraint(c.label, v)
+        out = tuple(ev["means"].get(m, float("nan")) for m in spec.objective_names)
+        return out[0] if len(out) == 1 else out
+
+    return objective
+
+
+def stop_callback(should_stop: Callable[[], bool]) -> Callable[["optuna.Study", Any], None]:
+    """An ``optimize`` callback that ends the loop after a trial once a stop was requested.
+
+    Args:
+        should_stop: returns True once a stop was requested.
+
+    Returns:
+        ``callback(study, trial)``, which calls ``study.stop()`` then.
+    """
+    def callback(study: "optuna.Study", trial: Any) -> None:
+        if should_stop():
+            study.stop()
+
+    return callback
+
+
+class SigintSetsEvent:
+    """In the main thread: the first Ctrl-C only sets ``event`` (the tuner stops between seed runs,
+    so Optuna is never interrupted halfway through recording a trial); a second one interrupts at once.
+
+    A context manager; outside the main thread it does nothing (signals go to the main thread).
+
+    Args:
+        event: set on the first SIGINT.
+    """
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+        self.previous: Any = None
+        self.active = threading.current_thread() is threading.main_thread()
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.event.set()
+        signal.signal(signal.SIGINT, self.previous)
+
+    def __enter__(self) -> "SigintSetsEvent":
+        if self.active:
+            self.previous = signal.getsignal(signal.SIGINT)
+            if self.previous is None:  # installed outside Python
+                self.previous = signal.default_int_handler
+            signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, self.previous)

@@ -1,0 +1,308 @@
+"""Running a study: samplers, the in-process loop, worker processes, then validation and report.
+
+``workers > 1`` starts that many local processes (``spawn``), each calling
+``optuna.load_study(...).optimize`` on the shared storage (:mod:`memtp_sim.tuning._storage`).
+
+**Ctrl-C.** The first Ctrl-C asks the running trials to stop between two seed runs (that trial
+FAILs; finished trials are kept); a second one interrupts at once. Worker processes ignore SIGINT
+(the terminal sends it to the whole process group) and stop when the parent tells them to; a worker
+that has not stopped 60 s later is terminated, and its RUNNING trial is marked FAIL on resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..errors import ConfigError, MemtpSimError
+from ._evaluation import (
+    SigintSetsEvent,
+    Stopped,
+    constraints_from_attrs,
+    has_set_constraint,
+    make_objective,
+    stop_callback,
+)
+from ._report import write_tune_report
+from ._selection import top_trials
+from ._spec import TuneSpec
+from ._storage import (
+    count_trials,
+    default_storage_url,
+    fail_dead_worker_trials,
+    mask_url,
+    open_storage,
+    open_study,
+    storage_kind,
+)
+from ._validation import validate_trials
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
+__all__ = ["TuneOutcome", "run_tune"]
+
+
+@dataclasses.dataclass
+class TuneOutcome:
+    """What :func:`run_tune` did.
+
+    Attributes:
+        study_name: Optuna study name.
+        storage_url: the storage URL, password masked.
+        requested: requested number of COMPLETE trials.
+        complete: COMPLETE trials now in the study.
+        ran: trials started by this call.
+        stale_failed: RUNNING trials of dead workers marked FAIL on resume.
+        worker_exit_codes: exit code of each worker process (empty when run in-process).
+        validation: fresh-seed validation, ``{trial number: record}`` (see
+            :func:`memtp_sim.tuning.validate_trials`).
+        report: path of report.html, or None.
+        elapsed_s: wall-clock seconds of the optimisation.
+    """
+
+    study_name: str
+    storage_url: str
+    requested: int
+    complete: int
+    ran: int
+    stale_failed: list[int]
+    worker_exit_codes: list[int]
+    validation: dict[int, dict[str, Any]]
+    report: Path | None
+    elapsed_s: float
+
+    @property
+    def short(self) -> bool:
+        """Fewer COMPLETE trials than requested (a worker died or trials failed)."""
+        return self.complete < self.requested
+
+
+# ------------------------------------------------------------------------------------ samplers
+def _make_sampler(spec: TuneSpec, seed: int) -> "optuna.samplers.BaseSampler":
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+
+    kw: dict[str, Any] = {}
+    if spec.constraints and not has_set_constraint():
+        kw["constraints_func"] = constraints_from_attrs
+    s = spec.sampler
+    if s.name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=s.n_startup_trials, constant_liar=True, **kw)
+    if s.name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=s.population_size, **kw)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _sampler_seed(spec: TuneSpec, num_existing: int, worker_index: int) -> int:
+    """Distinct per worker and per resume, reproducible for a fresh study."""
+    ss = np.random.SeedSequence([spec.sampler.seed & 0xFFFFFFFF, num_existing, worker_index])
+    return int(ss.generate_state(1)[0])
+
+
+# ------------------------------------------------------------------------------------ running
+def run_tune(
+    spec: TuneSpec,
+    *,
+    storage_url: str | None = None,
+    n_trials: int | None = None,
+    workers: int = 1,
+    out_dir: str | Path = "results",
+    validate: bool = True,
+    report: bool = True,
+    heartbeat_interval_s: int = 10,
+    grace_period_s: int = 30,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> TuneOutcome:
+    """Run (or resume) a tuning study until it has ``n_trials`` COMPLETE trials.
+
+    Args:
+        spec: the tune spec.
+        storage_url: Optuna storage URL (default: :func:`memtp_sim.tuning.default_storage_url`).
+        n_trials: COMPLETE trials wanted in total (default: ``spec.n_trials``).
+        workers: 1 runs in this process; N > 1 starts N worker processes sharing the storage.
+        out_dir: results folder (``<out_dir>/<name>/`` gets validation.json and report.html).
+        validate: re-run the top trials on fresh seeds afterwards.
+        report: write report.html afterwards.
+        heartbeat_interval_s: RDB heartbeat period, seconds (non-SQLite RDB URLs).
+        grace_period_s: RDB heartbeat grace period, seconds.
+        on_progress: ``on_progress(complete, requested)`` now and then.
+
+    Returns:
+        A :class:`TuneOutcome`. Validation and the report are skipped when the study is short.
+
+    Raises:
+        ConfigError: bad storage, a study of that name with another spec (the message starts with
+            ``spec.source``, the YAML file).
+        KeyboardInterrupt: Ctrl-C (see the module docstring); finished trials are kept, the trials
+            that were running FAIL (run again to resume).
+    """
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    from optuna.trial import TrialState
+
+    if workers < 1:
+        raise ConfigError(f"--workers: must be >= 1 (got {workers})")
+    url = storage_url or default_storage_url(spec.name, out_dir)
+    n_trials = int(n_trials or spec.n_trials)
+    if n_trials < 1:
+        raise ConfigError(f"--n-trials: must be >= 1 (got {n_trials})")
+    storage = open_storage(url, heartbeat_interval_s=heartbeat_interval_s, grace_period_s=grace_period_s)
+    study = open_study(spec, storage)
+    stale = fail_dead_worker_trials(study)
+    if storage_kind(url) == "rdb":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+    complete = count_trials(study, TrialState.COMPLETE)
+    remaining = max(0, n_trials - complete)
+    existing = len(study.get_trials(deepcopy=False))
+    codes: list[int] = []
+    t0 = time.perf_counter()
+    if on_progress is not None:
+        on_progress(complete, n_trials)
+    if remaining and workers == 1:
+        _run_in_process(spec, study, remaining, existing, n_trials, on_progress)
+    elif remaining:
+        codes = _run_workers(spec, url, study, remaining, workers, existing, (heartbeat_interval_s, grace_period_s),
+                             n_trials, on_progress)
+    elapsed = time.perf_counter() - t0
+    complete = count_trials(study, TrialState.COMPLETE)
+    outcome = TuneOutcome(spec.name, mask_url(url), n_trials, complete, remaining, stale, codes, {}, None, elapsed)
+    if outcome.short:
+        return outcome
+    if validate and spec.validation.top_k > 0:
+        outcome.validation = _validate_top(study, spec, out_dir)
+    if report:
+        outcome.report = write_tune_report(study, spec, Path(out_dir) / spec.name / "report.html")
+    return outcome
+
+
+def _run_in_process(spec: TuneSpec, study: "optuna.Study", remaining: int, existing: int, n_trials: int,
+                    on_progress: Callable[[int, int], None] | None) -> None:
+    """Run ``remaining`` trials here; the first Ctrl-C stops between seed runs, then re-raises."""
+    from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+
+    study.sampler = _make_sampler(spec, _sampler_seed(spec, existing, 0))
+    stop = threading.Event()
+    callbacks = []
+    if on_progress is not None:
+        callbacks.append(lambda st, tr: on_progress(count_trials(st, TrialState.COMPLETE), n_trials))
+    callbacks.append(stop_callback(stop.is_set))
+    with SigintSetsEvent(stop):
+        try:
+            study.optimize(make_objective(spec, stop.is_set), n_trials=remaining, callbacks=callbacks,
+                           gc_after_trial=False)
+        except Stopped:
+            pass
+    if stop.is_set():
+        raise KeyboardInterrupt
+
+
+def _validate_top(study: "optuna.Study", spec: TuneSpec, out_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """Validate the top ``validation.top_k`` trials not yet validated on these fresh seeds."""
+    chosen = [t.number for t in top_trials(study, spec, spec.validation.top_k)]
+    stored = study.user_attrs.get("validation", {})
+    todo = [n for n in chosen if stored.get(str(n), {}).get("seeds") != spec.fresh_seeds]
+    if todo:
+        validate_trials(study, spec, todo, out_dir=out_dir)  # a resumed study keeps earlier records
+        stored = study.user_attrs.get("validation", {})
+    return {n: stored[str(n)] for n in chosen}
+
+
+# ------------------------------------------------------------------------------------ workers
+def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: tuple[int, int],
+                 stop: Any = None) -> None:
+    """Entry point of one worker process: load the shared study and run ``n_trials`` trials.
+
+    Ctrl-C is the parent's business: the worker ignores SIGINT (the terminal sends it to the whole
+    process group) and stops when the parent sets ``stop`` (a multiprocessing Event): between two
+    seed runs (that trial FAILs) or after a trial. The parent terminates a worker that takes too long.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    should_stop = stop.is_set if stop is not None else None
+    try:
+        storage = open_storage(url, heartbeat_interval_s=heartbeat[0], grace_period_s=heartbeat[1])
+        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=_make_sampler(spec, seed))
+        callbacks = [stop_callback(should_stop)] if should_stop is not None else []
+        study.optimize(make_objective(spec, should_stop), n_trials=n_trials, callbacks=callbacks,
+                       gc_after_trial=False)
+    except (Stopped, KeyboardInterrupt):
+        sys.exit(130)
+    except MemtpSimError as e:
+        print(f"error: {e} (worker pid {os.getpid()})", file=sys.stderr)
+        sys.exit(2)
+    if should_stop is not None and should_stop():
+        sys.exit(130)
+
+
+def _run_workers(spec: TuneSpec, url: str, study: "optuna.Study", remaining: int, workers: int, existing: int,
+                 heartbeat: tuple[int, int], n_trials: int,
+                 on_progress: Callable[[int, int], None] | None) -> list[int]:
+    """Start ``workers`` processes with quotas summing to ``remaining``; wait; return exit codes."""
+    from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    quotas = [remaining // workers + (1 if i < remaining % workers else 0) for i in range(workers)]
+    procs = []
+    # Workers start with SIGINT ignored (inherited through exec; Python keeps an ignored SIGINT), so a
+    # Ctrl-C, which the terminal sends to every process of the group, reaches only this process.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        for i, q in enumerate(quotas):
+            if q == 0:
+                continue
+            p = ctx.Process(target=_worker_main, name=f"memtp-tune-{i}",
+                            args=(spec, url, q, _sampler_seed(spec, existing, i), heartbeat, stop))
+            p.start()
+            procs.append(p)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    last = -1
+    try:
+        while any(p.is_alive() for p in procs):
+            for p in procs:
+                p.join(timeout=0.5)
+            if on_progress is not None:
+                done = count_trials(study, TrialState.COMPLETE)
+                if done != last:
+                    on_progress(done, n_trials)
+                    last = done
+    except BaseException:
+        # Ctrl-C (or any error here): ask the workers to stop between seed runs; the trial each one
+        # is in FAILs, finished trials are kept. A second Ctrl-C, or 60 s, and they are terminated
+        # (their RUNNING trials are marked FAIL when the study is resumed).
+        stop.set()
+        _stop_workers(procs)
+        raise
+    return [int(p.exitcode if p.exitcode is not None else -1) for p in procs]
+
+
+def _stop_workers(procs: list[Any]) -> None:
+    """Wait up to 60 s for workers that were asked to stop (a Ctrl-C cuts it short), then terminate."""
+    try:
+        deadline = time.monotonic() + 60.0
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)

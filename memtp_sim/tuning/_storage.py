@@ -1,0 +1,288 @@
+"""Where studies live: storage URLs, opening storage, the study record, dead-worker detection.
+
+**Storage.** Default ``sqlite:///results/<name>/optuna.db``; ``postgresql+psycopg2://...`` (or
+another SQLAlchemy URL) for many workers on many hosts, with a heartbeat: a trial whose worker
+stops beating for ``grace_period_s`` is failed and re-queued with the same parameters
+(``RetryHeartbeatStaleTrialCallback``); ``journal:///path/file.log`` for Optuna's journal file.
+A rerun resumes: it counts COMPLETE trials and runs the rest up to ``n_trials``. RUNNING trials
+left by a killed worker on this host (its pid is gone) are marked FAIL first
+(:func:`fail_dead_worker_trials`); each trial records its worker's host, pid and process start time
+in the user attribute ``worker`` (:func:`worker_identity`). The storage is standard Optuna
+storage: optuna-dashboard opens it as it is.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import socket
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._version import __version__
+from ..errors import ConfigError, MemtpSimError
+from ._spec import STUDY_ATTR, TuneSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
+__all__ = [
+    "default_storage_url",
+    "mask_url",
+    "storage_kind",
+    "open_storage",
+    "worker_identity",
+    "fail_dead_worker_trials",
+    "open_study",
+    "count_trials",
+]
+
+
+# ------------------------------------------------------------------------------------ URLs
+def default_storage_url(name: str, out_dir: str | Path = "results") -> str:
+    """``sqlite:///<out_dir>/<name>/optuna.db`` (absolute path).
+
+    Args:
+        name: study name.
+        out_dir: results folder.
+
+    Returns:
+        The SQLAlchemy URL.
+    """
+    return f"sqlite:///{(Path(out_dir) / name / 'optuna.db').resolve()}"
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe to print and record).
+
+    Args:
+        url: a storage URL.
+
+    Returns:
+        The masked URL.
+    """
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+def storage_kind(url: str) -> str:
+    """``"journal"``, ``"sqlite"`` or ``"rdb"`` (another SQLAlchemy URL).
+
+    Args:
+        url: a storage URL.
+
+    Returns:
+        The kind.
+
+    Raises:
+        ConfigError: not a URL any of the three understands.
+    """
+    if url.startswith("journal://"):
+        return "journal"
+    if url.startswith("sqlite://"):
+        return "sqlite"
+    if re.match(r"^[a-z][a-z0-9]*(\+[a-z0-9_]+)?://", url):
+        return "rdb"
+    raise ConfigError(f"--storage: unsupported URL {mask_url(url)!r}; allowed: sqlite:///path.db, "
+                      "postgresql+psycopg2://user:pass@host:port/db (or another SQLAlchemy URL), journal:///path.log")
+
+
+def open_storage(url: str, *, heartbeat_interval_s: int = 10,
+                 grace_period_s: int = 30) -> "optuna.storages.BaseStorage":
+    """Open an Optuna storage from a URL.
+
+    ``sqlite:///`` gives an RDBStorage with a 60 s lock timeout (several local processes);
+    other SQLAlchemy URLs an RDBStorage with a heartbeat (a silent worker's trial is failed after
+    ``grace_period_s`` and re-queued with the same parameters); ``journal:///path`` a
+    JournalStorage on that file (no heartbeat).
+
+    Args:
+        url: storage URL.
+        heartbeat_interval_s: RDB (non-SQLite) heartbeat period, seconds.
+        grace_period_s: RDB (non-SQLite) silence after which a RUNNING trial is stale, seconds.
+
+    Returns:
+        The storage.
+
+    Raises:
+        ConfigError: unsupported URL, missing database driver, or the storage cannot be opened.
+    """
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+
+    kind = storage_kind(url)
+    shown = mask_url(url)
+    try:
+        if kind == "journal":
+            from optuna.storages.journal import JournalFileBackend
+
+            path = Path(url[len("journal://"):])
+            if not path.name:
+                raise ConfigError(f"--storage: {shown}: name a file, e.g. journal:///tmp/study.log")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        if kind == "sqlite":
+            db = url[len("sqlite:///"):]
+            if db and db != ":memory:":
+                Path(db).parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+        if url.startswith("postgresql://"):
+            try:
+                import psycopg  # noqa: F401  (SQLAlchemy 2 maps postgresql:// to psycopg 3)
+            except ImportError:
+                raise ConfigError(f"--storage: {shown}: name the driver, e.g. postgresql+psycopg2://... "
+                                  "(plain postgresql:// needs psycopg 3)") from None
+        retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
+            optuna.storages.RetryFailedTrialCallback
+        cb_kw = ("heartbeat_stale_trial_callback"
+                 if "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
+                 else "failed_trial_callback")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url, heartbeat_interval=heartbeat_interval_s, grace_period=grace_period_s,
+                engine_kwargs={"pool_pre_ping": True}, **{cb_kw: retry(max_retry=3)})
+    except MemtpSimError:
+        raise
+    except Exception as e:  # driver import errors, connection refused, bad credentials ...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"--storage: cannot open {shown}: {first}") from None
+
+
+# ------------------------------------------------------------------------------------ workers
+def worker_identity() -> dict[str, Any]:
+    """This process as a trial records it (user attribute ``worker``).
+
+    Returns:
+        ``{"host", "pid", "start_ticks"}``; ``start_ticks`` (Linux clock ticks since boot, or None)
+        tells a reused pid apart.
+    """
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start_ticks": _process_start_ticks(pid)}
+
+
+def _process_start_ticks(pid: int) -> int | None:
+    """Process start time in clock ticks since boot (Linux), to tell a reused pid apart.
+
+    Source: proc(5), ``/proc/<pid>/stat`` field 22 (``starttime``).
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _process_alive(pid: int, start_ticks: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] in ("Z", "X"):  # zombie: killed, not yet reaped
+            return False
+        if start_ticks is not None and int(fields[19]) != int(start_ticks):
+            return False  # the pid now belongs to another process
+    except (OSError, IndexError, ValueError):
+        pass
+    return True
+
+
+def fail_dead_worker_trials(study: "optuna.Study") -> list[int]:
+    """Mark FAIL every RUNNING trial whose worker ran on this host and is gone.
+
+    Trials of workers on other hosts are left alone (an RDB heartbeat handles those).
+
+    Args:
+        study: the study.
+
+    Returns:
+        Numbers of the trials marked FAIL.
+    """
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        w = t.user_attrs.get("worker")
+        if not isinstance(w, dict) or w.get("host") != host or _process_alive(int(w["pid"]), w.get("start_ticks")):
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "failed_reason",
+                                               f"worker pid {w['pid']} on {host} died; marked FAIL on resume")
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            failed.append(t.number)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass  # it finished after all
+    return failed
+
+
+# ------------------------------------------------------------------------------------ studies
+def open_study(spec: TuneSpec, storage: "optuna.storages.BaseStorage", *, create: bool = True) -> "optuna.Study":
+    """Create (or load) the spec's study and record the spec in its user attributes.
+
+    Args:
+        spec: the tune spec.
+        storage: the storage.
+        create: create the study if it does not exist.
+
+    Returns:
+        The study.
+
+    Raises:
+        ConfigError: a study of that name exists with a different spec (base, search space,
+            pair rules, objectives, constraints or seeds).
+        KeyError: ``create=False`` and no study of that name exists (Optuna's error).
+    """
+    import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+
+    if create:
+        study = optuna.create_study(study_name=spec.name, storage=storage, directions=spec.directions,
+                                    load_if_exists=True)
+    else:
+        study = optuna.load_study(study_name=spec.name, storage=storage)
+    rec = study.user_attrs.get(STUDY_ATTR)
+    mine = spec.to_json()
+    if rec is None:
+        study.set_user_attr(STUDY_ATTR, {
+            "tune_spec": mine,
+            "objective_names": spec.objective_names,
+            "constraint_names": [c.label for c in spec.constraints],
+            "memtp_sim_version": __version__,
+        })
+    else:
+        theirs = rec.get("tune_spec", {})
+        keys = ("base", "search_space", "pair_constraints", "objectives", "constraints", "seeds")
+        diff = [k for k in keys if json.dumps(theirs.get(k), sort_keys=True) != json.dumps(mine.get(k), sort_keys=True)]
+        if diff:
+            raise ConfigError(f"{spec.source}: {diff[0]}: does not match study {spec.name!r} in storage (tuned with a "
+                              f"different {', '.join(diff)}); resume with the same spec or give the tune spec a "
+                              "new name")
+    theirs_dirs = [d.name.lower() for d in study.directions]
+    if theirs_dirs != spec.directions:
+        raise ConfigError(f"{spec.source}: objectives: study {spec.name!r} in storage has directions "
+                          f"{theirs_dirs}, the spec {spec.directions}; give the tune spec a new name")
+    return study
+
+
+def count_trials(study: "optuna.Study", state: Any) -> int:
+    """How many trials of the study are in ``state``.
+
+    Args:
+        study: the study.
+        state: an ``optuna.trial.TrialState``.
+
+    Returns:
+        The count.
+    """
+    return len(study.get_trials(deepcopy=False, states=(state,)))
