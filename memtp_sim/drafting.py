@@ -79,8 +79,13 @@ class DraftSpec:
         return self.max_draft_len > 0
 
     def policy_label(self) -> str:
-        """The policy's short label as runs report it, e.g. ``dspark(gamma=16, early_stop=True)``."""
-        return make_policy(self.policy_name, self.policy_params).describe()
+        """The policy's short label as runs report it, e.g. ``dspark(gamma=7, early_stop=True)``.
+
+        Under MEMTP the ensemble owns the block size, so ``gamma`` is left out of the label
+        (``dspark(early_stop=True)``): runs at different depths are the same policy, and the depth
+        is its own column (``memtp.depth``, ``mean_depth``)."""
+        exclude = ("gamma",) if self.memtp is not None else ()
+        return make_policy(self.policy_name, self.policy_params).describe(exclude)
 
 
 class Drafter:

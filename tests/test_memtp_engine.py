@@ -123,13 +123,14 @@ def test_memtp_config_errors_name_the_field(tmp_path):
     bad.write_text(base.replace("    max_depth: 16", "    max_depth: 4\n    initial_depth: 5"))
     with pytest.raises(ConfigError, match=r"bad\.yaml.*initial_depth"):
         load_study(bad)
-    # with MEMTP the policy's gamma is the ensemble's block, whatever the YAML says: max_depth (16)
-    # when elastic, the number of heads when fixed
+    # with MEMTP the ensemble owns the block (gamma), whatever the YAML says: max_depth (16) when
+    # elastic, the number of heads when fixed; labels leave gamma out, so every depth is one policy
     ok = tmp_path / "ok.yaml"
     ok.write_text(base.replace("  policy: {name: dspark, gamma: 16}", "  policy: {name: dspark, gamma: 7}"))
-    labels = {(s.labels["memtp.depth"], s.labels["policy"]) for s in plan_runs(load_study(ok))}
-    want = {1: "gamma=1,", 5: "gamma=5,", 16: "gamma=16,", "elastic": "gamma=16,"}
-    assert all(want[d] in lab for d, lab in labels if lab.startswith("dspark(")), labels
+    specs = plan_runs(load_study(ok))
+    assert {s.labels["policy"] for s in specs} == {"dspark(early_stop=True)", "dspark_async(lag_rounds=2)"}
+    gammas = {(s.labels["memtp.depth"], s.scenario.draft_spec().policy_params["gamma"]) for s in specs}
+    assert gammas == {(1, 1), (5, 5), (16, 16), ("elastic", 16)}
 
 
 @pytest.mark.slow

@@ -99,9 +99,10 @@ class Policy(ABC):
     def plan(self, view: RoundView) -> RoundPlan:
         """Choose this round's verify lengths."""
 
-    def describe(self) -> str:
-        """Short label for tables and plots, e.g. ``static(k=5)``."""
-        args = ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())
+    def describe(self, exclude: tuple[str, ...] = ()) -> str:
+        """Short label for tables and plots, e.g. ``static(k=5)``; parameters in ``exclude`` are
+        left out (e.g. ``gamma`` when another owner, the MEMTP ensemble, sets it)."""
+        args = ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items() if k not in exclude)
         return f"{self.name}({args})" if args else self.name
 
 
