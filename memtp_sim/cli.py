@@ -39,7 +39,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .config import load_study  # lazy: a subcommand loads only what it uses
-    from .report import headline_table, load_results, write_report  # lazy: pandas + plotly; keep --help fast
+    from .report import headline_table, load_results, overload_notes, write_report  # lazy: pandas + plotly; keep --help fast
     from .study import check_writable, plan_runs, run_study  # lazy: a subcommand loads only what it uses
 
     console = Console(stderr=True)
@@ -74,7 +74,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if len(out.table):
         report = write_report(root)
-        _print_table(headline_table(load_results(root)))
+        res = load_results(root)
+        _print_table(headline_table(res))
+        for note in overload_notes(res):
+            print(f"warning: {note}", file=sys.stderr)
         print(f"\n{n_runs} runs in {elapsed:.1f} s; results in {root}/; report: {report}")
     if out.failed:
         print(f"\n{len(out.failed)} of {n_runs} run(s) failed (the report says which); run the same command "

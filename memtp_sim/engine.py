@@ -139,6 +139,8 @@ class EngineState:
     confidence_width: np.ndarray  # (n_diag,) positions drafted in that round (rest is padding)
     in_system_area: float = 0.0  # integral over time of requests in the system, request-seconds
     num_depth_changes: int = 0
+    num_not_arrived: int = 0  # requests asked for that never arrived (a rate schedule ended first)
+    closed_loop: bool = False
 
 
 class Engine:
@@ -615,4 +617,5 @@ class Engine:
             confidence_raw=self.diag_raw[: self.diag_n], confidence_used=self.diag_used[: self.diag_n],
             confidence_outcome=self.diag_ok[: self.diag_n], confidence_width=self.diag_width[: self.diag_n],
             num_depth_changes=self.drafter.num_depth_changes,
+            num_not_arrived=self.wl.num_not_arrived, closed_loop=self.wl.closed_loop,
         )

@@ -22,6 +22,9 @@ vLLM's spec-decode metrics):
 * ``early_stop_gap_frac``: for DSpark with early stop, the fraction of rounds where a global
   search over the same candidates would have found a higher expected rate (the paper's
   section 5.2 caveat about jagged SPS cliffs).
+* ``offered_load_ratio``: arrivals / completions while load is offered (open loop); above
+  ``OVERLOAD_RATIO`` (1.2) the offered load exceeds capacity and the queue grows without bound.
+* ``num_not_arrived``: requests asked for that never arrived because a rate schedule ended first.
 * Little's law terms: ``mean_in_system`` (time average of requests in the system, integrated
   from the engine's own arrival/completion events), ``mean_in_system_sampled`` (the same, sampled
   at round starts: waiting + running + in a remote prefill GPU; idle periods count as 0),
@@ -53,7 +56,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "draft_time_frac", "busy_frac", "kv_capacity_blocks", "kv_peak_frac", "num_preemptions", "mean_depth",
     "num_depth_changes", "mean_heads_gib", "mean_kv_gib", "peak_kv_gib", "mean_free_gib", "mean_coherence",
     "head_load_s_total", "mean_waiting", "num_draft_trims", "early_stop_gap_frac", "mean_in_system",
-    "mean_in_system_sampled", "arrival_rate_per_s", "ece_raw_mean", "ece_mean", "auc_mean",
+    "mean_in_system_sampled", "arrival_rate_per_s", "num_not_arrived", "offered_load_ratio",
+    "ece_raw_mean", "ece_mean", "auc_mean",
 )
 
 
@@ -132,7 +136,30 @@ def _request_metrics(st: EngineState, makespan: float) -> dict[str, Any]:
         "num_preemptions": int(st.num_preemptions.sum()),
         "mean_in_system": st.in_system_area / makespan,
         "arrival_rate_per_s": _arrival_rate(st),
+        "num_not_arrived": int(st.num_not_arrived),
+        "offered_load_ratio": _offered_load_ratio(st),
     }
+
+
+#: ``offered_load_ratio`` above this flags a run whose queue grows without bound (see below).
+OVERLOAD_RATIO = 1.2
+
+
+def _offered_load_ratio(st: EngineState) -> float:
+    """Arrivals / completions while load is offered (open loop; NaN for a closed loop).
+
+    Over the window from the first to the last arrival, a stable queue completes about as many
+    requests as arrive (the ratio tends to 1; requests still in the system at the window's end
+    keep it slightly above). A ratio above :data:`OVERLOAD_RATIO` means arrivals outpaced the
+    GPU: the queue grows without bound, so TTFT and queueing time measure the backlog, not the
+    system.
+    """
+    t0 = t0_of(st)
+    if st.closed_loop or not st.last_arrival_s > t0:
+        return float("nan")
+    arrived = int(np.count_nonzero(st.arrival_at_s <= st.last_arrival_s))
+    completed = int(np.count_nonzero(np.nan_to_num(st.finished_at_s, nan=np.inf) <= st.last_arrival_s))
+    return arrived / max(1, completed)
 
 
 def _arrival_rate(st: EngineState) -> float:

@@ -96,7 +96,7 @@ def _token_counts(df: pd.DataFrame, col: str, path: str) -> np.ndarray:
     bad = ~np.isfinite(v) | (v < 1) | (v != np.round(v))
     if bad.any():
         i = int(bad.argmax())
-        raise ConfigError(f"{path}: row {i + 2}, column {col}: {df[col].iloc[i]!r} is not a whole number of "
+        raise ConfigError(f"{path}: row {i + 2}, column {col}: {df[col].iloc[i]} is not a whole number of "
                           "tokens >= 1")
     return v.astype(np.int64)
 

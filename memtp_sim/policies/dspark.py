@@ -122,6 +122,11 @@ def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray | None]:
     return vals, (None if mask.all() else mask)
 
 
+def _is_count(v: Any) -> bool:
+    """An integer (Python or numpy), not a bool and not a float, even a whole one."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def hardware_aware_prefix_scheduler(
     confidences: Any,
     sps: SPSTable | HardwareProfile | Mapping[int, float] | None = None,
@@ -162,10 +167,13 @@ def hardware_aware_prefix_scheduler(
     table = as_sps_table(sps)
     vals, mask = pad_confidences(confidences)
     num_req = vals.shape[0]
-    if prefill_tokens < 0:
-        raise InvalidArgumentError(f"prefill_tokens: must be >= 0, got {prefill_tokens}")
-    if overhead_s < 0:
-        raise InvalidArgumentError(f"overhead_s: must be >= 0, got {overhead_s}")
+    if not _is_count(prefill_tokens) or prefill_tokens < 0:
+        raise InvalidArgumentError(f"prefill_tokens: must be a whole number of tokens >= 0, got {prefill_tokens!r}")
+    if max_batch_tokens is not None and (not _is_count(max_batch_tokens) or max_batch_tokens < 0):
+        raise InvalidArgumentError(f"max_batch_tokens: must be a whole number of tokens >= 0, got {max_batch_tokens!r}")
+    if not (isinstance(overhead_s, (int, float, np.integer, np.floating)) and np.isfinite(overhead_s)
+            and overhead_s >= 0):
+        raise InvalidArgumentError(f"overhead_s: must be a finite number of seconds >= 0, got {overhead_s!r}")
     base_b = num_req + int(prefill_tokens)
     if max_batch_tokens is not None and base_b > max_batch_tokens:
         raise InvalidArgumentError(f"max_batch_tokens: {max_batch_tokens} is below the {base_b} anchor and prefill tokens")

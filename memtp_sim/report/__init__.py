@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ._page import write_report
 from ._results import StudyResults, load_results
-from .numbers import aggregate, dspark_losses, headline_table, phase_table, winners_notes
+from .numbers import aggregate, dspark_losses, headline_table, overload_notes, phase_table, winners_notes
 
 __all__ = [
     "StudyResults",
@@ -29,6 +29,7 @@ __all__ = [
     "dspark_losses",
     "headline_table",
     "load_results",
+    "overload_notes",
     "phase_table",
     "winners_notes",
     "write_report",

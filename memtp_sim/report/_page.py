@@ -153,6 +153,14 @@ def _missing_runs(page: HtmlPage, res: StudyResults) -> None:
                   + "</ul></div>")
 
 
+def _overload(page: HtmlPage, res: StudyResults) -> None:
+    """A warning at the top for load points whose offered load exceeds capacity."""
+    notes = numbers.overload_notes(res)
+    if notes:
+        page.add_html("<div class='warn'><b>Offered load above capacity</b> at these points (the queue grows "
+                      "without bound):<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul></div>")
+
+
 def write_report(root: str | Path) -> Path:
     """Build ``report.html`` for the study in ``root`` (written atomically) and return its path.
 
@@ -175,6 +183,7 @@ def write_report(root: str | Path) -> Path:
     res = load_results(root)
     page = HtmlPage(f"memtp_sim study: {res.meta['name']}")
     _missing_runs(page, res)
+    _overload(page, res)
     _overview(page, res)
     _winners_and_losses(page, res)
     _facet_figures(page, res, figures.color_map(res.policies))

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from ..metrics import OVERLOAD_RATIO
 from ._results import StudyResults, load_phases
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "SpsCurve",
     "Timeline",
     "aggregate",
+    "overload_notes",
     "calibration_table",
     "cliff_notes",
     "cliffs",
@@ -148,9 +150,35 @@ def headline_table(res: StudyResults) -> pd.DataFrame:
     """
     keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
     cols_spec = HEADLINE + (MEMORY_HEADLINE if res.uses_memtp else [])
+    if "offered_load_ratio" in res.table and res.table["offered_load_ratio"].notna().any():
+        cols_spec = cols_spec + [("offered_load_ratio", "offered/served")]
     agg = aggregate(res.table, keys, [m for m, _ in cols_spec])
     cols = keys + [f"{m}_mean" for m, _ in cols_spec]
     return agg[cols].rename(columns={f"{m}_mean": label for m, label in cols_spec})
+
+
+def overload_notes(res: StudyResults) -> list[str]:
+    """One line per (facet, load point, policy) whose offered load exceeds capacity.
+
+    A point is flagged when its mean ``offered_load_ratio`` (arrivals / completions while load is
+    offered, :func:`memtp_sim.metrics._offered_load_ratio`) exceeds
+    :data:`memtp_sim.metrics.OVERLOAD_RATIO`: the queue grows without bound there, so its TTFT and
+    queueing figures measure the backlog, not the system.
+
+    Returns:
+        Plain-text lines (empty when no point is overloaded or every run is a closed loop).
+    """
+    if "offered_load_ratio" not in res.table or not res.table["offered_load_ratio"].notna().any():
+        return []
+    keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
+    agg = aggregate(res.table, keys, ["offered_load_ratio", "ttft_s_p50"])
+    out = []
+    for _, row in agg[agg["offered_load_ratio_mean"] > OVERLOAD_RATIO].iterrows():
+        where = ", ".join(f"{k} = {row[k]}" for k in keys)
+        out.append(f"{where}: offered load above capacity ({row['offered_load_ratio_mean']:.2f} arrivals per "
+                   f"completion while load was offered): the queue grows without bound, so TTFT "
+                   f"(p50 {row['ttft_s_p50_mean']:.1f} s) measures the backlog")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .._procs import die_with_parent
 from ..errors import ConfigError, MemtpSimError
 from ._evaluation import (
     SigintSetsEvent,
@@ -228,6 +229,7 @@ def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: 
     seed runs (that trial FAILs) or after a trial. The parent terminates a worker that takes too long.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()  # a kill -9 of `tune` must not leave workers running unsupervised
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
