@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import multiprocessing
 import os
 import signal
 import sys
@@ -33,8 +34,15 @@ class FolderBusyError(MemtpSimError, RuntimeError):
 
 
 def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
-    """Make this (worker) process exit when ``parent_pid`` (default: its parent) dies."""
-    parent = os.getppid() if parent_pid is None else parent_pid
+    """Make this (worker) process exit when ``parent_pid`` dies.
+
+    The default parent is the multiprocessing parent (known from the moment the worker started, so a
+    parent that died while the worker was still importing is noticed), else ``os.getppid()``.
+    """
+    if parent_pid is None:
+        mp_parent = multiprocessing.parent_process()
+        parent_pid = mp_parent.pid if mp_parent is not None and mp_parent.pid else os.getppid()
+    parent = parent_pid
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

@@ -533,3 +533,31 @@ def test_offered_load_above_capacity_is_flagged(tmp_path, capsys):
     assert "workload.rate_per_s = 50.0" in err and "offered load above capacity" in err
     assert "workload.rate_per_s = 0.02" not in err
     assert "Offered load above capacity" in (tmp_path / "out" / "o" / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_kill_9_of_tune_leaves_no_workers(tmp_path):
+    from _sim_helpers import tiny_tune_doc
+
+    doc = tiny_tune_doc("killtune", n_trials=200)
+    doc["base"]["workload"]["num_requests"] = 200
+    f = _study_file(tmp_path, doc, "tune.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "tune", str(f), "--out", str(tmp_path / "o"),
+                             "--workers", "2", "--no-validate", "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    for _ in range(600):
+        workers = {c for c in _children(proc.pid)
+                   if "multiprocessing" in Path(f"/proc/{c}/cmdline").read_text(errors="replace").replace("\0", " ")
+                   and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_text(errors="replace")}
+        if len(workers) >= 2:
+            break
+        time.sleep(0.05)
+    assert len(workers) >= 2, "tune never started its workers"
+    time.sleep(1.0)  # let them start trials
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 5
+    while time.time() < deadline and any(_alive(w) for w in workers):
+        time.sleep(0.1)
+    assert not any(_alive(w) for w in workers), "tune workers outlived their killed parent"
