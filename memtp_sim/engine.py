@@ -66,7 +66,7 @@ ROUND_FIELDS = (
     "batch_tokens", "gamma", "verify_tokens", "accepted_tokens", "emitted_tokens", "num_waiting",
     "num_running", "kv_blocks_peak", "kv_blocks_after", "theta", "theta_global", "num_preempted",
     "num_trimmed", "depth", "coherence", "heads_gib", "kv_gib", "free_gib", "kv_capacity_blocks",
-    "head_load_s", "num_remote_prefill",
+    "head_load_s", "num_remote_prefill", "kv_read_tokens", "overhead_s", "cost_extrapolated",
 )
 
 
@@ -300,10 +300,16 @@ class Engine:
         self._enqueue(i)
 
     def _prefill_time_s(self, prompt: int) -> float:
+        """A remote prefill GPU's time for one prompt: passes of max_batch_tokens, each attending
+        to the prompt tokens before it (the profile's prefill table)."""
         m = self.cfg.max_batch_tokens
-        full, rest = divmod(prompt, m)
-        t = full * float(self.profile.sps.pass_time_s(m))
-        return t + (float(self.profile.sps.pass_time_s(rest)) if rest else 0.0)
+        table = self.profile.prefill_table
+        t, done = 0.0, 0
+        while done < prompt:
+            chunk = min(m, prompt - done)
+            t += float(table.at_context(1, done, done).pass_time_s(chunk))
+            done += chunk
+        return t
 
     def _reject(self, i: int, reason: str) -> None:
         self.status[i] = REJECTED
@@ -422,8 +428,9 @@ class Engine:
             dec, pre, num_preempted = self._guarantee_anchors()
             num_dec = dec.size
             chunks, chunk_total = self._place_prefill(pre, num_dec)
-            draft_s, lengths, probs, raw, conf, theta, theta_g = self._draft_and_plan(dec, gamma, chunk_total,
-                                                                                      round_index)
+            kv_read, verify_table, decode_table = self._round_tables(dec, pre, chunks)
+            draft_s, lengths, probs, raw, conf, theta, theta_g = self._draft_and_plan(
+                dec, gamma, chunk_total, round_index, verify_table, decode_table)
             kv_peak, num_trimmed = self.kv.fit_lookahead(dec, lengths)
             verify_tokens = int(lengths.sum())
             batch_tokens = num_dec + verify_tokens + chunk_total
@@ -433,8 +440,11 @@ class Engine:
             if kv_peak * self.block_gib + drafter.held_gib > fixed_gib + 1e-9:
                 raise EngineInvariantError(f"KV ({kv_peak} blocks) + drafter ({drafter.held_gib:.2f} GiB) exceed "
                                            f"the {fixed_gib:.2f} GiB left after weights and reserve")
-            verify_s = float(self.profile.sps.pass_time_s(batch_tokens))
-            duration = head_load_s + draft_s + verify_s
+            table = verify_table if verify_tokens else decode_table
+            verify_s = float(table.pass_time_s(batch_tokens))
+            extrapolated = 0 if table.is_measured(batch_tokens) else 1
+            overhead_s = self._overhead_s(probs is not None)
+            duration = head_load_s + draft_s + overhead_s + verify_s
             start = env.now
             num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
             yield env.timeout(duration)
@@ -452,7 +462,7 @@ class Engine:
                 gamma if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
                 num_running, kv_peak, self.kv.blocks_used, theta, theta_g, num_preempted, num_trimmed,
                 gamma, self.coherence.value, drafter.held_gib, kv_gib, fixed_gib - drafter.held_gib - kv_gib,
-                self.kv.capacity, head_load_s, num_remote,
+                self.kv.capacity, head_load_s, num_remote, kv_read, overhead_s, extrapolated,
             ))
             round_index += 1
             if round_index % _RoundLog.FLUSH == 0:
@@ -485,7 +495,30 @@ class Engine:
         chunks = np.clip(limit - (np.cumsum(left) - left), 0, left)
         return chunks, int(chunks.sum())
 
-    def _draft_and_plan(self, dec: np.ndarray, gamma: int, chunk_total: int, round_index: int):
+    def _round_tables(self, dec: np.ndarray, pre: np.ndarray, chunks: np.ndarray | None):
+        """The KV tokens this round's pass reads, and the verify and decode cost tables priced at
+        this round's context (requests, longest context, KV read; docs/model.md section 1 step 4)."""
+        kv_dec = self.kv.tokens[dec]
+        kv_read = int(kv_dec.sum())
+        l_max = int(kv_dec.max()) if dec.size else 0
+        num_req = dec.size
+        if chunks is not None:
+            active = pre[chunks > 0]
+            kv_pre = self.kv.tokens[active]
+            kv_read += int(kv_pre.sum())
+            l_max = max(l_max, int(kv_pre.max()) if active.size else 0)
+            num_req += active.size
+        prof = self.profile
+        return (kv_read, prof.sps.at_context(num_req, l_max, kv_read),
+                prof.decode_table.at_context(num_req, l_max, kv_read))
+
+    def _overhead_s(self, drafted: bool) -> float:
+        """Host time of a round, plus the planner's when the policy ranks confidences in the critical path."""
+        ov = self.profile.overheads
+        return ov.host_s + (ov.planner_s if drafted and self.policy.plans_in_critical_path else 0.0)
+
+    def _draft_and_plan(self, dec: np.ndarray, gamma: int, chunk_total: int, round_index: int, verify_table,
+                        decode_table):  # noqa: ANN001 - SPSTable views of this round
         """Steps 4-5: draft ``gamma`` positions per decoding request, draw their acceptance, show
         the (calibrated) confidences to the policy and take its verify lengths.
 
@@ -504,9 +537,11 @@ class Engine:
         probs = expit(logits)
         raw = self.head.raw_logits(self.head_rng, logits)
         conf = expit(raw / self.temps[:gamma])
+        no_draft_b = num_dec + chunk_total
         plan = self.policy.plan(RoundView(
-            confidences=conf, sps=self.profile.sps, prefill_tokens=chunk_total,
-            max_batch_tokens=self.cfg.max_batch_tokens, draft_overhead_s=draft_s, round_index=round_index))
+            confidences=conf, sps=verify_table, prefill_tokens=chunk_total,
+            max_batch_tokens=self.cfg.max_batch_tokens, draft_overhead_s=draft_s, round_index=round_index,
+            no_draft_pass_s=float(decode_table.pass_time_s(no_draft_b)) if decode_table is not verify_table else None))
         lengths = np.asarray(plan.lengths, dtype=np.int64)
         if lengths.shape != (num_dec,) or (num_dec and (lengths.min() < 0 or lengths.max() > gamma)):
             raise EngineInvariantError(f"policy {self.policy.name} returned lengths {lengths.tolist()} for "

@@ -24,6 +24,9 @@ vLLM's spec-decode metrics):
   section 5.2 caveat about jagged SPS cliffs).
 * ``offered_load_ratio``: arrivals / completions while load is offered (open loop); above
   ``OVERLOAD_RATIO`` (1.2) the offered load exceeds capacity and the queue grows without bound.
+* ``extrapolated_cost_frac``: fraction of rounds whose pass was priced outside the profile's
+  measured B range (by its below_min / beyond_max rule); ``mean_kv_read_tokens``: time-weighted
+  KV tokens a pass read; ``overhead_time_frac``: host and planner time / busy time.
 * ``num_not_arrived``: requests asked for that never arrived because a rate schedule ended first.
 * Little's law terms: ``mean_in_system`` (time average of requests in the system, integrated
   from the engine's own arrival/completion events), ``mean_in_system_sampled`` (the same, sampled
@@ -57,6 +60,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "num_depth_changes", "mean_heads_gib", "mean_kv_gib", "peak_kv_gib", "mean_free_gib", "mean_coherence",
     "head_load_s_total", "mean_waiting", "num_draft_trims", "early_stop_gap_frac", "mean_in_system",
     "mean_in_system_sampled", "arrival_rate_per_s", "num_not_arrived", "offered_load_ratio",
+    "extrapolated_cost_frac", "mean_kv_read_tokens", "overhead_time_frac",
     "ece_raw_mean", "ece_mean", "auc_mean",
 )
 
@@ -218,6 +222,9 @@ def _round_metrics(st: EngineState, t0: float, makespan: float) -> dict[str, Any
         "num_draft_trims": int(r["num_trimmed"].sum()),
         "early_stop_gap_frac": float(gap.sum() / has_theta.sum()) if has_theta.any() else float("nan"),
         "mean_in_system_sampled": float((in_system * w).sum()) / makespan,
+        "extrapolated_cost_frac": _mean(r["cost_extrapolated"]),
+        "mean_kv_read_tokens": _time_avg(r["kv_read_tokens"], w),
+        "overhead_time_frac": float(r["overhead_s"].sum()) / total_time if total_time else 0.0,
     }
 
 

@@ -4,12 +4,15 @@ Modules: :mod:`.cost` (SPS(B) verify-cost table, drafter cost), :mod:`.memory` (
 paged KV geometry), :mod:`.profile` (named profiles under ``calibration/<chip>/``: load, list).
 """
 
-from .cost import DrafterCost, SPSTable
+from .cost import AttentionCost, DrafterCost, MeasuredDrafterCost, Overheads, SPSTable
 from .memory import GIB, MemorySpec
 from .profile import DEFAULT_PROFILE, HardwareProfile, calibration_dir, list_profiles, load_profile
 
 __all__ = [
     "SPSTable",
+    "AttentionCost",
+    "MeasuredDrafterCost",
+    "Overheads",
     "DrafterCost",
     "MemorySpec",
     "HardwareProfile",

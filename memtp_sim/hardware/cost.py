@@ -21,27 +21,111 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["SPSTable", "DrafterCost"]
+__all__ = ["SPSTable", "AttentionCost", "DrafterCost", "MeasuredDrafterCost", "Overheads", "BELOW_MIN_RULES", "BEYOND_MAX_RULES"]
+
+
+#: Rules for B outside the measured range (``below_min`` / ``beyond_max``).
+BELOW_MIN_RULES = ("error", "flat")
+BEYOND_MAX_RULES = ("error", "roofline", "extrapolate")  # "extrapolate": the older name of "roofline"
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    """How a pass's time grows with the context it attends to: a roofline of three limits.
+
+    ``attn = max(a(q) * L_max, b * K, c * W)`` ms, where for the requests in the pass ``L_max`` is
+    the longest context (tokens in one KV cache: small batches are latency-bound per sequence),
+    ``K`` the KV tokens read in all (bandwidth-bound), ``W`` the query-key pairs, sum over requests
+    of query tokens x context (compute-bound), and ``q`` the query tokens per request. ``a`` is
+    linear in ``q`` between its measured points (flat beyond).
+
+    Attributes:
+        a_points: ``((q, ms per context token), ...)`` measured latency slopes, q increasing.
+        b_ms_per_kv_token: bandwidth slope, ms per KV token read.
+        c_ms_per_pair: compute slope, ms per query-key pair.
+        source: how the constants were obtained.
+
+    Source: docs/model.md section 1 step 4 (a pass grows with the KV context it reads); the three
+    limits are the roofline reading of the H200 context pairs (calibration/h200/SOURCES.md).
+    """
+
+    a_points: tuple[tuple[float, float], ...] = ((1.0, 0.0),)
+    b_ms_per_kv_token: float = 0.0
+    c_ms_per_pair: float = 0.0
+    source: str = ""
+
+    @property
+    def is_zero(self) -> bool:
+        return self.b_ms_per_kv_token == 0 and self.c_ms_per_pair == 0 and all(a == 0 for _, a in self.a_points)
+
+    def ms(self, q: Any, l_max: Any, kv: Any, pairs: Any) -> Any:
+        """``max(a(q) * l_max, b * kv, c * pairs)`` ms (numpy-broadcasting)."""
+        qs = np.array([p[0] for p in self.a_points])
+        a = np.interp(q, qs, np.array([p[1] for p in self.a_points]))
+        return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
+
+
+@dataclass(frozen=True)
+class _Dense:
+    """Per-integer-B arrays of a table (index = B), computed once and shared by its context views."""
+
+    raw_ms: np.ndarray  # measured-rule pass time at each point's own context (NaN where refused)
+    zero_ms: np.ndarray  # the same with the attention term removed (context 0)
+    pad_index: np.ndarray  # the captured (graph) size a B is padded to
+    factor: np.ndarray  # 1, or the eager factor above the largest captured size
 
 
 @dataclass(frozen=True)
 class SPSTable:
-    """Verifier steps per second as a function of the token batch B of one forward pass.
+    """Pass time (and verifier steps per second) of one forward pass over B tokens.
+
+    The measured curve, interpolated linearly in pass time between measured neighbours (every
+    measured point exact, cliffs kept), plus four stated extensions:
+
+    * **Outside the measured range**: ``below_min`` (``error`` refuses, ``flat`` takes the
+      smallest measured pass: the memory-bound floor) and ``beyond_max`` (``error`` refuses,
+      ``roofline`` continues linearly through the last two measured points: the compute-bound
+      line). A run reports the fraction of its rounds priced outside the measured range.
+    * **Context**: a pass attends to the KV cache of every request in it, so its time grows with
+      the context (:class:`AttentionCost`). Each measured point is first brought to context 0 by
+      removing the attention term of its own measured context (``ref_*`` arrays), and a round's
+      table adds the term for that round's context back: ``at_context(R, L_max, K)``.
+    * **CUDA-graph padding**: with ``graph_sizes`` a pass runs padded to the next captured size and
+      above the largest one eager, ``eager_factor`` times slower.
 
     Attributes:
-        batch_tokens: measured B values, shape (n,), strictly increasing ints >= 1.
-        pass_ms: measured pass time at each B, shape (n,), milliseconds, > 0.
+        batch_tokens: measured B, shape (n,), strictly increasing ints >= 1.
+        pass_ms: measured pass time at each B, shape (n,), ms, > 0.
         source: where the points come from (URL / file and selection).
-        beyond_max: ``"error"`` (refuse B above the largest measured B) or ``"extrapolate"``
-            (linear in pass time through the last two measured points).
+        beyond_max: rule above the largest measured B (see above).
+        below_min: rule below the smallest measured B.
+        attention: the context term (default: none).
+        ref_requests: requests R of each measured pass, shape (n,) (default 1).
+        ref_l_max: longest context of each measured pass, tokens, shape (n,) (default 0).
+        ref_kv: KV tokens each measured pass read, shape (n,) (default 0).
+        context: ``(R, L_max, K)`` this table is evaluated at (None: each point's own context).
+        graph_sizes: captured CUDA-graph batch sizes, increasing (empty: no padding).
+        eager_factor: pass-time factor above the largest captured size (>= 1).
+        dense_limit: precompute values up to this B (the engine's max_batch_tokens).
 
-    Source: docs/model.md section 1 step 4 (SPS(B) is a measured, jagged table).
+    Source: docs/model.md section 1 step 4 (SPS(B) is a measured, jagged table; real passes grow
+    with the KV context read, run padded to captured CUDA-graph sizes); vLLM model_runner captures
+    graph sizes 1, 2, 4 and multiples of 8 (vllm-project/vllm PR #7894).
     """
 
     batch_tokens: np.ndarray
     pass_ms: np.ndarray
     source: str = "user table"
     beyond_max: str = "error"
+    below_min: str = "error"
+    attention: AttentionCost | None = None
+    ref_requests: np.ndarray | None = None
+    ref_l_max: np.ndarray | None = None
+    ref_kv: np.ndarray | None = None
+    context: tuple[float, float, float] | None = None
+    graph_sizes: tuple[int, ...] = ()
+    eager_factor: float = 1.0
+    dense_limit: int = 0
 
     def __post_init__(self) -> None:
         b = np.asarray(self.batch_tokens, dtype=np.int64)
@@ -54,8 +138,25 @@ class SPSTable:
             raise InvalidArgumentError("sps: batch sizes must be strictly increasing (no duplicates)")
         if not np.all(np.isfinite(t)) or np.any(t <= 0):
             raise InvalidArgumentError("sps: pass times / steps per second must be finite and > 0")
-        if self.beyond_max not in ("error", "extrapolate"):
-            raise InvalidArgumentError(f"sps: beyond_max must be 'error' or 'extrapolate', got {self.beyond_max!r}")
+        if self.beyond_max not in BEYOND_MAX_RULES:
+            raise InvalidArgumentError(f"sps: beyond_max must be one of {', '.join(BEYOND_MAX_RULES)}, "
+                                       f"got {self.beyond_max!r}")
+        if self.below_min not in BELOW_MIN_RULES:
+            raise InvalidArgumentError(f"sps: below_min must be one of {', '.join(BELOW_MIN_RULES)}, "
+                                       f"got {self.below_min!r}")
+        for name, default in (("ref_requests", 1.0), ("ref_l_max", 0.0), ("ref_kv", 0.0)):
+            v = getattr(self, name)
+            arr = np.full(b.size, default) if v is None else \
+                np.broadcast_to(np.asarray(v, dtype=np.float64), b.shape).copy()
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise InvalidArgumentError(f"sps: {name} must be finite and >= 0")
+            object.__setattr__(self, name, arr)
+        g = tuple(int(x) for x in self.graph_sizes)
+        if any(x < 1 for x in g) or any(y <= x for x, y in zip(g, g[1:])):
+            raise InvalidArgumentError(f"sps: graph_sizes must be increasing batch sizes >= 1, got {list(g)}")
+        if not (math.isfinite(self.eager_factor) and self.eager_factor >= 1.0):
+            raise InvalidArgumentError(f"sps: eager_factor must be >= 1, got {self.eager_factor}")
+        object.__setattr__(self, "graph_sizes", g)
         object.__setattr__(self, "batch_tokens", b)
         object.__setattr__(self, "pass_ms", t)
 
@@ -81,76 +182,160 @@ class SPSTable:
 
     @property
     def min_batch_tokens(self) -> int:
-        return int(self.batch_tokens[0])
+        """Smallest B with a value (1 when ``below_min`` is ``flat``)."""
+        return 1 if self.below_min == "flat" else int(self.batch_tokens[0])
 
     @property
     def max_batch_tokens(self) -> int:
-        """Largest measured B (the end of the lookup rule's domain)."""
+        """Largest measured B (the end of the interpolation's domain)."""
         return int(self.batch_tokens[-1])
+
+    @property
+    def has_context_term(self) -> bool:
+        """Whether pass time depends on the context attended to."""
+        return self.attention is not None and not self.attention.is_zero
+
+    def _attention_at_points(self) -> np.ndarray:
+        """The attention term of each measured point at its own context, ms, shape (n,)."""
+        if not self.has_context_term:
+            return np.zeros(self.batch_tokens.size)
+        q = self.batch_tokens / self.ref_requests
+        return self.attention.ms(q, self.ref_l_max, self.ref_kv, self.ref_kv * q)
+
+    def is_measured(self, b: int) -> bool:
+        """Whether B lies inside the measured range (no extrapolation rule needed)."""
+        return int(self.batch_tokens[0]) <= b <= self.max_batch_tokens
+
+    @cached_property
+    def _dense(self) -> _Dense:
+        top = max(self.max_batch_tokens, int(self.dense_limit), max(self.graph_sizes, default=0))
+        bs = np.arange(top + 1, dtype=np.float64)
+        raw = self._interp_ms(bs, self.pass_ms)
+        zero = self._interp_ms(bs, self.pass_ms - self._attention_at_points()) if self.has_context_term else raw
+        pad = np.arange(top + 1)
+        factor = np.ones(top + 1)
+        if self.graph_sizes:
+            sizes = np.array(self.graph_sizes)
+            j = np.searchsorted(sizes, pad)  # first captured size >= B
+            inside = j < sizes.size
+            pad[inside] = sizes[j[inside]]
+            factor[~inside] = self.eager_factor
+        return _Dense(raw, np.maximum(zero, 0.05 * raw), pad, factor)
+
+    def _interp_ms(self, bs: np.ndarray, ms: np.ndarray) -> np.ndarray:
+        """``ms`` (one per measured point) at every B of ``bs`` under the table's rules (NaN where refused)."""
+        out = np.interp(bs, self.batch_tokens, ms)
+        if self.below_min == "error":
+            out[: int(self.batch_tokens[0])] = np.nan
+        out[0] = np.nan
+        beyond = bs > self.max_batch_tokens
+        if beyond.any():
+            out[beyond] = self._roofline_ms(bs[beyond], ms) if self.beyond_max != "error" else np.nan
+        return out
 
     @cached_property
     def _dense_pass_s(self) -> np.ndarray:
-        # pass time in seconds for every integer B in [0, max]; index 0 unused (NaN).
-        bs = np.arange(self.max_batch_tokens + 1, dtype=np.float64)
-        out = np.interp(bs, self.batch_tokens, self.pass_ms) / 1000.0
-        out[: self.min_batch_tokens] = np.nan
+        # pass time in seconds for every integer B in [0, top] at this table's context; NaN where refused
+        d = self._dense
+        if self.context is None or not self.has_context_term:
+            t = d.raw_ms
+        else:
+            req, l_max, kv = self.context
+            q = np.arange(d.zero_ms.size, dtype=np.float64) / max(req, 1.0)  # query tokens per request
+            t = d.zero_ms + self.attention.ms(q, l_max, kv, kv * q)
+        return t[d.pad_index] * d.factor / 1000.0
+
+    def at_context(self, num_requests: int, l_max: float, kv_tokens: float) -> "SPSTable":
+        """This table for one round: ``num_requests`` requests whose longest context is ``l_max``
+        tokens and which read ``kv_tokens`` KV tokens in all (the pairs term takes every token of
+        the pass as a query over the mean context). Cheap: shares the per-B arrays; without a
+        context term it returns ``self``."""
+        if not self.has_context_term:
+            return self
+        out = object.__new__(SPSTable)
+        out.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_dense_pass_s"})
+        object.__setattr__(out, "context", (float(num_requests), float(l_max), float(kv_tokens)))
         return out
 
     def covers(self, b: int) -> bool:
-        """Whether B has a value under the lookup rule."""
-        return self.min_batch_tokens <= b and (b <= self.max_batch_tokens or self.beyond_max == "extrapolate")
+        """Whether B has a value under the table's rules."""
+        return self.min_batch_tokens <= b and (b <= self.max_batch_tokens or self.beyond_max != "error")
 
     def pass_time_s(self, b: Any) -> Any:
         """Forward-pass time in seconds at token batch ``b`` (int or int array).
 
         Raises:
-            InvalidArgumentError: some ``b`` lies outside the measured range and the table does not
-                extrapolate.
+            InvalidArgumentError: some ``b`` lies outside the range the table's rules cover.
         """
-        if isinstance(b, (int, np.integer)) and self.min_batch_tokens <= b <= self.max_batch_tokens:
-            return float(self._dense_pass_s[b])  # fast path: one scalar inside the measured range
+        dense = self._dense_pass_s
+        if isinstance(b, (int, np.integer)) and 0 < b < dense.size:
+            v = dense[b]
+            if v == v:  # not NaN: fast path for one scalar
+                return float(v)
         arr = np.asarray(b, dtype=np.int64)
-        lo, hi = self.min_batch_tokens, self.max_batch_tokens
-        if arr.size and (arr.min() < lo or (arr.max() > hi and self.beyond_max != "extrapolate")):
-            bad = int(arr.min()) if arr.min() < lo else int(arr.max())
+        if arr.size and (arr.min() < self.min_batch_tokens or (arr.max() > self.max_batch_tokens
+                                                               and self.beyond_max == "error")):
+            bad = int(arr.min()) if arr.min() < self.min_batch_tokens else int(arr.max())
             raise InvalidArgumentError(
-                f"sps: no value for B={bad}: measured range is {lo}..{hi} and the lookup rule "
-                "(linear in pass time between measured neighbours) does not extend past it"
+                f"sps: no value for B={bad}: measured range is {int(self.batch_tokens[0])}..{self.max_batch_tokens} "
+                f"and the table's rules (below_min {self.below_min}, beyond_max {self.beyond_max}) do not cover it"
             )
-        if arr.size and arr.max() > hi:
+        if arr.size and arr.max() >= dense.size:
             out = np.empty(arr.shape, dtype=np.float64)
-            inside = arr <= hi
-            out[inside] = self._dense_pass_s[arr[inside]]
-            out[~inside] = self._extrapolate_s(arr[~inside])
+            inside = arr < dense.size
+            out[inside] = dense[arr[inside]]
+            far = arr[~inside].astype(np.float64)
+            if self.context is not None and self.has_context_term:
+                req, l_max, kv = self.context
+                q = far / max(req, 1.0)
+                far_ms = self._roofline_ms(far, self.pass_ms - self._attention_at_points()) + \
+                    self.attention.ms(q, l_max, kv, kv * q)
+            else:
+                far_ms = self._roofline_ms(far, self.pass_ms)
+            out[~inside] = far_ms * (self.eager_factor if self.graph_sizes else 1.0) / 1000.0
         else:
-            out = self._dense_pass_s[arr]
+            out = dense[arr]
         return float(out) if np.ndim(b) == 0 else out
 
     def pass_time_range_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times for every B in ``b_first..b_last`` (inclusive), shape (b_last - b_first + 1,)."""
-        if self.min_batch_tokens <= b_first and b_last <= self.max_batch_tokens:
-            return self._dense_pass_s[b_first: b_last + 1]
+        dense = self._dense_pass_s
+        if self.min_batch_tokens <= b_first and b_last < dense.size and (
+                b_last <= self.max_batch_tokens or self.beyond_max != "error"):
+            return dense[b_first: b_last + 1]
         return self.pass_time_s(np.arange(b_first, b_last + 1))
 
-    def _extrapolate_s(self, b: np.ndarray) -> np.ndarray:
+    def _roofline_ms(self, b: np.ndarray, ms: np.ndarray | None = None) -> np.ndarray:
+        # linear in pass time through the last two measured points (one point: proportional to B)
+        ms = self.pass_ms if ms is None else ms
         if self.batch_tokens.size < 2:
-            return np.full(b.shape, self.pass_ms[-1] / 1000.0) * (b / self.batch_tokens[-1])
+            return ms[-1] * (b / self.batch_tokens[-1])
         b0, b1 = self.batch_tokens[-2:]
-        t0, t1 = self.pass_ms[-2:]
-        return (t1 + (b - b1) * (t1 - t0) / (b1 - b0)) / 1000.0
+        t0, t1 = ms[-2:]
+        return t1 + (b - b1) * (t1 - t0) / (b1 - b0)
 
     def sps(self, b: Any) -> Any:
         """Steps per second ``1 / pass_time_s(b)``."""
         return 1.0 / self.pass_time_s(b)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """JSON-ready description (points, rules, context term, graph sizes) for run provenance."""
+        out: dict[str, Any] = {
             "batch_tokens": self.batch_tokens.tolist(),
             "pass_ms": [round(float(x), 4) for x in self.pass_ms],
             "source": self.source,
             "lookup": "linear_pass_time",
+            "below_min": self.below_min,
             "beyond_max": self.beyond_max,
         }
+        if self.has_context_term:
+            a = self.attention
+            out["attention"] = {"a_points": [list(p) for p in a.a_points], "b_ms_per_kv_token": a.b_ms_per_kv_token,
+                                "c_ms_per_pair": a.c_ms_per_pair, "source": a.source}
+        if self.graph_sizes:
+            out["graph_sizes"] = list(self.graph_sizes)
+            out["eager_factor"] = self.eager_factor
+        return out
 
 
 @dataclass(frozen=True)
@@ -187,3 +372,97 @@ class DrafterCost:
         n = num_requests * gamma
         t_par = self.time_scale * max(self.t_small_s, n * self.t_large_s / self.large_b)
         return t_par + gamma * self.t_seq_s
+
+
+@dataclass(frozen=True)
+class MeasuredDrafterCost:
+    """Drafting cost from measured drafter kernels, interpolated over the work of one round.
+
+    Kinds (docs/model.md section 1 step 1):
+
+    * ``block``: one semi-autoregressive pass drafts ``gamma`` tokens for every request (DSpark's
+      drafter): ``T = t_pass(R * gamma tokens) + gamma * t_seq``, with ``t_pass`` measured over
+      tokens in the pass (``x`` = tokens) and ``t_seq`` the sequential head's step.
+    * ``mtp`` / ``model``: ``gamma`` sequential batched steps over the R drafting requests (an MTP
+      module, or a separate small draft model): ``T = gamma * t_step(R)`` (``x`` = requests).
+    * ``per_sequence``: a drafter that runs each request on its own (no batching):
+      ``T = R * t_pass(gamma tokens)`` (``x`` = tokens of one request's pass).
+
+    Between measured x the time is linear; below the smallest it is the smallest (a memory-bound
+    floor); above the largest it continues through the last two points (roofline).
+
+    Attributes:
+        kind: ``block``, ``mtp``, ``model`` or ``per_sequence``.
+        x: measured work (tokens or requests, see above), shape (n,), increasing.
+        ms: measured time at each x, ms.
+        t_seq_s: one sequential-head step (block kind), seconds.
+        weights_gib: drafter memory, GiB.
+        time_scale: stated ratio of the deployed drafter to the measured one (e.g. layers).
+        source: measurements and mapping.
+
+    Source: the H200 kinds draft_mtp / draft_block / draft_model (data/calibration/h200/SOURCES.md).
+    """
+
+    kind: str
+    x: np.ndarray
+    ms: np.ndarray
+    t_seq_s: float = 0.0
+    weights_gib: float = 0.0
+    time_scale: float = 1.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        x = np.asarray(self.x, dtype=np.float64)
+        ms = np.asarray(self.ms, dtype=np.float64)
+        if self.kind not in ("block", "mtp", "model", "per_sequence"):
+            raise InvalidArgumentError(f"drafter kind: {self.kind!r}; allowed: block, mtp, model, per_sequence")
+        if x.ndim != 1 or x.shape != ms.shape or x.size == 0 or np.any(np.diff(x) <= 0) or np.any(ms <= 0):
+            raise InvalidArgumentError("drafter: need increasing work values and positive times, one each")
+        object.__setattr__(self, "x", x)
+        object.__setattr__(self, "ms", ms)
+
+    def _t_ms(self, work: float) -> float:
+        if work <= self.x[-1] or self.x.size < 2:
+            return float(np.interp(work, self.x, self.ms))
+        x0, x1 = self.x[-2:]
+        t0, t1 = self.ms[-2:]
+        return float(t1 + (work - x1) * (t1 - t0) / (x1 - x0))
+
+    def round_time_s(self, num_requests: int, gamma: int) -> float:
+        """Drafting time of one round, seconds (0 when nothing is drafted)."""
+        if gamma <= 0 or num_requests <= 0:
+            return 0.0
+        if self.kind == "block":
+            t = self._t_ms(num_requests * gamma) / 1000.0 + gamma * self.t_seq_s
+        elif self.kind == "per_sequence":
+            t = num_requests * self._t_ms(gamma) / 1000.0
+        else:
+            t = gamma * self._t_ms(num_requests) / 1000.0
+        return self.time_scale * t
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Costs a real engine pays every round besides the passes.
+
+    Attributes:
+        host_s: fixed host/CPU time per round not overlapped with the GPU (scheduling, input
+            preparation, sampling), seconds.
+        planner_s: extra per-round time of a policy that plans from confidences in the critical
+            path (DSpark sync, threshold, goodput; not the asynchronous scheduler, whose planning
+            overlaps the pass), seconds.
+        sources: where each figure comes from (measurement or stated assumption).
+
+    Source: docs/model.md section 1 step 4 ("a fixed host cost per step, plus the planner's own
+    cost for adaptive policies: all measured or stated").
+    """
+
+    host_s: float = 0.0
+    planner_s: float = 0.0
+    sources: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("host_s", "planner_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InvalidArgumentError(f"overheads.{name}: must be a finite number of seconds >= 0, got {v!r}")

@@ -22,7 +22,8 @@ import numpy as np
 import yaml
 
 from ..errors import CalibrationError
-from .cost import DrafterCost, SPSTable
+from .cost import BELOW_MIN_RULES, BEYOND_MAX_RULES, DrafterCost, Overheads, SPSTable
+from . import tables
 from .memory import GIB, MemorySpec
 
 __all__ = [
@@ -50,6 +51,23 @@ class HardwareProfile:
     sources: dict[str, str] = field(default_factory=dict)
     caveats: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # plausibility notes on the measurements (hardware.profile.check_curve)
+    decode: SPSTable | None = None  # passes with no draft token (v = 1), when measured apart from verify
+    prefill: SPSTable | None = None  # prompt passes (one request), when measured apart from verify
+    overheads: Overheads = field(default_factory=Overheads)
+    drafters: dict[str, Any] = field(default_factory=dict)  # drafter kind -> cost (the default is `drafter`)
+    model: str = ""
+    engine: str = ""
+    build: str = ""
+
+    @property
+    def decode_table(self) -> SPSTable:
+        """Pass time when no draft token is verified (the verify table when not measured apart)."""
+        return self.decode if self.decode is not None else self.sps
+
+    @property
+    def prefill_table(self) -> SPSTable:
+        """Pass time of a prompt chunk (the verify table when not measured apart)."""
+        return self.prefill if self.prefill is not None else self.sps
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready description for run outputs."""
@@ -57,7 +75,14 @@ class HardwareProfile:
             "name": self.name,
             "path": self.path,
             "chip": self.chip,
+            "model": self.model,
+            "engine": self.engine,
+            "build": self.build,
             "sps": self.sps.as_dict(),
+            "decode": self.decode.as_dict() if self.decode is not None else None,
+            "prefill": self.prefill.as_dict() if self.prefill is not None else None,
+            "overheads": {"host_ms": self.overheads.host_s * 1e3, "planner_ms": self.overheads.planner_s * 1e3,
+                          "sources": self.overheads.sources or {}},
             "memory": {
                 "gpu_allocatable_gib": self.memory.gpu_allocatable_gib,
                 "weights_gib": round(self.memory.weights_gib, 4),
@@ -67,17 +92,21 @@ class HardwareProfile:
                 "kv_block_tokens": self.memory.kv_block_tokens,
                 "max_model_len": self.memory.max_model_len,
             },
-            "drafter": {
-                "t_small_ms": self.drafter.t_small_s * 1e3,
-                "large_b": self.drafter.large_b,
-                "t_large_ms": self.drafter.t_large_s * 1e3,
-                "time_scale": self.drafter.time_scale,
-                "t_seq_ms": self.drafter.t_seq_s * 1e3,
-            },
+            "drafter": _drafter_summary(self.drafter),
+            "drafters": {k: _drafter_summary(v) for k, v in self.drafters.items()},
             "sources": self.sources,
             "caveats": list(self.caveats),
             "warnings": list(self.warnings),
         }
+
+
+def _drafter_summary(d: Any) -> dict[str, Any]:
+    if isinstance(d, DrafterCost):
+        return {"kind": "roofline", "t_small_ms": d.t_small_s * 1e3, "large_b": d.large_b,
+                "t_large_ms": d.t_large_s * 1e3, "time_scale": d.time_scale, "t_seq_ms": d.t_seq_s * 1e3,
+                "weights_gib": d.weights_gib, "source": d.source}
+    return {"kind": d.kind, "x": d.x.tolist(), "ms": [round(float(v), 4) for v in d.ms], "t_seq_ms": d.t_seq_s * 1e3,
+            "time_scale": d.time_scale, "weights_gib": d.weights_gib, "source": d.source}
 
 
 def calibration_dir() -> Path:
@@ -109,7 +138,7 @@ def list_profiles() -> dict[str, Path]:
             doc = _read_profile_doc(str(p.resolve()), *_stat_key(p))
         except (OSError, CalibrationError, UnicodeDecodeError):
             continue  # a broken file is reported when loaded by path
-        if isinstance(doc, dict) and "name" in doc and "verify" in doc and "measurements" in doc:
+        if isinstance(doc, dict) and "name" in doc and "verify" in doc and ("measurements" in doc or "costs" in doc):
             out[str(doc["name"])] = p
     return out
 
@@ -253,11 +282,17 @@ def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
     an edited file is read again.
 
     Raises:
-        CalibrationError: unknown name, missing file, missing field, or a verify curve that is not
-            one complete measured curve (every power of two from 1 to 512, one row each).
+        CalibrationError: unknown name, missing file, missing or malformed field, an implausible
+            measured curve, or a memory budget that leaves no room for KV (one line: file, field,
+            and for measurement cells row and column).
     """
     path = _resolve_profile_path(name_or_path).resolve()
     doc = _read_profile_doc(str(path), *_stat_key(path))
+    if "costs" in doc:  # format 2: a memtp cost table (hardware.tables)
+        csv_path = path.parent / str(doc["costs"])
+        if not csv_path.is_file():
+            raise CalibrationError(f"{path}: costs: file {csv_path} not found")
+        return _build_profile_v2(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
     csv_path = path.parent / str(_require(doc, "measurements", str(path)))
     if not csv_path.is_file():
         raise CalibrationError(f"{path}: measurements: file {csv_path} not found")
@@ -327,9 +362,6 @@ def _load_verify(rows: list[dict[str, str]], verify: Mapping[str, Any], csv_path
         if b in by_b:
             raise CalibrationError(f"{where}: verify.select matches two rows for B={b}; narrow the selection")
         by_b[b] = r
-    missing = [b for b in (1 << i for i in range(10)) if b not in by_b]
-    if missing:
-        raise CalibrationError(f"{where}: verify curve lacks measured B={missing} (need every power of two 1..512)")
     if verify.get("lookup", "linear_pass_time") != "linear_pass_time":
         raise CalibrationError(f"{where}: verify.lookup: only 'linear_pass_time' is supported")
     bs = sorted(by_b)
@@ -340,9 +372,17 @@ def _load_verify(rows: list[dict[str, str]], verify: Mapping[str, Any], csv_path
         np.array(bs),
         times,
         source=f"{csv_path.name} rows {verify['select'].get('model', '')} ({'; '.join(src_urls)})",
-        beyond_max=str(verify.get("beyond_max", "error")),
+        beyond_max=_rule(verify, "beyond_max", BEYOND_MAX_RULES, where),
+        below_min=_rule(verify, "below_min", BELOW_MIN_RULES, where),
     )
     return table, warnings
+
+
+def _rule(section: Mapping[str, Any], key: str, allowed: tuple[str, ...], where: str) -> str:
+    v = section.get(key, "error")
+    if v not in allowed:
+        raise CalibrationError(f"{where}: {key}: {v!r}; allowed: {', '.join(allowed)}")
+    return str(v)
 
 
 def _load_memory(mem: Mapping[str, Any], dr: Mapping[str, Any], where: str) -> MemorySpec:
@@ -391,3 +431,120 @@ def _load_drafter(rows: list[dict[str, str]], dr: Mapping[str, Any], memory: Mem
         weights_gib=memory.drafter_weights_gib,
         source=f"{small['source_url_or_repo_path']} ({tests['small']}, {tests['large']})",
     )
+
+
+# ------------------------------------------------------------------------------ format 2
+#: vLLM's default CUDA-graph capture sizes up to 512 tokens: 1, 2, 4, then multiples of 8
+#: (vllm/worker/model_runner.py _BATCH_SIZES_TO_CAPTURE, vllm-project/vllm PR #7894).
+VLLM_GRAPH_SIZES = (1, 2, 4) + tuple(range(8, 513, 8))
+
+
+@lru_cache(maxsize=32)
+def _build_profile_v2(path_s: str, yaml_stat: tuple[int, int], csv_s: str,
+                      csv_stat: tuple[int, int]) -> HardwareProfile:
+    """A format-2 profile: curves and drafters built from a memtp cost table (hardware.tables)."""
+    where = path_s
+    doc = _read_profile_doc(path_s, *yaml_stat)
+    table = tables.read_cost_table(csv_s)
+    base = tables.select_rows(table, doc.get("select") or {}, where)
+    graph, eager, graph_src = _graph(doc.get("overheads") or {}, where)
+    curves: dict[str, Any] = {}
+    warnings: list[str] = []
+    for name in ("verify", "decode", "prefill"):
+        sec = doc.get(name)
+        if sec is None:
+            if name == "verify":
+                raise CalibrationError(f"{where}: missing field 'verify'")
+            continue
+        fit = _curve(base, sec, name, where, graph if name != "prefill" else (), eager if name != "prefill" else 1.0)
+        warnings += check_curve(fit.table.batch_tokens, fit.table.pass_ms, where=f"{csv_s} ({name})",
+                                rows=[str(r[0]) for r in fit.rows], column="pass_ms")
+        warnings += [f"{csv_s} ({name}): context pair R={req}, v={v}: measured +{dm:.2f} ms, the attention "
+                     f"roofline gives +{mm:.2f} ms" for req, v, dm, mm in fit.pair_errors()
+                     if abs(mm - dm) > max(0.15 * abs(dm), 0.05)]
+        curves[name] = fit
+    memory = _load_memory(_require(doc, "memory", where), _default_drafter_doc(doc), where)
+    common = doc.get("select") or {}
+    drafters = {k: _drafter_v2(tables.select_rows(table, {**common, **(v.get("select") or {})}, where), v, k, where)
+                for k, v in (doc.get("drafters") or {}).items()}
+    default = str(doc.get("default_drafter", next(iter(drafters), "")))
+    if default not in drafters:
+        raise CalibrationError(f"{where}: default_drafter: {default!r}; the profile's drafters are "
+                               f"{', '.join(drafters) or 'none'}")
+    ov = doc.get("overheads") or {}
+    overheads = Overheads(host_s=_field(ov, "host_ms_per_round", f"{where}: overheads", strict=False,
+                                        default=0.0) / 1000.0,
+                          planner_s=_field(ov, "planner_ms_per_round", f"{where}: overheads", strict=False,
+                                           default=0.0) / 1000.0,
+                          sources={"host": str(ov.get("host_source", "")),
+                                   "planner": str(ov.get("planner_source", "")), "graph": graph_src})
+    mem = doc["memory"]
+    sources = {"verify": curves["verify"].table.source, "costs": csv_s,
+               "gpu_allocatable": str(mem.get("gpu_allocatable_source", "")),
+               "weights": str(mem.get("weights_source", "")), "kv": str(mem.get("kv_source", "")),
+               "reserve": str(mem.get("reserve_source", ""))}
+    sources.update({f"drafter_{k}": d.source for k, d in drafters.items()})
+    return HardwareProfile(
+        name=str(_require(doc, "name", where)), description=" ".join(str(doc.get("description", "")).split()),
+        chip=str(doc.get("chip", "")), sps=curves["verify"].table, drafter=drafters[default], memory=memory,
+        path=path_s, sources=sources, caveats=tuple(doc.get("caveats", ())), warnings=tuple(warnings),
+        decode=curves["decode"].table if "decode" in curves else None,
+        prefill=curves["prefill"].table if "prefill" in curves else None,
+        overheads=overheads, drafters=drafters, model=str(doc.get("model", "")), engine=str(doc.get("engine", "")),
+        build=str(doc.get("build", "")))
+
+
+def _graph(ov: Mapping[str, Any], where: str) -> tuple[tuple[int, ...], float, str]:
+    g = ov.get("graph_sizes")
+    if g is None:
+        return (), 1.0, ""
+    sizes = VLLM_GRAPH_SIZES if g == "vllm" else g
+    if not isinstance(sizes, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                        for x in sizes):
+        raise CalibrationError(f"{where}: overheads.graph_sizes: {g!r}; allowed: vllm, or a list of batch sizes")
+    eager = _field(ov, "eager_factor", f"{where}: overheads", minimum=1.0, strict=False, default=1.0)
+    return tuple(sorted(sizes)), eager, str(ov.get("graph_source", ""))
+
+
+def _curve(base: Any, sec: Mapping[str, Any], name: str, where: str, graph: tuple[int, ...],
+           eager: float) -> tables.CurveFit:
+    w = f"{where}: {name}"
+    if not isinstance(sec, Mapping):
+        raise CalibrationError(f"{w}: expected a mapping (select, reference_context, rules)")
+    rows = tables.select_rows(base, {"kind": name if name != "decode" else ["decode", "verify"],
+                                     **(sec.get("select") or {})}, w)
+    if rows.empty:
+        raise CalibrationError(f"{w}: select matches no row of the cost table")
+    ctx = sec.get("context", "fit")
+    src = ", ".join(sorted(set(rows["source"])))
+    return tables.verify_curve(
+        rows, where=w, reference_context=sec.get("reference_context"),
+        tokens_per_request=str(sec.get("tokens_per_request", "1" if name == "decode" else "any")),
+        below_min=_rule(sec, "below_min", BELOW_MIN_RULES, w), beyond_max=_rule(sec, "beyond_max", BEYOND_MAX_RULES, w),
+        context=ctx, graph_sizes=graph, eager_factor=eager, source=src)
+
+
+def _default_drafter_doc(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    drafters = doc.get("drafters") or {}
+    key = doc.get("default_drafter", next(iter(drafters), None))
+    return drafters.get(key, {"weights_gib": 0.0})
+
+
+def _drafter_v2(rows: Any, sec: Mapping[str, Any], key: str, where: str) -> Any:
+    """A measured drafter (its select applies over the profile's common select)."""
+    w = f"{where}: drafters.{key}"
+    kind = sec.get("kind")
+    if kind not in ("block", "mtp", "model", "per_sequence"):
+        raise CalibrationError(f"{w}.kind: {kind!r}; allowed: block, mtp, model, per_sequence")
+    t_seq = 0.0
+    head = sec.get("sequential_head")
+    if head is not None:
+        hw = f"{w}.sequential_head"
+        t_seq = (_field(head, "rank", hw, kind=int) * _field(head, "vocab", hw, kind=int)
+                 * _field(head, "bytes_per_param", hw) / (_field(head, "mem_bandwidth_gb_s", hw) * 1e9))
+    cost = tables.drafter_cost(rows, kind=str(kind), where=w, t_seq_s=t_seq,
+                               weights_gib=_field(sec, "weights_gib", w, strict=False),
+                               time_scale=_field(sec, "time_scale", w, default=1.0),
+                               source=f"{', '.join(sorted(set(rows['source'])))}; " + " ".join(
+                                   str(sec.get("note", "")).split()))
+    return cost

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from .base import RoundView
 
-__all__ = ["GAMMA_FIELD", "survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate"]
+__all__ = ["GAMMA_FIELD", "survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate", "pass_time_s"]
 
 #: pydantic Field arguments of the ``gamma`` (block size) parameter every drafting policy has.
 GAMMA_FIELD = dict(ge=1, le=64, description="draft tokens proposed per request per round (block size)")
@@ -92,4 +92,11 @@ def expected_rate(view: RoundView, sum_a: float, drafts: int) -> float:
     b = view.num_requests + int(drafts) + int(view.prefill_tokens)
     if view.num_requests == 0 or not view.sps.covers(b):
         return float("nan")
-    return (view.num_requests + sum_a) / (float(view.draft_overhead_s) + float(view.sps.pass_time_s(b)))
+    return (view.num_requests + sum_a) / (float(view.draft_overhead_s) + pass_time_s(view, b, drafts))
+
+
+def pass_time_s(view: RoundView, b: int, drafts: int) -> float:
+    """The round's pass time at B tokens: the decode pass when no draft is verified."""
+    if drafts == 0 and view.no_draft_pass_s is not None:
+        return float(view.no_draft_pass_s)
+    return float(view.sps.pass_time_s(b))

@@ -40,6 +40,9 @@ class RoundView:
         max_batch_tokens: cap on B = R + sum(lengths) + prefill_tokens.
         draft_overhead_s: drafting time of this round (spent whatever the plan), seconds.
         round_index: engine round counter (0-based).
+        no_draft_pass_s: time of this round's pass if no draft token is verified (a plain decode
+            pass, priced by the profile's decode table), seconds; None: the ``sps`` table at
+            ``R + prefill_tokens``.
     """
 
     confidences: np.ndarray
@@ -48,6 +51,7 @@ class RoundView:
     max_batch_tokens: int
     draft_overhead_s: float
     round_index: int
+    no_draft_pass_s: float | None = None
 
     @property
     def num_requests(self) -> int:
@@ -86,6 +90,10 @@ class Policy(ABC):
 
     name: ClassVar[str]
     Params: ClassVar[type[PolicyParams]] = PolicyParams
+    #: True for policies that rank confidences on the CPU between drafting and verifying (the
+    #: profile's planner overhead is then paid each round); False for fixed lengths and for the
+    #: asynchronous scheduler, whose planning overlaps the pass.
+    plans_in_critical_path: ClassVar[bool] = False
 
     def __init__(self, params: PolicyParams) -> None:
         self.params = params

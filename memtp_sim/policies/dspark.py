@@ -135,6 +135,7 @@ def hardware_aware_prefix_scheduler(
     prefill_tokens: int = 0,
     max_batch_tokens: int | None = None,
     overhead_s: float = 0.0,
+    no_draft_pass_s: float | None = None,
 ) -> ScheduleResult:
     """Choose per-request verify lengths maximising the expected token rate (Algorithm 1).
 
@@ -149,6 +150,8 @@ def hardware_aware_prefix_scheduler(
         prefill_tokens: prefill tokens sharing the verify pass (count toward B, not tau).
         max_batch_tokens: cap on B (candidates beyond it are not considered).
         overhead_s: fixed time of the round outside the verify pass (e.g. drafting), seconds.
+        no_draft_pass_s: the pass time when no draft is admitted (a plain decode pass, which a
+            profile may price apart from verify passes), seconds; None: the table's at B = R + prefill.
 
     Returns:
         ScheduleResult with ``lengths`` (bonus excluded), ``theta``, ``tau`` (bonus included)
@@ -209,7 +212,11 @@ def hardware_aware_prefix_scheduler(
     tau[0] = 0.0
     np.cumsum(a_sorted[:n_cov], out=tau[1:])
     tau += num_req
-    theta = tau / (overhead_s + table.pass_time_range_s(base_b, base_b + n_cov))
+    times = table.pass_time_range_s(base_b, base_b + n_cov)
+    if no_draft_pass_s is not None:
+        times = times.copy()
+        times[0] = no_draft_pass_s
+    theta = tau / (overhead_s + times)
 
     if early_stop:
         not_better = np.flatnonzero(theta[1:] <= theta[:-1])
@@ -257,6 +264,7 @@ class DSparkPolicy(Policy):
     """
 
     Params = DSparkParams
+    plans_in_critical_path = True
 
     @property
     def draft_len(self) -> int:
@@ -270,6 +278,7 @@ class DSparkPolicy(Policy):
             prefill_tokens=view.prefill_tokens,
             max_batch_tokens=view.max_batch_tokens,
             overhead_s=view.draft_overhead_s,
+            no_draft_pass_s=view.no_draft_pass_s,
         )
         return RoundPlan(res.lengths, theta=res.theta, theta_global=res.theta_global)
 
@@ -359,6 +368,7 @@ class DSparkAsyncPolicy(Policy):
             prefill_tokens=view.prefill_tokens,
             max_batch_tokens=view.max_batch_tokens,
             overhead_s=view.draft_overhead_s,
+            no_draft_pass_s=view.no_draft_pass_s,
         )
         k_now = res.num_candidates
 

@@ -6,7 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from ..errors import InvalidArgumentError
-from ._candidates import GAMMA_FIELD, draft_budget, survival
+from ._candidates import GAMMA_FIELD, draft_budget, pass_time_s, survival
 from .base import Policy, PolicyParams, RoundPlan, RoundView
 from .registry import register
 
@@ -41,6 +41,7 @@ class GoodputPolicy(Policy):
     """
 
     Params = GoodputParams
+    plans_in_critical_path = True
 
     @property
     def draft_len(self) -> int:
@@ -61,7 +62,7 @@ class GoodputPolicy(Policy):
             if not view.sps.covers(b):
                 raise InvalidArgumentError(f"sps: no value for B={b}; measured range "
                                  f"{view.sps.min_batch_tokens}..{view.sps.max_batch_tokens}")
-            rate = float(tau[k]) / (float(view.draft_overhead_s) + float(view.sps.pass_time_s(b)))
+            rate = float(tau[k]) / (float(view.draft_overhead_s) + pass_time_s(view, b, num_req * k))
             if rate > best_rate * (1.0 + 1e-12):  # rates > 0; -inf * (1 + eps) = -inf
                 best_k, best_rate = k, rate
         lengths = np.full(num_req, best_k, dtype=np.int64)

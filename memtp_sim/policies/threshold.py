@@ -39,6 +39,7 @@ class ThresholdPolicy(Policy):
     """
 
     Params = ThresholdParams
+    plans_in_critical_path = True
 
     @property
     def draft_len(self) -> int:
