@@ -26,6 +26,11 @@ class HtmlPage:
 
     Args:
         title: the ``<title>`` and the ``<h1>`` heading (plain text; escaped here).
+
+    Source:
+        Plain text is escaped with the standard library's :func:`html.escape` (quotes included);
+        figures are embedded with Plotly's ``Figure.to_html(full_html=False, include_plotlyjs=...)``
+        (Plotly documentation, "Interactive HTML Export").
     """
 
     def __init__(self, title: str) -> None:
@@ -34,34 +39,73 @@ class HtmlPage:
         self._plotly_included = False
 
     def add_heading(self, text: str, level: int = 2) -> None:
-        """A heading (plain text)."""
+        """Append a heading.
+
+        Args:
+            text: plain text (escaped here).
+            level: HTML heading level, 1..6 (``<h{level}>``); not checked.
+        """
         self._parts.append(f"<h{level}>{escape(text)}</h{level}>")
 
     def add_paragraph(self, text: str, *, css_class: str | None = None) -> None:
-        """A paragraph of plain text (escaped)."""
+        """Append a paragraph.
+
+        Args:
+            text: plain text (escaped here).
+            css_class: optional CSS class of the ``<p>`` (``"note"`` or ``"warn"`` are styled).
+        """
         cls = f" class='{css_class}'" if css_class else ""
         self._parts.append(f"<p{cls}>{escape(text)}</p>")
 
     def add_html(self, fragment: str) -> None:
-        """Raw HTML the caller has already escaped."""
+        """Append raw HTML as is.
+
+        Args:
+            fragment: HTML the caller has already escaped (nothing is escaped here).
+        """
         self._parts.append(fragment)
 
     def add_list(self, items: list[str]) -> None:
-        """A bulleted list of plain-text items (escaped)."""
+        """Append a bulleted list.
+
+        Args:
+            items: one plain-text string per bullet (each escaped here).
+        """
         self._parts.append("<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>")
 
     def add_figure(self, fig: Any) -> None:
-        """A Plotly figure; plotly.js is inlined with the first one only."""
+        """Append a Plotly figure; plotly.js is inlined with the first figure only.
+
+        Args:
+            fig: a ``plotly.graph_objects.Figure`` (anything with Plotly's ``to_html``).
+
+        Source:
+            Plotly ``Figure.to_html`` (``include_plotlyjs=True`` inlines the library once, so the
+            page opens offline).
+        """
         self._parts.append(fig.to_html(full_html=False, include_plotlyjs=not self._plotly_included,
                                        config={"displaylogo": False}))
         self._plotly_included = True
 
     def add_table(self, df: Any, *, float_format: str = "{:,.2f}") -> None:
-        """A pandas DataFrame as a table (index dropped, NaN shown as '-')."""
+        """Append a pandas DataFrame as a table (index dropped, NaN shown as ``-``).
+
+        Args:
+            df: a ``pandas.DataFrame``; its column names become the header.
+            float_format: :meth:`str.format` pattern for float cells (default: thousands
+                separator, two decimals).
+
+        Source:
+            ``pandas.DataFrame.to_html`` (pandas documentation).
+        """
         self._parts.append(df.to_html(index=False, float_format=lambda v: float_format.format(v), border=0,
                                       classes="tbl", na_rep="-"))
 
     def render(self) -> str:
-        """The whole document."""
+        """Render the page.
+
+        Returns:
+            The whole HTML5 document (``<!DOCTYPE html>``, UTF-8, inline CSS) as one string.
+        """
         return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(self.title)}</title>"
                 f"<style>{_STYLE}</style></head><body>{''.join(self._parts)}</body></html>")

@@ -31,8 +31,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     The temporary file is created with mode 0o666 filtered by the process umask (as a plain
     ``open`` would), so results keep the permissions users expect.
 
+    Args:
+        path: the destination file; missing parent folders are created.
+        data: the whole new content.
+
     Raises:
-        OSError: the folder cannot be created or written.
+        OSError: the folder cannot be created or written (the temporary file is removed first).
+
+    Source:
+        :func:`os.replace` is an atomic rename on POSIX (``rename(2)``) when source and
+        destination are on one file system, hence the temporary file in the same folder.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -50,12 +58,30 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """:func:`atomic_write_bytes` of UTF-8 text."""
+    """:func:`atomic_write_bytes` of UTF-8 text.
+
+    Args:
+        path: the destination file; missing parent folders are created.
+        text: the whole new content, encoded as UTF-8.
+
+    Raises:
+        OSError: from :func:`atomic_write_bytes`.
+    """
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def json_default(o: Any) -> Any:
-    """``json.dumps(default=...)`` hook: numpy scalars and arrays as plain numbers and lists."""
+    """``json.dumps(default=...)`` hook: numpy scalars and arrays as plain numbers and lists.
+
+    Args:
+        o: the object :mod:`json` could not serialise.
+
+    Returns:
+        ``o.item()`` for a numpy scalar, ``o.tolist()`` for an ``np.ndarray`` (any shape/dtype).
+
+    Raises:
+        TypeError: anything else (the contract of ``default`` in the :mod:`json` documentation).
+    """
     import numpy as np  # numpy is always installed; imported here to keep this module light
 
     if isinstance(o, np.generic):
@@ -71,8 +97,17 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 def file_digest(path: str | os.PathLike[str]) -> str:
     """First 16 hex digits of the SHA-256 of a file's contents (cached by path, mtime and size).
 
+    Args:
+        path: the file, read in 1 MiB chunks.
+
+    Returns:
+        16 lowercase hex characters (64 bits of the digest).
+
     Raises:
         OSError: the file cannot be read.
+
+    Source:
+        SHA-256 as in FIPS 180-4, via :func:`hashlib.sha256`.
     """
     p = Path(path)
     st = p.stat()
@@ -118,9 +153,17 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
         error: exception class raised on any problem (``ConfigError`` or ``CalibrationError``).
         what: what the top level should hold, for the message.
 
+    Returns:
+        The top-level mapping, as PyYAML's safe loader builds it.
+
     Raises:
-        error: missing or unreadable file, not UTF-8, invalid YAML (with its line), a key given
-            twice, or a top level that is not a mapping. One line naming the file.
+        ConfigError: (or the given ``error`` class) missing or unreadable file, not UTF-8, invalid
+            YAML (with its line), a key given twice, or a top level that is not a mapping. One
+            line naming the file.
+
+    Source:
+        PyYAML ``SafeLoader`` (``CSafeLoader`` when libyaml is present); refusing a repeated key
+        follows the YAML 1.2 specification ("each of the keys is unique" in a mapping).
     """
     p = Path(path)
     if not p.is_file():

@@ -30,7 +30,11 @@ _PR_SET_PDEATHSIG = 1
 
 
 class FolderBusyError(MemtpSimError, RuntimeError):
-    """Another process holds the results folder's lock."""
+    """Another process holds the results folder's lock (raised by :class:`FolderLock` on enter).
+
+    A :class:`~memtp_sim.errors.MemtpSimError` and a :class:`RuntimeError`, like the package's
+    other run-time errors (``memtp_sim/errors.py``).
+    """
 
 
 def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
@@ -38,6 +42,14 @@ def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
 
     The default parent is the multiprocessing parent (known from the moment the worker started, so a
     parent that died while the worker was still importing is noticed), else ``os.getppid()``.
+
+    Args:
+        parent_pid: the process to outlive not; ``None`` picks the default above.
+        poll_s: seconds between two checks of the watchdog thread.
+
+    Source:
+        Linux ``prctl(2)`` with ``PR_SET_PDEATHSIG`` (SIGKILL on parent death); elsewhere a
+        daemon thread polls :func:`os.getppid` and leaves with :func:`os._exit`.
     """
     if parent_pid is None:
         mp_parent = multiprocessing.parent_process()
@@ -64,8 +76,17 @@ def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
 class FolderLock:
     """Exclusive lock on ``folder/.lock`` (see module docstring); a context manager.
 
+    Args:
+        folder: the results folder (created on enter if missing).
+        what: a label written into the lock file with the pid, so a second owner can be told who
+            holds it.
+
     Raises:
         FolderBusyError: on enter, when another live process holds the lock (message names it).
+
+    Source:
+        The advisory ``flock(2)`` lock of BSD and Linux with ``LOCK_EX | LOCK_NB``
+        (:func:`fcntl.flock`); the kernel drops it when the descriptor is closed or its process dies.
     """
 
     def __init__(self, folder: str | os.PathLike[str], what: str = "a run") -> None:

@@ -17,6 +17,7 @@ from .engine import Engine, EngineSettings
 from .hardware import HardwareProfile, load_profile
 from .metrics import RunResult, compute_metrics
 from .policies import make_policy
+from .policies.control import make_control
 from .workload import build_workload, load_trace
 
 __all__ = ["run", "build_acceptance", "confidence_setup"]
@@ -106,12 +107,14 @@ def run(scenario: Scenario, *, seed: int = 0,
     )
     # The drafter owns the draft length (with MEMTP: the ensemble depth, gamma -> max_depth).
     spec = scenario.draft_spec()
-    drafter = Drafter(spec, profile.drafter, profile.memory)
+    drafter = Drafter(spec, profile)
     policy = make_policy(spec.policy_name, spec.policy_params)
     head, temps = confidence_setup(scenario, acc, probs, spec.max_draft_len, seed)
     settings = EngineSettings(**(scenario.engine.model_dump() | {"max_num_seqs": scenario.engine.num_seqs_limit}))
+    control = make_control(scenario.draft_control.name, scenario.draft_control.params)
     engine = Engine(profile, acc, wl, policy, settings, np.random.default_rng([seed, 1]), progress=progress,
-                    head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]), drafter=drafter)
+                    head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]), drafter=drafter,
+                    control=control)
     state = engine.run()
     metrics = compute_metrics(state)
     notes: list[str] = []

@@ -73,6 +73,10 @@ class ReliabilityCurve(NamedTuple):
         frac_positive: ``(n_bins,)`` fraction of positive outcomes in each bin; NaN for
             an empty bin.
         counts: ``(n_bins,)`` int64 number of samples in each bin (0 for an empty bin).
+
+    Source:
+        The reliability diagram of DeGroot and Fienberg (1983); DSpark paper (Cheng et al.
+        2026) Fig. 6 plots these per position.
     """
 
     bin_centers: NDArray[np.float64]
@@ -92,6 +96,10 @@ class PositionMetrics:
         ece: ``(gamma,)`` expected calibration error of ``a_k`` (a fraction, not %).
         auc: ``(gamma,)`` ROC AUC of ``a_k``; NaN where only one outcome class occurs.
         brier: ``(gamma,)`` Brier score of ``a_k``.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Fig. 6 reports ECE and AUC per position; Brier (1950)
+        for the Brier score.
     """
 
     ece: NDArray[np.float64]
@@ -209,8 +217,9 @@ def expected_calibration_error(
             ``outcomes`` of another shape or not bool/0/1; ``n_bins`` < 1.
 
     Source:
-        Guo et al. (2017), *On calibration of modern neural networks*, eq. (3); the
-        metric of DSpark paper §3.2 and Fig. 6.
+        Naeini, Cooper and Hauskrecht (2015, AAAI), who introduced ECE; Guo et al. (2017,
+        ICML), *On calibration of modern neural networks*, section 2 (this binned form); the
+        metric of DSpark paper section 3.2 and Fig. 6.
     """
     n_bins = _check_n_bins(n_bins)
     p, y = _paired_inputs(probs, outcomes)
@@ -272,8 +281,9 @@ def auc_score(scores: ArrayLike, labels: ArrayLike) -> float:
             not bool/0/1, or containing only one class.
 
     Source:
-        Mann and Whitney (1947); Hanley and McNeil (1982), *The meaning and use of the
-        area under a ROC curve*, eq. (2). Reported per position in DSpark Fig. 6.
+        Mann and Whitney (1947) U statistic; Hanley and McNeil (1982), *The meaning and use of
+        the area under a ROC curve* (AUC equals U / (n_pos n_neg)). Reported per position in
+        DSpark paper Fig. 6.
     """
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim != 1:
@@ -502,7 +512,18 @@ class ConfidenceHead:
     temperatures ``T_k`` and a global ``temperature`` knob. ``oracle=True`` reports the true ``p``
     (a perfectly calibrated, maximally discriminative head).
 
-    Source: DSpark paper section 3.2 (c_k, STS) and Fig. 6 (raw ECE 3-8%, AUC 0.81-0.91).
+    Attributes:
+        noise_sd: standard deviation of the logit noise ``e`` (logit units), >= 0.
+        overconfidence: logit gain (dimensionless), > 0; 1.0 adds no over-confidence.
+        oracle: report the true acceptance probability instead (``noise_sd`` and
+            ``overconfidence`` ignored).
+
+    Raises:
+        InvalidArgumentError: on construction, ``noise_sd < 0`` or ``overconfidence <= 0``.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) section 3.2 (c_k, STS) and Fig. 6 (raw ECE 3-8%,
+        AUC 0.81-0.91).
     """
 
     noise_sd: float = 0.4
@@ -516,7 +537,20 @@ class ConfidenceHead:
             raise InvalidArgumentError(f"overconfidence: must be > 0, got {self.overconfidence}")
 
     def raw_logits(self, rng: np.random.Generator, true_logits: np.ndarray) -> np.ndarray:
-        """Raw head logits for true acceptance logits of shape (R, gamma)."""
+        """Raw head logits ``overconfidence * (true_logits + e)``, ``e ~ N(0, noise_sd^2)``.
+
+        Args:
+            rng: the confidence stream's generator (one normal draw per entry; none when
+                ``oracle`` or ``noise_sd == 0``).
+            true_logits: ``(R, gamma)`` float64 logits of the true conditional acceptance.
+
+        Returns:
+            ``(R, gamma)`` float64 raw logits (``true_logits`` itself when ``oracle``).
+
+        Source:
+            The over-confident raw head of DSpark paper Fig. 6 (model of this package, see the
+            class docstring).
+        """
         if self.oracle:
             return true_logits
         noisy = true_logits + rng.normal(0.0, self.noise_sd, size=true_logits.shape) if self.noise_sd else true_logits
@@ -531,8 +565,20 @@ def calibration_stream(acceptance: AcceptanceModel, head: ConfidenceHead, rng: n
     head's raw confidences and the acceptance outcome of every position (True while all positions
     up to k are accepted).
 
+    Args:
+        acceptance: the true per-domain, per-position acceptance.
+        head: the confidence head whose raw scores STS will calibrate.
+        rng: a generator reserved for calibration (not the run's streams).
+        num_rounds: held-out rounds to draw, >= 1.
+        gamma: draft positions per round, >= 1.
+        domain_probs: ``(len(acceptance.domains),)`` float64 domain mix summing to 1.
+
     Returns:
-        (raw confidences (num_rounds, gamma), accepted prefix flags (num_rounds, gamma) bool).
+        (raw confidences ``(num_rounds, gamma)`` float64 in (0, 1), accepted prefix flags
+        ``(num_rounds, gamma)`` bool), the inputs of :func:`sequential_temperature_scaling`.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) section 3.2: STS is fitted on held-out data.
     """
     dom = rng.choice(len(acceptance.domains), size=num_rounds, p=domain_probs)
     diff = acceptance.sample_difficulty(rng, num_rounds)

@@ -46,6 +46,7 @@ from .errors import CalibrationError, ConfigError, InvalidArgumentError
 from .hardware import load_profile
 from .memtp import MEMTP_DEFAULTS, MemtpSettings
 from .policies import policy_class
+from .policies.control import control_class
 from .workload import load_trace
 
 __all__ = [
@@ -79,6 +80,8 @@ class StrictModel(BaseModel):
 
 
 class HardwareConfig(StrictModel):
+    """YAML ``hardware``: a shipped profile name or a profile YAML path (relative to the study file)."""
+
     profile: str = Field("gfx1151-llama31-8b-q4km-vulkan", description="shipped profile name or YAML path")
 
     @model_validator(mode="before")
@@ -98,6 +101,9 @@ class HardwareConfig(StrictModel):
 
 
 class AcceptanceConfig(StrictModel):
+    """YAML ``acceptance``: a fitted acceptance profile (default ``dspark-qwen3``, DSpark Table 1) or a
+    fixed i.i.d. ``alpha`` (Leviathan et al. 2023), and the mix of request domains."""
+
     profile: str | None = Field(None, description="acceptance profile, fitted to DSpark Table 1 (default: dspark-qwen3)")
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="fixed i.i.d. per-position acceptance")
     domain_mix: dict[str, float] = Field(default_factory=lambda: {"chat": 1.0},
@@ -197,11 +203,15 @@ class MemtpConfig(StrictModel):
 
 
 class RateSegment(StrictModel):
+    """One piece of a piecewise-constant Poisson rate: ``rate_per_s`` requests/s for ``duration_s`` s."""
+
     duration_s: PositiveFloat
     rate_per_s: float = Field(..., ge=0.0)
 
 
 class WorkloadConfig(StrictModel):
+    """YAML ``workload``: a request trace and how requests arrive (trace replay, Poisson, closed loop)."""
+
     trace: str = Field(..., description="trace CSV path, relative to the YAML file")
     mode: Literal["trace", "poisson", "closed_loop"] = "closed_loop"
     num_requests: PositiveInt = Field(
@@ -248,6 +258,8 @@ class WorkloadConfig(StrictModel):
 
 
 class EngineConfig(StrictModel):
+    """YAML ``engine``: the serving engine's knobs (token budget per pass, chunked prefill, admission)."""
+
     max_batch_tokens: PositiveInt = Field(512, description="token budget of one forward pass (B cap)")
     prefill_chunk_tokens: PositiveInt = Field(256, description="prefill tokens per pass at most (chunked prefill)")
     max_num_seqs: PositiveInt | None = Field(
@@ -272,6 +284,52 @@ class EngineConfig(StrictModel):
     def num_seqs_limit(self) -> int:
         """Running requests at most, as the engine applies it."""
         return self.max_num_seqs if self.max_num_seqs is not None else min(256, self.max_batch_tokens)
+
+
+#: Drafter kinds a scenario may choose (docs/model.md section 1 step 1).
+DRAFTER_KINDS = ("dspark_block", "mtp", "eagle", "draft_model", "ngram", "per_sequence")
+
+
+class DrafterConfig(StrictModel):
+    """Which drafter proposes the draft tokens, and how (docs/model.md section 1 step 1)."""
+
+    kind: Literal["dspark_block", "mtp", "eagle", "draft_model", "ngram", "per_sequence"] | None = Field(
+        None, description="dspark_block (one semi-autoregressive pass), mtp / eagle (k chained batched steps), "
+        "draft_model (a separate small model with its own KV and prefill), ngram (CPU lookup), per_sequence "
+        "(a drafter that runs each request on its own); default: the profile's default drafter")
+    p_min: float = Field(0.0, ge=0.0, lt=1.0, description="stop drafting a request at the first position whose "
+                         "confidence is below p_min (llama.cpp --draft-p-min); 0: draft the whole block")
+    cpu_ms_per_request: float = Field(0.01, ge=0.0, description="ngram: CPU lookup time per request per round, ms "
+                                      "(stated assumption: a suffix lookup takes microseconds)")
+
+
+class ControlSpec(BaseModel):
+    """``{name: <draft-length controller>, **params}``; params validated by the controller's model."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = "always"
+
+    @model_validator(mode="after")
+    def _params(self) -> "ControlSpec":
+        try:
+            cls = control_class(self.name)
+        except InvalidArgumentError as e:
+            raise ValueError(str(e)) from None  # pydantic turns ValueError into a field error
+        try:
+            cls.Params(**self.params)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(x) for x in err["loc"])
+            if err["type"] == "extra_forbidden":
+                allowed = ", ".join(cls.Params.model_fields)
+                raise ValueError(f"draft_control.{field}: unknown parameter of {self.name!r}; allowed: {allowed}") from None
+            raise ValueError(f"draft_control.{field or self.name}: {err['msg'].removeprefix('Value error, ')}") from None
+        return self
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The controller's parameters (every key but ``name``)."""
+        return dict(self.model_extra or {})
 
 
 class PolicySpec(BaseModel):
@@ -299,6 +357,7 @@ class PolicySpec(BaseModel):
 
     @property
     def params(self) -> dict[str, Any]:
+        """The policy's parameters (every key but ``name``)."""
         return dict(self.model_extra or {})
 
 
@@ -311,6 +370,8 @@ class Scenario(StrictModel):
     workload: WorkloadConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
     memtp: MemtpConfig = Field(default_factory=MemtpConfig)
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
+    draft_control: ControlSpec = Field(default_factory=ControlSpec)
     policy: PolicySpec = Field(default_factory=lambda: PolicySpec(name="dspark"))
 
     @model_validator(mode="after")
@@ -321,6 +382,10 @@ class Scenario(StrictModel):
                 f"engine.max_batch_tokens: {self.engine.max_batch_tokens} exceeds the largest measured B "
                 f"({prof.sps.max_batch_tokens}) of profile {prof.name}; allowed: <= {prof.sps.max_batch_tokens}"
             )
+        if self.drafter.kind is not None and self.drafter.kind != "dspark_block" and self.drafter.kind not in \
+                prof.drafters and self.drafter.kind in ("draft_model",):
+            raise ValueError(f"drafter.kind: profile {prof.name} has no measured draft_model; allowed here: "
+                             f"{', '.join(k for k in DRAFTER_KINDS if k != 'draft_model' or k in prof.drafters)}")
         if self.memtp.depth is not None and self.policy.name in ("no_spec", "mtp1"):
             raise ValueError(f"memtp.depth: needs a policy that drafts (dspark, dspark_async, static, threshold, "
                              f"goodput), not {self.policy.name!r}")
@@ -366,6 +431,12 @@ class Scenario(StrictModel):
             out["confidence.sts_rounds"] = "only used with confidence.sts: fit"
         if self.acceptance.alpha is not None:
             out["acceptance.domain_mix"] = "not used with a fixed acceptance.alpha (one i.i.d. acceptance for all)"
+        if not self.draft_spec().speculative:
+            for f in DrafterConfig.model_fields:
+                out[f"drafter.{f}"] = f"policy {self.policy.name!r} drafts nothing"
+            out["draft_control"] = f"policy {self.policy.name!r} drafts nothing"
+        elif self.drafter.kind != "ngram":
+            out["drafter.cpu_ms_per_request"] = "only used with drafter.kind: ngram"
         return out
 
     def memtp_settings(self) -> MemtpSettings | None:
@@ -375,7 +446,9 @@ class Scenario(StrictModel):
     def draft_spec(self) -> DraftSpec:
         """What the drafter drafts in this scenario (the one owner of the draft length): the block
         width and the policy's parameters as the run uses them (see :mod:`memtp_sim.drafting`)."""
-        return DraftSpec.resolve(self.policy.name, self.policy.params, self.memtp_settings())
+        d = self.drafter
+        return DraftSpec.resolve(self.policy.name, self.policy.params, self.memtp_settings(), kind=d.kind,
+                                 p_min=d.p_min, cpu_ms_per_request=d.cpu_ms_per_request)
 
     def policy_label(self) -> str:
         """The policy's short label as runs report it, e.g. ``dspark(gamma=7, early_stop=True)``."""
@@ -512,7 +585,7 @@ def _set_paths(model: BaseModel, prefix: str = "") -> set[str]:
     for name in model.model_fields_set:
         value = getattr(model, name)
         path = f"{prefix}{name}"
-        if isinstance(value, BaseModel) and not isinstance(value, PolicySpec):
+        if isinstance(value, BaseModel) and not isinstance(value, (PolicySpec, ControlSpec)):
             out |= _set_paths(value, path + ".")
         else:
             out.add(path)
@@ -606,7 +679,10 @@ def load_study(path: str | Path) -> Study:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a single-scenario YAML (the ``base`` section shape)."""
+    """Read and validate a single-scenario YAML (the ``base`` section shape).
+
+    Raises:
+        ConfigError: unreadable file, unknown key, wrong type, bad value, a setting with no effect."""
     doc = read_yaml(path, what="a mapping at the top level (hardware, acceptance, workload, engine, policy...)")
     p = Path(path)
     try:

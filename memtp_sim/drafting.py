@@ -26,8 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from .errors import InvalidArgumentError
-from .hardware import GIB, DrafterCost, MemorySpec
+from .hardware import GIB, DrafterCost, HardwareProfile
 from .memtp import DepthController, MemtpSettings, memtp_depth
 from .policies import make_policy, policy_class
 
@@ -51,10 +53,13 @@ class DraftSpec:
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     max_draft_len: int = 0
     memtp: MemtpSettings | None = None
+    kind: str | None = None
+    p_min: float = 0.0
+    cpu_ms_per_request: float = 0.01
 
     @classmethod
     def resolve(cls, policy_name: str, policy_params: Mapping[str, Any] | None = None,
-                memtp: MemtpSettings | None = None) -> "DraftSpec":
+                memtp: MemtpSettings | None = None, **drafter: Any) -> "DraftSpec":
         """Resolve the draft block width of ``policy_name`` (with ``policy_params``) under ``memtp``.
 
         Raises:
@@ -63,7 +68,7 @@ class DraftSpec:
         params = dict(policy_params or {})
         if memtp is None:
             width = int(make_policy(policy_name, params).draft_len)
-            return cls(policy_name, params, width, None)
+            return cls(policy_name, params, width, None, **drafter)
         # elastic: the block is as wide as the deepest ensemble; fixed: exactly the heads there are
         width = int(memtp.max_depth) if memtp.elastic else int(memtp.depth)
         if "gamma" in policy_class(policy_name).Params.model_fields:
@@ -71,7 +76,7 @@ class DraftSpec:
         if int(make_policy(policy_name, params).draft_len) <= 0:
             raise InvalidArgumentError(f"memtp.depth: policy {policy_name!r} never drafts; the ensemble needs one "
                                        "that does")
-        return cls(policy_name, params, width, memtp)
+        return cls(policy_name, params, width, memtp, **drafter)
 
     @property
     def speculative(self) -> bool:
@@ -92,27 +97,39 @@ class Drafter:
     """The drafter of one run: current draft length, memory held, elastic depth, drafting cost.
 
     Args:
-        spec: the resolved :class:`DraftSpec`.
-        cost: the profile's drafter cost model.
-        memory: the profile's memory budget (drafter weights; the free memory that funds heads).
+        spec: the resolved :class:`DraftSpec` (its ``kind`` picks the cost and memory model).
+        profile: the hardware profile (measured drafter kernels in ``profile.drafters``, the
+            default drafter, memory).
 
     Attributes:
-        depth: positions drafted per request this round (the MEMTP depth, or the fixed block).
+        depth: positions the drafter can draft per request this round (the MEMTP depth, or the
+            fixed block); a round may draft fewer (a controller, p_min).
         held_gib: memory the drafter holds now, GiB (weights, or ``depth * head_cost_gib``).
+        kv_bytes_per_token: extra KV bytes per token the drafter keeps (a draft model's own cache).
         controller: the elastic depth controller, or None.
 
-    Source: docs/model.md sections 1 (T_draft) and 2 (MEMTP depth formula, head memory).
+    Drafting time of one round, for ``R`` requests drafting ``k`` positions (per-request counts
+    ``k_r`` when p_min stops some early):
+
+    * ``dspark_block``: one parallel pass over ``R * k`` tokens + ``max k_r`` sequential head steps;
+    * ``mtp``, ``eagle``, ``draft_model``: ``sum over steps j of t_step(requests with k_r >= j)``;
+    * ``per_sequence``: ``sum_r t_pass(k_r tokens)`` (no batching: concurrency multiplies it);
+    * ``ngram``: ``cpu_ms_per_request * R`` on the CPU, no GPU pass.
+
+    Source: docs/model.md sections 1 (T_draft per drafter kind) and 2 (MEMTP depth, head memory).
     """
 
-    def __init__(self, spec: DraftSpec, cost: DrafterCost, memory: MemorySpec) -> None:
+    def __init__(self, spec: DraftSpec, profile: HardwareProfile) -> None:
         self.spec = spec
-        self.cost = cost
-        self.memory = memory
+        self.memory = profile.memory
+        self.kind = spec.kind or "dspark_block"
+        self._cost, self.weights_gib, self.kv_bytes_per_token, self.cost_source = _cost_model(self.kind, profile, spec)
         self.controller: DepthController | None = None
         m = spec.memtp
         if m is None:
             self.depth = spec.max_draft_len
         elif m.elastic:
+            memory = profile.memory
             free0 = memory.gpu_allocatable_gib - memory.weights_gib - memory.reserve_gib
             depth0 = m.initial_depth or memtp_depth(max(0.0, free0), 1.0, max_depth=m.max_depth,
                                                     head_cost_gib=m.head_cost_gib, r_low=m.r_low, r_high=m.r_high)
@@ -131,26 +148,45 @@ class Drafter:
 
     @property
     def elastic(self) -> bool:
+        """Whether a MEMTP depth controller resizes the ensemble each round."""
         return self.controller is not None
 
     @property
     def num_depth_changes(self) -> int:
+        """Depth changes the elastic controller made so far (0 for a fixed drafter)."""
         return self.controller.num_changes if self.controller is not None else 0
 
     def memory_at(self, depth: int) -> float:
         """Memory the drafter holds at ``depth`` drafted positions, GiB."""
         if self.spec.memtp is not None:
             return depth * self.spec.memtp.head_cost_gib
-        return self.memory.drafter_weights_gib if depth > 0 else 0.0
+        return self.weights_gib if depth > 0 else 0.0
 
     @property
     def min_held_gib(self) -> float:
         """Memory held at the smallest depth this run can shrink to (elastic: one head), GiB."""
         return self.memory_at(1) if self.elastic else self.held_gib
 
-    def round_time_s(self, num_requests: int) -> float:
-        """Drafting time of one round for ``num_requests`` requests at the current depth, seconds."""
-        return self.cost.round_time_s(num_requests, self.depth)
+    def prefill_time_s(self, tokens: int) -> float:
+        """A draft model's own prefill of ``tokens`` prompt tokens (one batched step over them),
+        seconds; 0 for drafters without their own cache."""
+        if self.kind != "draft_model" or tokens <= 0:
+            return 0.0
+        return self._cost(np.ones(int(tokens), dtype=np.int64), 1)
+
+    def round_time_s(self, num_requests: int, k: int | None = None) -> float:
+        """Drafting time of one round, every one of ``num_requests`` requests drafting ``k``
+        positions (default: the current depth), seconds."""
+        k = self.depth if k is None else k
+        if k <= 0 or num_requests <= 0:
+            return 0.0
+        return self._cost(np.full(num_requests, k, dtype=np.int64), k)
+
+    def ragged_time_s(self, lengths: np.ndarray, k: int) -> float:
+        """Drafting time when request r drafted ``lengths[r]`` positions of a ``k``-wide block, seconds."""
+        if k <= 0 or lengths.size == 0:
+            return 0.0
+        return self._cost(lengths, k)
 
     def resize(self, free_gib: float, coherence: float, round_index: int) -> float:
         """Elastic MEMTP: let the controller choose this round's depth.
@@ -176,3 +212,48 @@ class Drafter:
             return 0.0
         m = self.spec.memtp  # an elastic drafter always has MEMTP settings
         return (new - old) * m.head_cost_gib * GIB / (m.head_load_gb_per_s * 1e9)
+
+
+def _pass_ms(cost: Any, tokens: float) -> float:
+    """One batched drafter pass over ``tokens`` tokens, ms (measured table, or the roofline)."""
+    if isinstance(cost, DrafterCost):
+        return 1000.0 * cost.time_scale * max(cost.t_small_s, tokens * cost.t_large_s / cost.large_b)
+    return cost.time_scale * cost._t_ms(tokens)
+
+
+def _cost_model(kind: str, profile: HardwareProfile, spec: DraftSpec):  # noqa: ANN202 - (fn, gib, bytes, src)
+    """(time function (lengths, k) -> s, weights GiB, extra KV bytes per token, source) of a kind."""
+    measured = profile.drafters.get(kind)
+    block = profile.drafters.get("dspark_block", profile.drafter)
+    t_seq = getattr(block, "t_seq_s", 0.0)
+    if kind == "dspark_block":
+        def block_time(lengths: np.ndarray, k: int) -> float:
+            return _pass_ms(block, lengths.size * k) / 1000.0 + int(lengths.max()) * t_seq
+        return block_time, getattr(block, "weights_gib", profile.memory.drafter_weights_gib), 0, block.source
+    if kind == "ngram":
+        return (lambda lengths, k: spec.cpu_ms_per_request * lengths.size / 1000.0), 0.0, 0, \
+            "ngram: CPU suffix lookup, drafter.cpu_ms_per_request per request (stated)"
+    if kind == "per_sequence":
+        base = measured or block
+        def seq_time(lengths: np.ndarray, k: int) -> float:
+            return float(sum(_pass_ms(base, int(n)) for n in lengths if n > 0)) / 1000.0
+        return seq_time, getattr(base, "weights_gib", profile.memory.drafter_weights_gib), 0, \
+            f"one pass per request (no batching): {base.source}"
+    # chained drafters: k sequential batched steps over the requests still drafting
+    step = measured if measured is not None else profile.drafters.get("mtp")
+    if step is not None and getattr(step, "kind", "") in ("mtp", "model"):
+        def step_ms(n: int) -> float:
+            return step.time_scale * step._t_ms(n)
+        weights, src = step.weights_gib, step.source
+    else:  # stated: one chained step costs one drafter pass over the requests drafting (1 token each)
+        def step_ms(n: int) -> float:
+            return _pass_ms(block, n)
+        weights, src = getattr(block, "weights_gib", profile.memory.drafter_weights_gib), \
+            f"no measured {kind} step in this profile: one block-drafter pass over R tokens per step (stated)"
+
+    def chain_time(lengths: np.ndarray, k: int) -> float:
+        counts = np.bincount(np.minimum(lengths, k), minlength=k + 1)  # requests drafting exactly j
+        active = lengths.size - np.cumsum(counts)[:-1]  # requests still drafting at step j = 1..k
+        return float(sum(step_ms(int(n)) for n in active if n > 0)) / 1000.0
+    extra_kv = int(getattr(step, "kv_bytes_per_token", 0) or 0) if kind == "draft_model" else 0
+    return chain_time, weights, extra_kv, src

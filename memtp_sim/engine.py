@@ -52,7 +52,8 @@ from .errors import CalibrationError, EngineInvariantError
 from .hardware import HardwareProfile
 from .kv_cache import KVCacheManager
 from .memtp import MEMTP_DEFAULTS, CoherenceEWMA
-from .policies.base import Policy, RoundView
+from .policies.base import DraftView, Policy, RoundOutcome, RoundView
+from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
 from .workload import Workload
 
 __all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
@@ -161,6 +162,7 @@ class Engine:
             settings do not shift the acceptance draws).
         drafter: the drafter (draft length, memory, MEMTP depth); default: the classic drafter
             drafting ``policy.draft_len`` positions.
+        control: the draft-length controller (default: always draft what the drafter offers).
 
     Raises:
         CalibrationError: no KV block fits next to the weights, reserve and drafter.
@@ -173,10 +175,12 @@ class Engine:
                  policy: Policy, settings: EngineSettings, rng: np.random.Generator,
                  progress: Callable[[int, int], None] | None = None, head: ConfidenceHead | None = None,
                  temperatures: np.ndarray | None = None, head_rng: np.random.Generator | None = None,
-                 drafter: Drafter | None = None) -> None:
+                 drafter: Drafter | None = None, control: DraftControl | None = None) -> None:
         self.profile = profile
+        self.control = control if control is not None else AlwaysDraft(AlwaysDraft.Params())
+        self._spec_on = True
         self.drafter = drafter if drafter is not None else Drafter(
-            DraftSpec(policy.name, policy.params.model_dump(), int(policy.draft_len)), profile.drafter, profile.memory)
+            DraftSpec(policy.name, policy.params.model_dump(), int(policy.draft_len)), profile)
         memtp = self.drafter.spec.memtp
         self.head = head if head is not None else ConfidenceHead(oracle=True)
         width = self.drafter.max_draft_len
@@ -426,11 +430,16 @@ class Engine:
                 continue
 
             dec, pre, num_preempted = self._guarantee_anchors()
+            k = self._draft_length(dec, gamma, round_index)
+            if k:  # each decoding request reserves 1 + k KV slots (vLLM allocate_slots lookahead)
+                dec, pre, more = self._reserve_lookahead(dec, pre, k)
+                num_preempted += more
             num_dec = dec.size
-            chunks, chunk_total = self._place_prefill(pre, num_dec)
+            chunks, chunk_total = self._place_prefill(pre, num_dec * (1 + k))
             kv_read, verify_table, decode_table = self._round_tables(dec, pre, chunks)
             draft_s, lengths, probs, raw, conf, theta, theta_g = self._draft_and_plan(
-                dec, gamma, chunk_total, round_index, verify_table, decode_table)
+                dec, k, chunk_total, round_index, verify_table, decode_table)
+            draft_s += drafter.prefill_time_s(chunk_total)  # a draft model prefills its own cache too
             kv_peak, num_trimmed = self.kv.fit_lookahead(dec, lengths)
             verify_tokens = int(lengths.sum())
             batch_tokens = num_dec + verify_tokens + chunk_total
@@ -444,6 +453,12 @@ class Engine:
             verify_s = float(table.pass_time_s(batch_tokens))
             extrapolated = 0 if table.is_measured(batch_tokens) else 1
             overhead_s = self._overhead_s(probs is not None)
+            if self.control.dynamic and num_dec:  # the dynamic mechanism's tax, and its on/off switches
+                verify_s *= 1.0 + dynamic_tax_frac(self.control.params.tax, num_dec)
+                if (k > 0) != self._spec_on:
+                    overhead_s += self.control.params.switch_s
+            if num_dec:
+                self._spec_on = k > 0
             duration = head_load_s + draft_s + overhead_s + verify_s
             start = env.now
             num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
@@ -455,11 +470,12 @@ class Engine:
             self._finish(finished)
             if probs is not None:
                 self._update_coherence(lengths, acc, accepted_total, verify_tokens)
+                self._observe(lengths, acc, probs.shape[1])
 
             kv_gib = self.kv.blocks_used * self.block_gib
             self.log.append((
                 start, duration, draft_s, verify_s, num_dec, num_prefill, chunk_total, batch_tokens,
-                gamma if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
+                k if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
                 num_running, kv_peak, self.kv.blocks_used, theta, theta_g, num_preempted, num_trimmed,
                 gamma, self.coherence.value, drafter.held_gib, kv_gib, fixed_gib - drafter.held_gib - kv_gib,
                 self.kv.capacity, head_load_s, num_remote, kv_read, overhead_s, extrapolated,
@@ -467,6 +483,47 @@ class Engine:
             round_index += 1
             if round_index % _RoundLog.FLUSH == 0:
                 self.log.flush()
+
+    def _draft_length(self, dec: np.ndarray, gamma: int, round_index: int) -> int:
+        """Positions every decoding request drafts this round: the drafter's depth, capped by the
+        policy (e.g. DSpark's fallback to plain decoding) and the draft-length controller."""
+        if not dec.size or gamma <= 0:
+            return 0
+        r = dec.size
+        _, verify_table, decode_table = self._round_tables(dec, dec[:0], None)
+        view = DraftView(num_requests=r, prefill_tokens=0, max_batch_tokens=self.cfg.max_batch_tokens,
+                         max_draft_len=gamma, context_tokens=self.kv.tokens[dec], sps=verify_table,
+                         no_draft_pass_s=float(decode_table.pass_time_s(r)),
+                         draft_time_s=lambda k: self.drafter.round_time_s(r, k),
+                         fixed_s=self.profile.overheads.host_s, round_index=round_index)
+        k = min(gamma, int(self.policy.draft_lengths(view)), int(self.control.cap(view)))
+        return max(0, k)
+
+    def _reserve_lookahead(self, dec: np.ndarray, pre: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Preempt the newest admissions until every decoding request can store its anchor and k
+        draft tokens (deeper drafts under KV pressure mean fewer requests: vLLM's lookahead slots).
+        Returns (decoding ids, prefilling ids, number preempted)."""
+        num = 0
+        while dec.size > 1:
+            need = int(self.kv.lookahead_blocks(dec, np.full(dec.size, 1 + k)).sum())
+            if self.kv.blocks_used + need <= self.kv.capacity:
+                break
+            victim = self.running[-1]
+            self._preempt(victim)
+            num += 1
+            dec, pre = dec[dec != victim], pre[pre != victim]
+        return dec, pre, num
+
+    def _observe(self, lengths: np.ndarray, acc: np.ndarray, width: int) -> None:
+        """Feed the round's outcome back to the policy and the draft-length controller."""
+        pos = np.arange(width)[None, :]
+        verified = pos < lengths[:, None]
+        tested = verified & (pos <= acc[:, None])  # reached: positions 1..j-1 were accepted
+        accepted = verified & (pos < acc[:, None])
+        outcome = RoundOutcome(drafted=np.full(lengths.size, width), verified=lengths, accepted=acc,
+                               accepted_by_position=accepted.sum(axis=0), tested_by_position=tested.sum(axis=0))
+        self.policy.observe(outcome)
+        self.control.observe(outcome)
 
     def _guarantee_anchors(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Step 2: every decoding request's anchor needs a KV slot; preempt the newest admissions
@@ -519,6 +576,7 @@ class Engine:
 
     def _draft_and_plan(self, dec: np.ndarray, gamma: int, chunk_total: int, round_index: int, verify_table,
                         decode_table):  # noqa: ANN001 - SPSTable views of this round
+        # gamma: positions drafted this round (the drafter's depth after the policy and controller caps)
         """Steps 4-5: draft ``gamma`` positions per decoding request, draw their acceptance, show
         the (calibrated) confidences to the policy and take its verify lengths.
 
@@ -532,11 +590,17 @@ class Engine:
         lengths = np.zeros(num_dec, dtype=np.int64)
         if not num_dec or gamma <= 0:
             return 0.0, lengths, None, None, None, np.nan, np.nan
-        draft_s = self.drafter.round_time_s(num_dec)
         logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
         probs = expit(logits)
         raw = self.head.raw_logits(self.head_rng, logits)
         conf = expit(raw / self.temps[:gamma])
+        p_min = self.drafter.spec.p_min
+        if p_min > 0:  # a request stops drafting at its first position below p_min (llama.cpp --draft-p-min)
+            keep = np.cumprod(conf >= p_min, axis=1).astype(bool)
+            conf = np.where(keep, conf, 0.0)  # undrafted positions: zero survival, never verified
+            draft_s = self.drafter.ragged_time_s(keep.sum(axis=1), gamma)
+        else:
+            draft_s = self.drafter.round_time_s(num_dec, gamma)
         no_draft_b = num_dec + chunk_total
         plan = self.policy.plan(RoundView(
             confidences=conf, sps=verify_table, prefill_tokens=chunk_total,

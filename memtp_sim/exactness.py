@@ -114,8 +114,9 @@ def analytical_acceptance(p_draft: ArrayLike, p_target: ArrayLike) -> float:
             not summing to 1 within 1e-6, or of different lengths.
 
     Source:
-        Leviathan, Kalman, Matias (ICML 2023), Definition 3.1 / Corollary 3.6; DSpark
-        paper §3.2 (the confidence head's training target ``c*_k``).
+        Leviathan, Kalman, Matias (2023, ICML): the acceptance probability of one draft,
+        ``sum_x min(p, q) = 1 - 0.5 * ||p - q||_1``; DSpark paper (Cheng et al. 2026) section 3.2
+        (the confidence head's training target ``c*_k``).
     """
     pd, pt = _pair(p_draft, p_target)
     return float(np.minimum(pd, pt).sum())
@@ -139,7 +140,8 @@ def residual_distribution(p_draft: ArrayLike, p_target: ArrayLike) -> NDArray[np
         ValueError: as :func:`analytical_acceptance`.
 
     Source:
-        Leviathan, Kalman, Matias (ICML 2023), Algorithm 1 and Theorem 3.5 (``p'(x)``).
+        Leviathan, Kalman, Matias (2023, ICML), Algorithm 1 (resample from
+        ``norm(max(0, p - q))`` on rejection).
     """
     pd, pt = _pair(p_draft, p_target)
     return _residual_rows(pd[None, :], pt[None, :])[0]
@@ -256,6 +258,10 @@ class RoundBatch:
         n_accepted: ``(n,)`` int64 accepted draft tokens per round (0..length).
         lengths: ``(n,)`` int64 verify length ``l`` used in each round.
         drafts: ``(n, gamma)`` int64 drafted tokens (all of them, verified or not).
+
+    Source:
+        Leviathan, Kalman, Matias (2023, ICML), Algorithm 1: each round emits the accepted
+        drafts plus one token (resampled or bonus).
     """
 
     tokens: NDArray[np.int64]
@@ -265,7 +271,12 @@ class RoundBatch:
 
     @property
     def n_emitted(self) -> NDArray[np.int64]:
-        """``(n,)`` tokens emitted per round: accepted drafts plus one (bonus or resample)."""
+        """``(n,)`` int64 tokens emitted per round: accepted drafts plus one (bonus or resample).
+
+        Source:
+            Leviathan, Kalman, Matias (2023, ICML), Algorithm 1; DSpark paper (Cheng et al.
+            2026) counts this bonus in tau (docs/model.md section 1, step 5).
+        """
         return self.n_accepted + 1
 
 
@@ -277,6 +288,9 @@ class StepResult(NamedTuple):
         n_accepted: number of drafted tokens accepted (0..length).
         length: verify length ``l`` used.
         drafts: all drafted tokens (``gamma`` of them).
+
+    Source:
+        Leviathan, Kalman, Matias (2023, ICML), Algorithm 1 (one round).
     """
 
     tokens: tuple[int, ...]
@@ -372,8 +386,9 @@ def simulate_rounds(
             vocabulary sizes.
 
     Source:
-        Leviathan, Kalman, Matias (ICML 2023), Algorithm 1 (per-position accept/resample);
-        DSpark paper §3.2 (verify length chosen per round) and Appendix A.
+        Leviathan, Kalman, Matias (2023, ICML), Algorithm 1 (per-position accept/resample);
+        DSpark paper (Cheng et al. 2026) section 3.2 (verify length chosen per round) and
+        Appendix A.
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: must be a numpy.random.Generator, got {type(rng).__name__}")
@@ -458,7 +473,7 @@ def speculative_step(
         TypeError, ValueError: as :func:`simulate_rounds`.
 
     Source:
-        Leviathan, Kalman, Matias (ICML 2023), Algorithm 1.
+        Leviathan, Kalman, Matias (2023, ICML), Algorithm 1.
     """
     batch = simulate_rounds(
         rng, 1, p_draft_seq, p_target_seq, length, gamma=gamma, residual=residual
@@ -497,7 +512,8 @@ def sample_first_tokens(
         TypeError, ValueError: as :func:`simulate_rounds`.
 
     Source:
-        Leviathan, Kalman, Matias (ICML 2023), Theorem 3.5 (output follows ``p_t``).
+        Leviathan, Kalman, Matias (2023, ICML): tokens from speculative sampling are
+        distributed as the target's (the paper's correctness proof).
     """
     batch = simulate_rounds(rng, n, p_draft, p_target, length, gamma=gamma, residual=residual)
     return batch.tokens[:, 0].copy()
@@ -555,7 +571,8 @@ def early_stop_length(cumulative_confidences: ArrayLike, sps: ArrayLike) -> int:
             short, not 1-D, or not positive.
 
     Source:
-        DSpark paper, Algorithm 1 (R = 1) and Appendix A.
+        DSpark paper (Cheng et al. 2026), Algorithm 1 with R = 1, and the Appendix A worked
+        example (docs/model.md section 1, step 3).
     """
     a, s = _schedule_inputs(cumulative_confidences, sps)
     theta = _theta(a, s)
@@ -583,7 +600,7 @@ def retrospective_length(cumulative_confidences: ArrayLike, sps: ArrayLike) -> i
         ValueError: as :func:`early_stop_length`.
 
     Source:
-        DSpark paper, Appendix A (the non-lossless "retrospective" search).
+        DSpark paper (Cheng et al. 2026), Appendix A (the non-lossless "retrospective" search).
     """
     a, s = _schedule_inputs(cumulative_confidences, sps)
     return int(np.argmax(_theta(a, s)))

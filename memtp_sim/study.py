@@ -170,7 +170,11 @@ def _load_done(run_dir: Path, spec: RunSpec) -> dict[str, Any] | None:
 
 
 def check_writable(root: Path) -> None:
-    """Raise ConfigError now if results cannot be written under ``root`` (before any run)."""
+    """Check now, before any run, that results can be written under ``root``.
+
+    Raises:
+        ConfigError: the folder cannot be created or written (one line naming it).
+    """
     try:
         (root / "runs").mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(root / ".write-check", b"")

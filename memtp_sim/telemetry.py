@@ -62,6 +62,9 @@ class MemoryTelemetry:
             ``"system-meminfo"``. Every value starts with one of
             :data:`KNOWN_TELEMETRY_SOURCES`.
         details: Source-specific extras (paths, per-pool figures, sources skipped and why).
+
+    Source:
+        The units of each interface, converted to GiB (2**30 bytes): see :func:`read_free_memory`.
     """
 
     free_gib: float
@@ -71,7 +74,12 @@ class MemoryTelemetry:
     details: dict[str, Any] = dataclasses.field(default_factory=dict, hash=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the reading as a plain dict (``details`` copied shallowly)."""
+        """Return the reading as a plain dict (``details`` copied shallowly).
+
+        Returns:
+            ``{"free_gib", "total_gib", "used_gib"`` (GiB), ``"source", "details"}``, ready for
+            ``json.dumps``.
+        """
         return {
             "free_gib": self.free_gib,
             "total_gib": self.total_gib,

@@ -33,7 +33,19 @@ __all__ = ["Trace", "Workload", "load_trace", "build_workload"]
 @dataclass(frozen=True)
 class Trace:
     """A request trace, sorted by arrival: arrival offsets (s, from the earliest request, whatever
-    the file's row order), prompt and output tokens (whole numbers >= 1)."""
+    the file's row order), prompt and output tokens (whole numbers >= 1).
+
+    Attributes:
+        path: the CSV file, resolved.
+        arrival_s: ``(n,)`` float64 arrival offsets, seconds, non-decreasing.
+        prompt_tokens: ``(n,)`` int64 prompt lengths, tokens.
+        output_tokens: ``(n,)`` int64 generated lengths, tokens.
+        format: ``"azure2023"`` or ``"mooncake"``.
+
+    Source:
+        Azure LLM inference trace 2023 (released with Splitwise, Patel et al. 2024, ISCA);
+        Mooncake trace (Qin et al., FAST '25). DESIGN.md section 3 (workload row).
+    """
 
     path: str
     arrival_s: np.ndarray
@@ -59,6 +71,10 @@ class Workload:
         description: one line for reports.
         num_not_arrived: requests asked for (``num_requests``) that never arrived because a
             rate schedule ended first; counted so that no request disappears without a reason.
+
+    Source:
+        docs/model.md section 3 (replay with a rate scale, Poisson with trace lengths, closed
+        loop of N users) and section 4 (conservation: ``num_not_arrived`` is reported).
     """
 
     arrival_s: np.ndarray
@@ -72,10 +88,12 @@ class Workload:
 
     @property
     def num_requests(self) -> int:
+        """Requests that arrive in this run (the arrays' length)."""
         return int(self.prompt_tokens.size)
 
     @property
     def closed_loop(self) -> bool:
+        """True for a closed loop (``concurrency`` users; arrivals decided by the engine)."""
         return self.concurrency is not None
 
 
@@ -147,10 +165,22 @@ def _read_trace(path: str, mtime_ns: int = 0, size: int = 0) -> Trace:  # stat i
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Read a trace CSV (cached per path).
+    """Read a trace CSV (cached per path, modification time and size).
+
+    Args:
+        path: an Azure LLM inference 2023 CSV (``TIMESTAMP, ContextTokens, GeneratedTokens``) or
+            a Mooncake CSV (``timestamp`` in ms, ``input_length``, ``output_length``).
+
+    Returns:
+        The :class:`Trace`, sorted by arrival (stable, so same-instant rows keep their order).
 
     Raises:
-        ConfigError: missing file or unknown columns.
+        ConfigError: missing or unreadable file, unknown columns, or a row whose timestamp or
+            token count does not parse (message names the row and column).
+
+    Source:
+        The column layouts of the Azure 2023 trace (Patel et al. 2024, Splitwise) and of the
+        Mooncake trace (Qin et al., FAST '25).
     """
     p = Path(path).resolve()
     try:
@@ -194,7 +224,10 @@ def build_workload(
     """Draw a workload of ``num_requests`` from ``trace``.
 
     Args:
+        trace: the trace whose arrivals (trace mode) or lengths (other modes) are used.
         mode: ``"trace"``, ``"poisson"`` or ``"closed_loop"``.
+        num_requests: requests to draw, >= 1.
+        rng: the workload's own generator (domains, lengths, arrival gaps).
         domain_probs: probability of each acceptance domain, shape (n_domains,), sums to 1.
         rate_scale: trace mode: arrival rate multiplier (times are divided by it).
         rate_per_s: poisson mode: mean arrival rate, requests per second.
@@ -202,10 +235,23 @@ def build_workload(
             (a load ramp); arrivals stop at the end of the schedule, so ``num_requests`` is then
             an upper bound.
         concurrency: closed-loop users.
+        think_time_s: closed loop: seconds between a completion and that user's next request.
         start_offset_s: trace mode: skip requests that arrived earlier than this (trace time).
 
+    Returns:
+        A :class:`Workload` of ``(n,)`` arrays (``n <= num_requests`` under a rate schedule, the
+        rest counted in ``num_not_arrived``).
+
     Raises:
-        ConfigError: the trace has fewer rows than requested from ``start_offset_s`` on.
+        ConfigError: the trace has fewer rows than requested from ``start_offset_s`` on; a
+            poisson mode without a schedule and ``rate_per_s`` missing or <= 0; a closed loop
+            with ``concurrency`` missing or < 1; an unknown ``mode``.
+
+    Source:
+        docs/model.md section 3 (the three modes); Poisson arrivals as i.i.d. exponential gaps;
+        a ramp by inverting the cumulative rate (the time-rescaling construction of a
+        non-homogeneous Poisson process); closed loop as the x-axis of DSpark paper Fig. 8
+        (concurrent requests).
     """
     n = int(num_requests)
     domain = rng.choice(domain_probs.size, size=n, p=domain_probs)

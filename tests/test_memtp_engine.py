@@ -47,7 +47,7 @@ def engine(prof: HardwareProfile, memtp: MemtpSettings, prompts, outputs, *, con
     pol = make_policy(spec.policy_name, spec.policy_params)
     return Engine(prof, AcceptanceModel.fixed(0.8), wl, pol,
                   EngineSettings(max_batch_tokens=512, prefill_chunk_tokens=128, kv_watermark_frac=0.0),
-                  np.random.default_rng(seed), drafter=Drafter(spec, prof.drafter, prof.memory))
+                  np.random.default_rng(seed), drafter=Drafter(spec, prof))
 
 
 def test_fixed_depth_capacity_is_what_the_heads_leave():
@@ -128,7 +128,8 @@ def test_memtp_config_errors_name_the_field(tmp_path):
     ok = tmp_path / "ok.yaml"
     ok.write_text(base.replace("  policy: {name: dspark, gamma: 16}", "  policy: {name: dspark, gamma: 7}"))
     specs = plan_runs(load_study(ok))
-    assert {s.labels["policy"] for s in specs} == {"dspark(early_stop=True)", "dspark_async(lag_rounds=2)"}
+    assert {s.labels["policy"] for s in specs} == {
+        "dspark(early_stop=False, fallback=True, probe_every=16)", "dspark_async(lag_rounds=2)"}
     gammas = {(s.labels["memtp.depth"], s.scenario.draft_spec().policy_params["gamma"]) for s in specs}
     assert gammas == {(1, 1), (5, 5), (16, 16), ("elastic", 16)}
 

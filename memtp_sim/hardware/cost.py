@@ -56,10 +56,24 @@ class AttentionCost:
 
     @property
     def is_zero(self) -> bool:
+        """True when every slope is 0 (the pass time then does not depend on the context)."""
         return self.b_ms_per_kv_token == 0 and self.c_ms_per_pair == 0 and all(a == 0 for _, a in self.a_points)
 
     def ms(self, q: Any, l_max: Any, kv: Any, pairs: Any) -> Any:
-        """``max(a(q) * l_max, b * kv, c * pairs)`` ms (numpy-broadcasting)."""
+        """``max(a(q) * l_max, b * kv, c * pairs)`` ms (numpy-broadcasting).
+
+        Args:
+            q: query tokens per request (scalar or array).
+            l_max: longest context in the pass, tokens.
+            kv: KV tokens read by the pass in all, tokens.
+            pairs: query-key pairs of the pass (query tokens x context, summed over requests).
+
+        Returns:
+            The attention term in ms, of the broadcast shape of the arguments.
+
+        Source:
+            The three-limit roofline of the class docstring (docs/model.md section 1 step 4).
+        """
         qs = np.array([p[0] for p in self.a_points])
         a = np.interp(q, qs, np.array([p[1] for p in self.a_points]))
         return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
@@ -107,6 +121,12 @@ class SPSTable:
         graph_sizes: captured CUDA-graph batch sizes, increasing (empty: no padding).
         eager_factor: pass-time factor above the largest captured size (>= 1).
         dense_limit: precompute values up to this B (the engine's max_batch_tokens).
+
+    Raises:
+        InvalidArgumentError: on construction: mismatched, empty or non-increasing
+            ``batch_tokens``, a B < 1, a non-finite or non-positive pass time, an unknown
+            ``beyond_max`` / ``below_min`` rule, negative or non-finite ``ref_*`` values,
+            ``graph_sizes`` not increasing from >= 1, or ``eager_factor`` < 1.
 
     Source: docs/model.md section 1 step 4 (SPS(B) is a measured, jagged table; real passes grow
     with the KV context read, run padded to captured CUDA-graph sizes); vLLM model_runner captures
@@ -164,8 +184,19 @@ class SPSTable:
     def from_mapping(cls, sps: Mapping[int, float], *, source: str = "user table") -> "SPSTable":
         """Build a table from ``{B: steps per second}``.
 
+        Args:
+            sps: ``{B (tokens): SPS(B) (passes per second)}``; pass times become ``1000 / SPS`` ms.
+            source: where the numbers come from.
+
+        Returns:
+            The table, with the default rules (``error`` outside the measured range).
+
         Raises:
-            InvalidArgumentError: a key is not a positive integer or a value is not a positive number.
+            InvalidArgumentError: an empty or non-mapping ``sps``, a key that is not a positive
+                integer, a value that is not a positive number, or any check of the class.
+
+        Source:
+            docs/model.md section 1 step 4 (a pass over B tokens takes ``1 / SPS(B)``).
         """
         if not isinstance(sps, Mapping) or not sps:
             raise InvalidArgumentError("sps: expected a non-empty mapping {B: steps per second}")
@@ -203,7 +234,14 @@ class SPSTable:
         return self.attention.ms(q, self.ref_l_max, self.ref_kv, self.ref_kv * q)
 
     def is_measured(self, b: int) -> bool:
-        """Whether B lies inside the measured range (no extrapolation rule needed)."""
+        """Whether B lies inside the measured range (no extrapolation rule needed).
+
+        Args:
+            b: token batch B.
+
+        Returns:
+            ``batch_tokens[0] <= b <= batch_tokens[-1]``.
+        """
         return int(self.batch_tokens[0]) <= b <= self.max_batch_tokens
 
     @cached_property
@@ -249,29 +287,68 @@ class SPSTable:
         """This table for one round: ``num_requests`` requests whose longest context is ``l_max``
         tokens and which read ``kv_tokens`` KV tokens in all (the pairs term takes every token of
         the pass as a query over the mean context). Cheap: shares the per-B arrays; without a
-        context term it returns ``self``."""
+        context term it returns ``self``.
+
+        Args:
+            num_requests: requests R in the pass.
+            l_max: longest context among them, tokens.
+            kv_tokens: KV tokens the pass reads in all, tokens.
+
+        Returns:
+            A table whose pass times include this round's attention term.
+
+        Source:
+            docs/model.md section 1 step 4 (real passes grow with the KV context they read).
+        """
         if not self.has_context_term:
             return self
+        self._dense  # noqa: B018 - computed once on the base table, shared by every round's view
         out = object.__new__(SPSTable)
         out.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_dense_pass_s"})
         object.__setattr__(out, "context", (float(num_requests), float(l_max), float(kv_tokens)))
         return out
 
     def covers(self, b: int) -> bool:
-        """Whether B has a value under the table's rules."""
+        """Whether B has a value under the table's rules.
+
+        Args:
+            b: token batch B.
+
+        Returns:
+            True when :meth:`pass_time_s` would return a value for ``b``.
+        """
         return self.min_batch_tokens <= b and (b <= self.max_batch_tokens or self.beyond_max != "error")
 
     def pass_time_s(self, b: Any) -> Any:
         """Forward-pass time in seconds at token batch ``b`` (int or int array).
 
+        Args:
+            b: token batch B (tokens in the pass): an int, or an int array of any shape.
+
+        Returns:
+            Seconds per pass: a float for an int ``b``, else a float64 array of ``b``'s shape.
+
         Raises:
             InvalidArgumentError: some ``b`` lies outside the range the table's rules cover.
+
+        Source:
+            The ``linear_pass_time`` lookup rule of the module docstring, plus the context,
+            graph-padding and edge extensions of the class docstring (docs/model.md section 1
+            step 4).
         """
+        if self.context is not None and self.has_context_term:
+            d = self._dense
+            if isinstance(b, (int, np.integer)) and 0 < b < d.zero_ms.size:
+                v = self._context_slice_s(int(b), int(b))[0]
+                if v == v:  # not NaN: one scalar, computed alone (no per-round dense array)
+                    return float(v)
+        else:
+            dense = self._dense_pass_s
+            if isinstance(b, (int, np.integer)) and 0 < b < dense.size:
+                v = dense[b]
+                if v == v:  # not NaN: fast path for one scalar
+                    return float(v)
         dense = self._dense_pass_s
-        if isinstance(b, (int, np.integer)) and 0 < b < dense.size:
-            v = dense[b]
-            if v == v:  # not NaN: fast path for one scalar
-                return float(v)
         arr = np.asarray(b, dtype=np.int64)
         if arr.size and (arr.min() < self.min_batch_tokens or (arr.max() > self.max_batch_tokens
                                                                and self.beyond_max == "error")):
@@ -298,12 +375,37 @@ class SPSTable:
         return float(out) if np.ndim(b) == 0 else out
 
     def pass_time_range_s(self, b_first: int, b_last: int) -> np.ndarray:
-        """Pass times for every B in ``b_first..b_last`` (inclusive), shape (b_last - b_first + 1,)."""
-        dense = self._dense_pass_s
-        if self.min_batch_tokens <= b_first and b_last < dense.size and (
-                b_last <= self.max_batch_tokens or self.beyond_max != "error"):
-            return dense[b_first: b_last + 1]
+        """Pass times for every B in ``b_first..b_last`` (inclusive).
+
+        Args:
+            b_first: first token batch B.
+            b_last: last token batch B (>= ``b_first``).
+
+        Returns:
+            ``(b_last - b_first + 1,)`` float64 seconds (a view of the precomputed values when
+            they cover the range).
+
+        Raises:
+            InvalidArgumentError: some B in the range has no value (from :meth:`pass_time_s`).
+        """
+        ok = self.min_batch_tokens <= b_first and (b_last <= self.max_batch_tokens or self.beyond_max != "error")
+        if self.context is not None and self.has_context_term:
+            if ok and b_last < self._dense.zero_ms.size:
+                return self._context_slice_s(b_first, b_last)  # only the B the caller scans
+        else:
+            dense = self._dense_pass_s
+            if ok and b_last < dense.size:
+                return dense[b_first: b_last + 1]
         return self.pass_time_s(np.arange(b_first, b_last + 1))
+
+    def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
+        """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
+        evaluates only what it is asked for: a per-round dense array would cost more than the scan)."""
+        d = self._dense
+        idx = d.pad_index[b_first: b_last + 1]
+        req, l_max, kv = self.context
+        q = idx / max(req, 1.0)
+        return (d.zero_ms[idx] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[b_first: b_last + 1] / 1000.0
 
     def _roofline_ms(self, b: np.ndarray, ms: np.ndarray | None = None) -> np.ndarray:
         # linear in pass time through the last two measured points (one point: proportional to B)
@@ -315,11 +417,30 @@ class SPSTable:
         return t1 + (b - b1) * (t1 - t0) / (b1 - b0)
 
     def sps(self, b: Any) -> Any:
-        """Steps per second ``1 / pass_time_s(b)``."""
+        """Steps per second ``1 / pass_time_s(b)``.
+
+        Args:
+            b: token batch B: an int or an int array.
+
+        Returns:
+            SPS(B) in passes per second (1/s), same type and shape as :meth:`pass_time_s`.
+
+        Raises:
+            InvalidArgumentError: as :meth:`pass_time_s`.
+
+        Source:
+            docs/model.md section 1 step 4.
+        """
         return 1.0 / self.pass_time_s(b)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready description (points, rules, context term, graph sizes) for run provenance."""
+        """JSON-ready description (points, rules, context term, graph sizes) for run provenance.
+
+        Returns:
+            ``{"batch_tokens", "pass_ms" (ms, 4 decimals), "source", "lookup", "below_min",
+            "beyond_max"}`` plus ``"attention"`` and ``"graph_sizes"`` / ``"eager_factor"`` when
+            the table has them.
+        """
         out: dict[str, Any] = {
             "batch_tokens": self.batch_tokens.tolist(),
             "pass_ms": [round(float(x), 4) for x in self.pass_ms],
@@ -355,6 +476,11 @@ class DrafterCost:
         t_seq_s: one sequential-head step, seconds.
         weights_gib: drafter memory, GiB.
         source: text naming the measurements and mapping.
+
+    Source:
+        docs/model.md section 1 step 1 (``T_draft(R, gamma) = t_parallel(R * gamma) + gamma *
+        t_seq``); the Markov head (low-rank V x r . r x V, r = 256) of DSpark paper (Cheng et al.
+        2026), as summarised there.
     """
 
     t_small_s: float
@@ -366,7 +492,18 @@ class DrafterCost:
     source: str = ""
 
     def round_time_s(self, num_requests: int, gamma: int) -> float:
-        """Drafting time of one round for ``num_requests`` requests drafting ``gamma`` tokens."""
+        """Drafting time of one round for ``num_requests`` requests drafting ``gamma`` tokens.
+
+        Args:
+            num_requests: requests R that draft this round.
+            gamma: draft tokens per request (bonus excluded).
+
+        Returns:
+            Seconds; 0.0 when nothing is drafted.
+
+        Source:
+            docs/model.md section 1 step 1.
+        """
         if gamma <= 0 or num_requests <= 0:
             return 0.0
         n = num_requests * gamma
@@ -400,6 +537,10 @@ class MeasuredDrafterCost:
         time_scale: stated ratio of the deployed drafter to the measured one (e.g. layers).
         source: measurements and mapping.
 
+    Raises:
+        InvalidArgumentError: on construction: an unknown ``kind``, or ``x`` / ``ms`` not
+            matching, empty, non-increasing or with a time <= 0.
+
     Source: the H200 kinds draft_mtp / draft_block / draft_model (data/calibration/h200/SOURCES.md).
     """
 
@@ -410,6 +551,7 @@ class MeasuredDrafterCost:
     weights_gib: float = 0.0
     time_scale: float = 1.0
     source: str = ""
+    kv_bytes_per_token: int = 0  # a draft model's own KV cache, bytes per token
 
     def __post_init__(self) -> None:
         x = np.asarray(self.x, dtype=np.float64)
@@ -429,7 +571,19 @@ class MeasuredDrafterCost:
         return float(t1 + (work - x1) * (t1 - t0) / (x1 - x0))
 
     def round_time_s(self, num_requests: int, gamma: int) -> float:
-        """Drafting time of one round, seconds (0 when nothing is drafted)."""
+        """Drafting time of one round, seconds (0 when nothing is drafted).
+
+        Args:
+            num_requests: requests R that draft this round.
+            gamma: draft tokens per request (bonus excluded).
+
+        Returns:
+            Seconds, ``time_scale`` times the formula of the drafter's kind (class docstring).
+
+        Source:
+            docs/model.md section 1 step 1 and DESIGN.md section 1 (how each drafter kind prices
+            a round).
+        """
         if gamma <= 0 or num_requests <= 0:
             return 0.0
         if self.kind == "block":
@@ -452,6 +606,10 @@ class Overheads:
             path (DSpark sync, threshold, goodput; not the asynchronous scheduler, whose planning
             overlaps the pass), seconds.
         sources: where each figure comes from (measurement or stated assumption).
+
+    Raises:
+        InvalidArgumentError: on construction: ``host_s`` or ``planner_s`` not a finite number
+            >= 0.
 
     Source: docs/model.md section 1 step 4 ("a fixed host cost per step, plus the planner's own
     cost for adaptive policies: all measured or stated").

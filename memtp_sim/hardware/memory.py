@@ -23,6 +23,11 @@ class MemorySpec:
         kv_bytes_per_token: KV cache bytes per token of context (all layers, K and V).
         kv_block_tokens: tokens per paged-KV block.
         max_model_len: longest context (prompt + output) the model accepts, tokens.
+
+    Source:
+        docs/model.md section 2 (weights, the KV cache in use and a reserve share the GPU's
+        memory) and section 4 (KV + heads + weights + reserve never exceed it); paged KV blocks
+        as in vLLM (``block_size`` tokens per block).
     """
 
     gpu_allocatable_gib: float
@@ -35,10 +40,25 @@ class MemorySpec:
 
     @property
     def kv_block_gib(self) -> float:
+        """GiB of one KV block: ``kv_bytes_per_token * kv_block_tokens / 2**30``."""
         return self.kv_bytes_per_token * self.kv_block_tokens / GIB
 
     def kv_capacity_blocks(self, *, speculative: bool, other_gib: float = 0.0) -> int:
-        """Paged-KV blocks that fit next to weights, drafter, reserve and ``other_gib``."""
+        """Paged-KV blocks that fit next to weights, drafter, reserve and ``other_gib``.
+
+        ``floor((allocatable - weights - reserve - other [- drafter]) / kv_block_gib)``, at least 0.
+
+        Args:
+            speculative: the drafter's weights are resident (a speculative policy runs).
+            other_gib: further memory held, GiB (e.g. MEMTP heads).
+
+        Returns:
+            Blocks (>= 0).
+
+        Source:
+            docs/model.md section 2 (memory left after weights, KV and a reserve funds the heads;
+            here: what is left after weights, reserve and heads funds KV).
+        """
         free = self.gpu_allocatable_gib - self.weights_gib - self.reserve_gib - other_gib
         if speculative:
             free -= self.drafter_weights_gib

@@ -545,6 +545,7 @@ def _drafter_v2(rows: Any, sec: Mapping[str, Any], key: str, where: str) -> Any:
     cost = tables.drafter_cost(rows, kind=str(kind), where=w, t_seq_s=t_seq,
                                weights_gib=_field(sec, "weights_gib", w, strict=False),
                                time_scale=_field(sec, "time_scale", w, default=1.0),
+                               kv_bytes_per_token=_field(sec, "kv_bytes_per_token", w, kind=int, strict=False, default=0),
                                source=f"{', '.join(sorted(set(rows['source'])))}; " + " ".join(
                                    str(sec.get("note", "")).split()))
     return cost

@@ -263,7 +263,7 @@ def _attention(r: pd.DataFrame, context: Any, where: str):  # noqa: ANN202
 
 
 def drafter_cost(rows: pd.DataFrame, *, kind: str, where: str, t_seq_s: float = 0.0, weights_gib: float = 0.0,
-                 time_scale: float = 1.0, source: str = "") -> MeasuredDrafterCost:
+                 time_scale: float = 1.0, source: str = "", kv_bytes_per_token: int = 0) -> MeasuredDrafterCost:
     """A measured drafter cost from rows of one drafter kind.
 
     ``block`` and ``per_sequence`` use tokens in the pass (B) as the work axis, ``mtp`` and
@@ -277,4 +277,5 @@ def drafter_cost(rows: pd.DataFrame, *, kind: str, where: str, t_seq_s: float = 
     axis = "batch_tokens" if kind in ("block", "per_sequence") else "num_requests"
     g = rows.groupby(axis, sort=True)["pass_ms"].mean()
     return MeasuredDrafterCost(kind, g.index.to_numpy(dtype=np.float64), g.to_numpy(), t_seq_s=t_seq_s,
-                               weights_gib=weights_gib, time_scale=time_scale, source=source)
+                               weights_gib=weights_gib, time_scale=time_scale, source=source,
+                               kv_bytes_per_token=kv_bytes_per_token)

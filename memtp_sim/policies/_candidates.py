@@ -2,7 +2,7 @@
 
 Each request r drafted L positions with conditional confidences ``c[r, k]`` (shape (R, L)); the
 joint survival ``a[r, j] = prod_{k<=j} c[r, k]`` is the expected contribution of verifying
-position j (DSpark paper section 3.2). Only candidates with ``a > 0`` are ever admitted (Algorithm 1, line 4). Candidate order, shared by all: ``a`` descending, ties by
+position j (DSpark paper section 3.2). Only candidates with ``a > 0`` are ever admitted (Algorithm 1). Candidate order, shared by all: ``a`` descending, ties by
 request index then position (the order of DSpark's Algorithm 1). Because ``a`` never increases
 along a row, any leading part of this order is a per-request prefix.
 """
@@ -12,12 +12,75 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from .base import RoundView
+from .base import DraftView, RoundView
 
-__all__ = ["GAMMA_FIELD", "survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate", "pass_time_s"]
+__all__ = ["GAMMA_FIELD", "FALLBACK_FIELD", "PROBE_FIELD", "FallbackGate", "survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate", "pass_time_s"]
 
 #: pydantic Field arguments of the ``gamma`` (block size) parameter every drafting policy has.
 GAMMA_FIELD = dict(ge=1, le=64, description="draft tokens proposed per request per round (block size)")
+#: Field arguments of ``fallback`` and ``probe_every`` (see :class:`FallbackGate`).
+FALLBACK_FIELD = dict(description="draft nothing (plain decoding) while drafting did not pay in the last drafted round")
+PROBE_FIELD = dict(ge=1, le=100000, description="while falling back, draft again every this many rounds to re-check")
+
+
+class FallbackGate:
+    """Lets a confidence-ranked policy decode plainly while speculation does not pay.
+
+    After each drafted round the policy reports its best expected rate with drafts (its own
+    objective, drafting time included) and the rate of a plain decode pass without drafting. The
+    gate keeps an exponential moving average (half-life ``half_life_rounds`` drafted rounds) of
+    ``log(best / plain)``; while it is not positive, the next rounds draft nothing (no drafter
+    time, no planner time), except every ``probe_every`` rounds, which draft again to re-check. A
+    single unlucky round does not switch speculation off; at saturation, where drafting keeps not
+    paying, the policy falls back to plain decoding instead of paying for drafts it will not verify.
+
+    Source: memtp_sim's design (DSpark paper section 5.2 sizes verification from measured costs;
+    vLLM's speculative_disable_by_batch_size and SGLang PR #13376 turn speculation off when it
+    does not pay).
+    """
+
+    def __init__(self, enabled: bool, probe_every: int, half_life_rounds: float = 8.0) -> None:
+        self.enabled = enabled
+        self.probe_every = probe_every
+        self._alpha = 1.0 - 0.5 ** (1.0 / half_life_rounds)
+        self._gain = 0.0  # EMA of log(best / plain); > 0: drafting pays
+        self._skipped = 0
+        self._last_round = -1
+
+    def _reset(self) -> None:
+        self._gain, self._skipped, self._last_round = 0.0, 0, -1
+
+    def report(self, round_index: int, best_rate: float, plain_rate: float) -> None:
+        """Record a drafted round's expected rates (tok/s; a NaN or non-positive rate is skipped)."""
+        if round_index < self._last_round:  # a new run
+            self._reset()
+        self._last_round = round_index
+        if np.isfinite(best_rate) and np.isfinite(plain_rate) and best_rate > 0 and plain_rate > 0:
+            self._gain += self._alpha * (float(np.log(best_rate / plain_rate)) - self._gain)
+
+    def draft_lengths(self, view: "DraftView") -> int:
+        """All the drafter offers, or 0 while drafting does not pay (probing every probe_every rounds)."""
+        if view.round_index < self._last_round:  # a new run
+            self._reset()
+        if not self.enabled or self._gain > 0.0 or self._last_round < 0:
+            self._skipped = 0
+            return view.max_draft_len
+        self._skipped += 1
+        if self._skipped >= self.probe_every:
+            self._skipped = 0
+            return view.max_draft_len
+        return 0
+
+
+def plain_rate(view: RoundView) -> float:
+    """tok/s of a plain decode pass this round (no drafting time, no drafts verified)."""
+    t = view.no_draft_pass_s
+    if t is None:
+        b = view.num_requests + int(view.prefill_tokens)
+        if not view.sps.covers(b):
+            return float("nan")
+        t = float(view.sps.pass_time_s(b))
+    return view.num_requests / t if view.num_requests else float("nan")
 
 
 def survival(view: RoundView, gamma: int) -> np.ndarray:
@@ -30,7 +93,12 @@ def survival(view: RoundView, gamma: int) -> np.ndarray:
         InvalidArgumentError: confidences not 2-D, wider than ``gamma`` (the policy's draft length),
             NaN or outside [0, 1].
 
-    Source: DSpark paper section 3.2 (``a_k = prod_{i<=k} c_i``).
+    Args:
+        view: the round (``confidences``: ``(R, L)`` conditional confidences).
+        gamma: the policy's draft length, tokens.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) section 3.2 (``a_k = prod_{i<=k} c_i``).
     """
     c = np.asarray(view.confidences, dtype=np.float64)
     if c.ndim != 2:
@@ -45,6 +113,15 @@ def survival(view: RoundView, gamma: int) -> np.ndarray:
 def draft_budget(view: RoundView) -> int:
     """Draft tokens the pass can still hold: ``max_batch_tokens - R - prefill_tokens`` (>= 0).
 
+    Args:
+        view: the round.
+
+    Returns:
+        Draft tokens.
+
+    Source:
+        docs/model.md section 1 step 4 (``B = sum_r (1 + l_r)`` plus prefill tokens).
+
     Raises:
         InvalidArgumentError: the anchors and prefill alone exceed ``max_batch_tokens``.
     """
@@ -58,9 +135,16 @@ def draft_budget(view: RoundView) -> int:
 def ranked_candidates(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All candidates ``(r, j)`` of ``a`` (shape (R, L)) in admission order.
 
+    Args:
+        a: ``(R, L)`` float64 joint survival.
+
     Returns:
         ``(rows, cols, values)``, each of shape (R*L,): ``a`` descending, ties by request then
         position (prefix-respecting, as in the prefix scheduler, DSpark Algorithm 1).
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Algorithm 1: sort all (r, j) by a_{r,j} descending; the
+        order respects prefixes because a_{r,j} never increases with j (section 3.2).
     """
     rows, cols = np.nonzero(np.ones(a.shape, dtype=bool))
     vals = a[rows, cols]
@@ -70,12 +154,20 @@ def ranked_candidates(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def take_top(a: np.ndarray, n: int) -> tuple[np.ndarray, float]:
     """Admit the first ``n`` candidates of :func:`ranked_candidates` order, never one whose joint
-    survival is zero (DSpark Algorithm 1, line 4: only drafts with positive probability are
-    candidates), so fewer than ``n`` may be admitted.
+    survival is zero (only drafts with positive probability are candidates), so fewer than ``n``
+    may be admitted.
+
+    Args:
+        a: ``(R, L)`` float64 joint survival.
+        n: candidates wanted (negative counts as 0).
 
     Returns:
         ``(lengths, sum_a)``: lengths per request, shape (R,), int64 (their sum is the number
         admitted); and the sum of the admitted ``a`` (expected accepted draft tokens, bonus excluded).
+
+    Source:
+        DSpark paper (Cheng et al. 2026) section 5.2: the current step admits its top-K
+        candidates by cumulative confidence.
     """
     rows, _, vals = ranked_candidates(a)
     n = max(0, min(int(n), int(np.count_nonzero(vals > 0.0))))
@@ -87,7 +179,17 @@ def expected_rate(view: RoundView, sum_a: float, drafts: int) -> float:
     """Expected tokens per second ``(R + sum_a) / (overhead_s + pass_time(B))``,
     ``B = R + drafts + prefill_tokens``; NaN where the SPS table cannot price B.
 
-    Source: DSpark Algorithm 1 objective (Theta = tau * SPS(B), with drafting as fixed overhead).
+    Args:
+        view: the round.
+        sum_a: expected accepted draft tokens of the admitted candidates (bonus excluded).
+        drafts: draft tokens admitted.
+
+    Returns:
+        tok/s (tau includes one bonus token per request), or NaN.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Algorithm 1 objective (Theta = tau * SPS(B), with
+        drafting as fixed overhead).
     """
     b = view.num_requests + int(drafts) + int(view.prefill_tokens)
     if view.num_requests == 0 or not view.sps.covers(b):
@@ -96,7 +198,24 @@ def expected_rate(view: RoundView, sum_a: float, drafts: int) -> float:
 
 
 def pass_time_s(view: RoundView, b: int, drafts: int) -> float:
-    """The round's pass time at B tokens: the decode pass when no draft is verified."""
+    """The round's pass time at B tokens: the decode pass when no draft is verified.
+
+    Args:
+        view: the round.
+        b: token batch B of the pass, tokens.
+        drafts: draft tokens verified in it.
+
+    Returns:
+        Seconds: ``view.no_draft_pass_s`` when ``drafts == 0`` and it is set, else
+        ``view.sps.pass_time_s(b)``.
+
+    Raises:
+        InvalidArgumentError: ``b`` outside what the SPS table covers (from
+            :meth:`memtp_sim.hardware.SPSTable.pass_time_s`).
+
+    Source:
+        docs/model.md section 1 step 4 (a pass over B tokens takes 1 / SPS(B)).
+    """
     if drafts == 0 and view.no_draft_pass_s is not None:
         return float(view.no_draft_pass_s)
     return float(view.sps.pass_time_s(b))

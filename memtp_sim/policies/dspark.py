@@ -35,8 +35,18 @@ from pydantic import Field
 
 from ..errors import InvalidArgumentError
 from ..hardware import HardwareProfile, SPSTable, load_profile
-from ._candidates import GAMMA_FIELD, draft_budget, expected_rate, survival, take_top
-from .base import Policy, PolicyParams, RoundPlan, RoundView
+from ._candidates import (
+    FALLBACK_FIELD,
+    GAMMA_FIELD,
+    PROBE_FIELD,
+    FallbackGate,
+    draft_budget,
+    expected_rate,
+    plain_rate,
+    survival,
+    take_top,
+)
+from .base import DraftView, Policy, PolicyParams, RoundPlan, RoundView
 from .registry import register
 
 __all__ = ["ScheduleResult", "hardware_aware_prefix_scheduler", "as_sps_table", "pad_confidences",
@@ -56,6 +66,12 @@ class ScheduleResult:
         theta_global: best Theta over the whole candidate scan (== theta without early stop);
             NaN when the SPS table does not cover the whole scan.
         batch_tokens_global: B at ``theta_global`` (-1 when not computed).
+
+    Units: ``theta`` and ``theta_global`` in tok/s, ``tau`` in tokens, ``batch_tokens`` in tokens.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Algorithm 1 (B, tau, Theta = tau * SPS(B)); tau counts
+        the bonus token (PAPER_NOTES conventions; docs/model.md section 1 step 3).
     """
 
     lengths: np.ndarray
@@ -67,6 +83,7 @@ class ScheduleResult:
 
     @property
     def num_candidates(self) -> int:
+        """Candidates admitted: draft tokens verified in all, ``lengths.sum()``."""
         return int(self.lengths.sum())
 
 
@@ -76,7 +93,19 @@ def _default_table() -> SPSTable:
 
 
 def as_sps_table(sps: SPSTable | HardwareProfile | Mapping[int, float] | None) -> SPSTable:
-    """Coerce the accepted SPS forms into an :class:`SPSTable` (None = shipped default profile)."""
+    """Coerce the accepted SPS forms into an :class:`SPSTable` (None = shipped default profile).
+
+    Args:
+        sps: an :class:`SPSTable`, a :class:`HardwareProfile` (its ``sps``), a mapping
+            ``{B (tokens): steps per second}``, or None.
+
+    Returns:
+        The table.
+
+    Raises:
+        TypeError: any other type.
+        InvalidArgumentError: an invalid mapping (from :meth:`SPSTable.from_mapping`).
+    """
     if sps is None:
         return _default_table()
     if isinstance(sps, SPSTable):
@@ -92,6 +121,13 @@ def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """Turn a 2-D array or a ragged list of lists into (values, valid mask), both shape (R, L).
 
     The mask is None when every entry is valid (a rectangular input).
+
+    Args:
+        confidences: ``(R, L)`` array, or R sequences of conditional confidences (ragged allowed).
+
+    Returns:
+        ``(values, mask)``: ``(R, L)`` float64 with padding 0, and a ``(R, L)`` bool mask of
+        real entries (or None), L the longest row.
 
     Raises:
         InvalidArgumentError: values outside [0, 1], NaN, or not one sequence per request.
@@ -158,9 +194,17 @@ def hardware_aware_prefix_scheduler(
         and ``batch_tokens`` (one anchor slot per request included).
 
     Raises:
-        InvalidArgumentError: confidences outside [0, 1]; an SPS table that lacks a B the search needs
-            (outside its measured range, where the lookup rule does not apply); a negative
-            prefill or a cap below the anchor slots.
+        InvalidArgumentError: confidences outside [0, 1] or not 2-D; an SPS table that lacks a B
+            the search needs (outside its measured range, where the lookup rule does not apply);
+            a prefill or cap that is not a whole number >= 0, a cap below the anchor slots, or an
+            ``overhead_s`` that is not a finite number >= 0.
+        TypeError: ``sps`` of another type (from :func:`as_sps_table`).
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Algorithm 1 and section 3.2 (greedy order by a_{r,j},
+        early stop at the first non-improvement, lossless); section 5.2 for the global search;
+        the example below is the Appendix A worked example (SPS(1) = 1.0, SPS(2) = 0.5,
+        SPS(3) = 0.45, a_1 = 0.8: early stop returns l = 0).
 
     Example:
         >>> r = hardware_aware_prefix_scheduler([[0.8, 0.9]], {1: 1.0, 2: 0.5, 3: 0.45})
@@ -199,7 +243,7 @@ def hardware_aware_prefix_scheduler(
         a_sorted = a[order]
         r_sorted = rows[order]
 
-    # Line 4 of Algorithm 1: only drafts with positive probability are candidates (they sort last).
+    # Algorithm 1: only drafts with positive probability are candidates (they sort last).
     n_max = int(np.count_nonzero(a_sorted > 0.0))
     if max_batch_tokens is not None:
         n_max = min(n_max, int(max_batch_tokens) - base_b)
@@ -251,8 +295,25 @@ def hardware_aware_prefix_scheduler(
 
 # ------------------------------------------------------------------------------------ policies
 class DSparkParams(PolicyParams):
+    """Parameters of ``dspark``.
+
+    Attributes:
+        gamma: draft tokens proposed per request per round (block size), 1..64.
+        early_stop: stop at the first non-improving candidate (the paper's Algorithm 1); False
+            (the default, as the production scheduler of section 5.2 does on a profiled table)
+            runs the global search, which a jagged measured SPS(B) cannot trap below a cliff.
+        fallback: decode plainly while drafting does not pay (:class:`FallbackGate`).
+        probe_every: while falling back, draft again every this many rounds.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Algorithm 1 and Appendix A (why early stop matters).
+    """
+
     gamma: int = Field(7, ge=1, le=64, description="draft tokens proposed per request (block size)")
-    early_stop: bool = Field(True, description="stop at the first non-improving candidate (lossless)")
+    early_stop: bool = Field(False, description="stop at the first non-improving candidate (Algorithm 1); "
+                             "default: the global search production engines run on a profiled table")
+    fallback: bool = Field(True, **FALLBACK_FIELD)
+    probe_every: int = Field(16, **PROBE_FIELD)
 
 
 @register("dspark")
@@ -261,16 +322,39 @@ class DSparkPolicy(Policy):
 
     Drafts ``gamma`` tokens per request, then verifies the prefix set that maximises the expected
     token rate, counting this round's drafting time as fixed overhead of the step.
+
+    Source:
+        Cheng et al. 2026 (DSpark), Algorithm 1 and section 3.2.
     """
 
     Params = DSparkParams
     plans_in_critical_path = True
 
+    def __init__(self, params: DSparkParams) -> None:
+        super().__init__(params)
+        self._gate = FallbackGate(params.fallback, params.probe_every)
+
     @property
     def draft_len(self) -> int:
+        """``gamma``: draft tokens proposed per request per round."""
         return self.params.gamma
 
     def plan(self, view: RoundView) -> RoundPlan:
+        """Run :func:`hardware_aware_prefix_scheduler` on this round.
+
+        Args:
+            view: the round (confidences ``(R, L)``, SPS table, prefill, token cap, drafting
+                time in s).
+
+        Returns:
+            The plan with the scheduler's lengths, ``theta`` and ``theta_global`` (tok/s).
+
+        Raises:
+            InvalidArgumentError: as :func:`hardware_aware_prefix_scheduler`.
+
+        Source:
+            DSpark paper (Cheng et al. 2026) Algorithm 1.
+        """
         res = hardware_aware_prefix_scheduler(
             view.confidences,
             view.sps,
@@ -280,10 +364,35 @@ class DSparkPolicy(Policy):
             overhead_s=view.draft_overhead_s,
             no_draft_pass_s=view.no_draft_pass_s,
         )
+        best = res.theta_global if np.isfinite(res.theta_global) else res.theta
+        self._gate.report(int(view.round_index), best, plain_rate(view))
         return RoundPlan(res.lengths, theta=res.theta, theta_global=res.theta_global)
+
+    def draft_lengths(self, view: DraftView) -> int:
+        """Positions to draft this round: all the drafter offers, or 0 while drafting does not pay
+        (see :class:`~memtp_sim.policies._candidates.FallbackGate`).
+
+        Args:
+            view: the round before drafting.
+
+        Returns:
+            ``view.max_draft_len`` or 0.
+        """
+        return self._gate.draft_lengths(view)
 
 
 class DSparkAsyncParams(PolicyParams):
+    """Parameters of ``dspark_async``.
+
+    Attributes:
+        gamma: draft tokens proposed per request per round (block size), 1..64.
+        lag_rounds: engine rounds between computing the capacity K and using it, 0..1024
+            (the paper's production scheduler: 2).
+
+    Source:
+        DSpark paper (Cheng et al. 2026) section 5.2 (capacity from confidences two steps earlier).
+    """
+
     gamma: int = Field(7, **GAMMA_FIELD)
     lag_rounds: int = Field(2, ge=0, le=1024,
                             description="engine rounds between computing the capacity K and using it")
@@ -334,6 +443,7 @@ class DSparkAsyncPolicy(Policy):
 
     @property
     def draft_len(self) -> int:
+        """``gamma``: draft tokens proposed per request per round."""
         return self.params.gamma
 
     def reset(self) -> None:
@@ -354,6 +464,21 @@ class DSparkAsyncPolicy(Policy):
         return found
 
     def plan(self, view: RoundView) -> RoundPlan:
+        """Steps 1-3 of the class docstring for round ``view.round_index``.
+
+        Args:
+            view: the round.
+
+        Returns:
+            The plan: top-``K`` lengths, ``theta`` (tok/s, NaN if B cannot be priced),
+            ``theta_global`` and ``extra`` (``capacity_now``, ``capacity_used``).
+
+        Raises:
+            InvalidArgumentError: as listed in the class docstring.
+
+        Source:
+            DSpark paper (Cheng et al. 2026) section 5.2.
+        """
         gamma = self.params.gamma
         a = survival(view, gamma)
         budget = draft_budget(view)

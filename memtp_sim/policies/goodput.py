@@ -6,15 +6,25 @@ import numpy as np
 from pydantic import Field
 
 from ..errors import InvalidArgumentError
-from ._candidates import GAMMA_FIELD, draft_budget, pass_time_s, survival
-from .base import Policy, PolicyParams, RoundPlan, RoundView
+from ._candidates import FALLBACK_FIELD, GAMMA_FIELD, PROBE_FIELD, FallbackGate, draft_budget, pass_time_s, plain_rate, survival
+from .base import DraftView, Policy, PolicyParams, RoundPlan, RoundView
 from .registry import register
 
 __all__ = ["GoodputPolicy"]
 
 
 class GoodputParams(PolicyParams):
+    """Parameters of ``goodput``.
+
+    Attributes:
+        gamma: draft tokens proposed per request per round (block size), 1..64.
+        fallback: decode plainly while drafting does not pay (FallbackGate).
+        probe_every: while falling back, draft again every this many rounds.
+    """
+
     gamma: int = Field(7, **GAMMA_FIELD)
+    fallback: bool = Field(True, **FALLBACK_FIELD)
+    probe_every: int = Field(16, **PROBE_FIELD)
 
 
 @register("goodput")
@@ -43,11 +53,44 @@ class GoodputPolicy(Policy):
     Params = GoodputParams
     plans_in_critical_path = True
 
+    def __init__(self, params: GoodputParams) -> None:
+        super().__init__(params)
+        self._gate = FallbackGate(params.fallback, params.probe_every)
+
+    def draft_lengths(self, view: DraftView) -> int:
+        """Positions to draft this round: all the drafter offers, or 0 while drafting does not pay
+        (see :class:`~memtp_sim.policies._candidates.FallbackGate`).
+
+        Args:
+            view: the round before drafting.
+
+        Returns:
+            ``view.max_draft_len`` or 0.
+        """
+        return self._gate.draft_lengths(view)
+
     @property
     def draft_len(self) -> int:
+        """``gamma``: draft tokens proposed per request per round."""
         return self.params.gamma
 
     def plan(self, view: RoundView) -> RoundPlan:
+        """Pick the uniform k with the highest expected rate (class docstring).
+
+        Args:
+            view: the round (confidences ``(R, L)``, SPS table, prefill, token cap, drafting
+                time in s).
+
+        Returns:
+            ``(R,)`` lengths all equal to k; ``theta`` = rate_k (tok/s); ``extra["k"]``.
+
+        Raises:
+            InvalidArgumentError: confidences not (R, <=gamma) in [0, 1]; anchors plus prefill
+                above the cap; the SPS table cannot price a feasible ``B_k``.
+
+        Source:
+            Liu et al. 2024 (SmartSpec): goodput with one proposal length per batch.
+        """
         a = survival(view, self.params.gamma)
         draft_budget(view)  # validates anchors + prefill <= cap
         num_req = view.num_requests
@@ -66,4 +109,5 @@ class GoodputPolicy(Policy):
             if rate > best_rate * (1.0 + 1e-12):  # rates > 0; -inf * (1 + eps) = -inf
                 best_k, best_rate = k, rate
         lengths = np.full(num_req, best_k, dtype=np.int64)
+        self._gate.report(int(view.round_index), best_rate, plain_rate(view))
         return RoundPlan(lengths, theta=best_rate, extra={"k": best_k})

@@ -15,8 +15,18 @@ _REGISTRY: dict[str, type[Policy]] = {}
 def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
     """Class decorator registering a policy under ``name``.
 
+    Args:
+        name: the YAML name (snake_case, e.g. ``"dspark_async"``); set as the class's ``name``.
+
+    Returns:
+        The decorator; it returns the class unchanged.
+
     Raises:
-        InvalidArgumentError: ``name`` is already registered.
+        InvalidArgumentError: (by the decorator) ``name`` is already registered.
+
+    Source:
+        STYLE.md sections 3 and 4: unlike Vidur's registry, a duplicate raises; like vLLM's
+        request-queue policy factory, an unknown name is refused with the choices.
     """
 
     def deco(cls: type[Policy]) -> type[Policy]:
@@ -30,14 +40,24 @@ def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
 
 
 def available_policies() -> list[str]:
+    """The registered policy names, sorted."""
     return sorted(_REGISTRY)
 
 
 def policy_class(name: str) -> type[Policy]:
     """Look up a policy class.
 
+    Args:
+        name: a registered YAML name.
+
+    Returns:
+        The :class:`~memtp_sim.policies.base.Policy` subclass.
+
     Raises:
         InvalidArgumentError: unknown name (the message lists the registered names).
+
+    Source:
+        STYLE.md section 4 (vLLM's policy factory rejects unknown values, listing the choices).
     """
     try:
         return _REGISTRY[name]
@@ -46,6 +66,18 @@ def policy_class(name: str) -> type[Policy]:
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
-    """Build a policy from its name and parameter mapping (validated by its Params model)."""
+    """Build a policy from its name and parameter mapping (validated by its Params model).
+
+    Args:
+        name: a registered YAML name.
+        params: the policy's parameters (None: its defaults).
+
+    Returns:
+        A new policy instance (one per run: some policies keep state).
+
+    Raises:
+        InvalidArgumentError: unknown name (from :func:`policy_class`).
+        pydantic.ValidationError: parameters the policy's ``Params`` model refuses.
+    """
     cls = policy_class(name)
     return cls(cls.Params(**dict(params or {})))

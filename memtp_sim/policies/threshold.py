@@ -12,6 +12,13 @@ __all__ = ["ThresholdPolicy"]
 
 
 class ThresholdParams(PolicyParams):
+    """Parameters of ``threshold``.
+
+    Attributes:
+        gamma: draft tokens proposed per request per round (block size), 1..64.
+        threshold: verify position j while the joint survival a[r, j] >= threshold, in [0, 1].
+    """
+
     gamma: int = Field(7, **GAMMA_FIELD)
     threshold: float = Field(0.5, ge=0.0, le=1.0,
                              description="verify position j while the joint survival a[r, j] >= threshold")
@@ -43,12 +50,28 @@ class ThresholdPolicy(Policy):
 
     @property
     def draft_len(self) -> int:
+        """``gamma``: draft tokens proposed per request per round."""
         return self.params.gamma
 
     def plan(self, view: RoundView) -> RoundPlan:
+        """Verify each request's prefix with ``a[r, j] >= threshold``, trimmed to the budget.
+
+        Args:
+            view: the round.
+
+        Returns:
+            The plan: ``(R,)`` int64 lengths, ``theta`` (tok/s), ``extra`` (``selected``,
+            ``trimmed`` draft tokens).
+
+        Raises:
+            InvalidArgumentError: as listed in the class docstring.
+
+        Source:
+            DSpark paper (Cheng et al. 2026) Fig. 5.
+        """
         a = survival(view, self.params.gamma)
         budget = draft_budget(view)
-        # a zero-survival draft is never a candidate (Algorithm 1, line 4), even at threshold 0
+        # a zero-survival draft is never a candidate (as in Algorithm 1), even at threshold 0
         selected = int(((a >= self.params.threshold) & (a > 0.0)).sum())
         # Candidates above the threshold are exactly the first `selected` of the ranked order
         # (everything above t sorts before everything below), so trimming = taking fewer.

@@ -176,9 +176,15 @@ def write_report(root: str | Path) -> Path:
         ``root / "report.html"``.
 
     Raises:
-        FileNotFoundError: runs.csv, study.json or a run file a section needs is missing.
-        pandas.errors.EmptyDataError: runs.csv is empty.
-        KeyError: runs.csv or a summary lacks a column or field the report reads.
+        ConfigError: from :func:`~memtp_sim.report.load_results`: study.json is missing or
+            unreadable, or no run of the study has a verified result.
+        FileNotFoundError: a run file a section needs (requests.csv, rounds.parquet) is missing.
+        KeyError: the runs table or a summary lacks a column or field the report reads.
+        OSError: ``report.html`` cannot be written (from :func:`memtp_sim._io.atomic_write_text`).
+
+    Source:
+        Numbers first, then drawers (Optuna's ``optuna/visualization`` pattern, STYLE.md
+        section 7); the page shell of :class:`memtp_sim._html.HtmlPage`.
     """
     res = load_results(root)
     page = HtmlPage(f"memtp_sim study: {res.meta['name']}")

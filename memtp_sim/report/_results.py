@@ -34,6 +34,10 @@ class StudyResults:
         summaries: each finished run's ``summary.json`` by run id.
         missing: ``run_id -> reason`` for every run of the study without a verified result (failed,
             not run yet, or damaged files); the report says so at the top.
+
+    Source:
+        The study layout written by :mod:`memtp_sim.study` (``study.json``, ``runs/<id>/``),
+        read back by :func:`memtp_sim.study.collect_runs`.
     """
 
     root: Path
@@ -86,7 +90,15 @@ class StudyResults:
                    for s in self.summaries.values())
 
     def run_file(self, run_id: str, name: str) -> Path:
-        """Path of one of a run's files (``requests.csv``, ``rounds.parquet``, ...); may not exist."""
+        """Path of one of a run's files (``requests.csv``, ``rounds.parquet``, ...); may not exist.
+
+        Args:
+            run_id: the run's id (its folder under ``runs/``).
+            name: the file name inside the run folder.
+
+        Returns:
+            ``root / "runs" / run_id / name``.
+        """
         return self.root / "runs" / run_id / name
 
 
@@ -105,7 +117,11 @@ def load_results(root: str | Path) -> StudyResults:
         ``1, 5, elastic`` reads as text).
 
     Raises:
-        ConfigError: study.json is missing or unreadable, or no run of the study has a result.
+        ConfigError: study.json is missing or unreadable (from
+            :func:`memtp_sim.study.collect_runs`), or no run of the study has a verified result.
+
+    Source:
+        :func:`memtp_sim.study.collect_runs` (results rebuilt from the run folders).
     """
     root = Path(root)
     table, summaries, missing = collect_runs(root)
@@ -118,7 +134,19 @@ def load_results(root: str | Path) -> StudyResults:
 
 
 def load_phases(summary: dict[str, Any]) -> list[tuple[float, float, float]]:
-    """(start_s, end_s, rate_per_s) of a run's load-ramp segments, or [] without a ramp."""
+    """(start_s, end_s, rate_per_s) of a run's load-ramp segments, or [] without a ramp.
+
+    Args:
+        summary: a run's ``summary.json`` (``scenario.workload.rate_schedule``: a list of
+            ``{duration_s, rate_per_s}``).
+
+    Returns:
+        One ``(start_s, end_s, rate_per_s)`` per segment: seconds from the run's start, and
+        requests per second; segments are back to back from 0.
+
+    Source:
+        The piecewise-constant Poisson ramp of :func:`memtp_sim.workload.build_workload`.
+    """
     sched = (summary.get("scenario", {}).get("workload", {}) or {}).get("rate_schedule") or []
     out, t = [], 0.0
     for seg in sched:

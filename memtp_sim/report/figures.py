@@ -28,7 +28,18 @@ COLORS = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff
 
 
 def color_map(policies: list[str]) -> dict[str, str]:
-    """One colour per policy label, in order (the palette repeats after eight)."""
+    """One colour per policy label, in order (the palette repeats after eight).
+
+    Args:
+        policies: policy labels in the order they should be coloured.
+
+    Returns:
+        ``{label: "#rrggbb"}``.
+
+    Source:
+        :data:`COLORS` is the first eight colours of Plotly's default qualitative palette
+        (``plotly.colors.qualitative.Plotly``).
+    """
     return {p: COLORS[i % len(COLORS)] for i, p in enumerate(policies)}
 
 
@@ -46,6 +57,9 @@ def frontier_figure(points: pd.DataFrame, x: str | None, colors: dict[str, str],
 
     Raises:
         KeyError: a policy has no colour.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) section 5.4 (throughput against tok/s/user).
     """
     fig = go.Figure()
     for pol, d in points.groupby("policy", sort=False):
@@ -77,6 +91,9 @@ def load_figure(curves: pd.DataFrame, x: str, colors: dict[str, str], title: str
 
     Raises:
         KeyError: a policy has no colour.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Fig. 8 (verify budget per request against concurrency).
     """
     fig = make_subplots(rows=1, cols=3, subplot_titles=(
         "throughput (tok/s)", "mean verify budget per request (tokens, incl. bonus)", "tok/s/user (p50)"))
@@ -109,7 +126,10 @@ def latency_figure(lat: LatencySamples, x: str | None, colors: dict[str, str], t
         title: appended to the figure title.
 
     Returns:
-        The figure (three panels side by side).
+        The figure (three panels side by side): TTFT (s), TPOT (ms), end-to-end (s).
+
+    Source:
+        Metric definitions in :mod:`memtp_sim.metrics`; Plotly ``go.Box`` (quartiles, whiskers).
     """
     s = lat.samples
     fig = make_subplots(rows=1, cols=3, subplot_titles=("TTFT (s)", "TPOT (ms)", "end-to-end latency (s)"))
@@ -137,6 +157,10 @@ def reliability_figure(rel: Reliability) -> go.Figure:
 
     Returns:
         The figure; the diagonal marks perfect calibration.
+
+    Source:
+        Reliability diagram (DeGroot and Fienberg 1983), per position as in DSpark paper
+        (Cheng et al. 2026) Fig. 6.
     """
     positions = rel.positions
     labels = list(dict.fromkeys(rel.picks["label"]))
@@ -168,6 +192,9 @@ def timeline_figure(tl: Timeline) -> go.Figure:
 
     Returns:
         The figure; one colour per line label (sweep setting).
+
+    Source:
+        docs/model.md section 2 (depth, memory and coherence R of the MEMTP ensemble).
     """
     fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.03, subplot_titles=(
         "ensemble depth (heads = draft length)", "memory free for heads / KV (GiB)", "KV cache in use (GiB)",
@@ -195,7 +222,12 @@ def sps_figure(sps: SpsCurve) -> go.Figure:
         sps: :func:`~memtp_sim.report.numbers.sps_curve`.
 
     Returns:
-        The figure (two panels side by side).
+        The figure (two panels side by side): pass time (ms) and B x SPS(B) (tok/s) against B
+        (tokens).
+
+    Source:
+        docs/model.md section 1 step 4 (SPS(B) is measured and jagged); the ``linear_pass_time``
+        lookup rule of :mod:`memtp_sim.hardware.cost`.
     """
     m, r = sps.measured, sps.rule
     fig = make_subplots(rows=1, cols=2, subplot_titles=("pass time (ms) vs B", "SPS(B) x B: verify tokens per second"))

@@ -78,7 +78,15 @@ _CONFIDENCE_POLICIES = ("dspark", "threshold", "goodput")  # policies that rank 
 
 
 def is_numeric(col: pd.Series) -> bool:
-    """True when every value of ``col`` reads as a number (the axis is then numeric, else categorical)."""
+    """True when every value of ``col`` reads as a number (the axis is then numeric, else categorical).
+
+    Args:
+        col: one column of a runs table (any dtype).
+
+    Returns:
+        True when ``pandas.to_numeric(col, errors="coerce")`` has no NaN (an empty column is
+        numeric).
+    """
     return bool(pd.to_numeric(col, errors="coerce").notna().all())
 
 
@@ -101,10 +109,14 @@ def aggregate(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.Da
     Returns:
         One row per group, in the order the table first lists each group (its YAML order), not
         sorted: ``keys``, ``<metric>_mean`` for each metric, ``<metric>_sd`` (ddof=1; 0 for a
-        single run), ``num_seeds`` (runs in the group).
+        single run), ``num_seeds`` (runs in the group). Units are those of each metric.
 
     Raises:
         KeyError: a key or metric column is missing.
+
+    Source:
+        Arithmetic mean and sample standard deviation (Bessel's correction, ddof=1) via pandas
+        ``GroupBy.mean`` / ``GroupBy.std``.
     """
     g = table.groupby(keys, dropna=False, sort=False)[metrics]
     mean = g.mean().add_suffix("_mean")
@@ -143,10 +155,15 @@ def headline_table(res: StudyResults) -> pd.DataFrame:
         (``throughput tok/s``, ``tok/s/user p50``, ``tok/s/user p10``, ``TTFT p50 s``,
         ``TPOT p50 ms``, ``verify len``, ``tau``, ``accept rate``, ``rejected``) and, when the study
         runs the MEMTP ensemble, those of :data:`MEMORY_HEADLINE` (``queue p90 s``,
-        ``mean depth``, ``heads GiB``, ``KV GiB mean``, ``KV GiB peak``).
+        ``mean depth``, ``heads GiB``, ``KV GiB mean``, ``KV GiB peak``), plus ``offered/served``
+        when runs report an ``offered_load_ratio``.
 
     Raises:
         KeyError: runs.csv lacks a headline metric.
+
+    Source:
+        Each metric is defined once in :mod:`memtp_sim.metrics` (its module docstring gives the
+        formulas); :func:`aggregate` averages them over seeds.
     """
     keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
     cols_spec = HEADLINE + (MEMORY_HEADLINE if res.uses_memtp else [])
@@ -165,8 +182,15 @@ def overload_notes(res: StudyResults) -> list[str]:
     :data:`memtp_sim.metrics.OVERLOAD_RATIO`: the queue grows without bound there, so its TTFT and
     queueing figures measure the backlog, not the system.
 
+    Args:
+        res: the study (runs.csv column ``offered_load_ratio``; ``ttft_s_p50`` in s).
+
     Returns:
         Plain-text lines (empty when no point is overloaded or every run is a closed loop).
+
+    Source:
+        The stability condition of a queue (arrivals must not outpace service, utilisation < 1);
+        threshold and ratio as defined in :mod:`memtp_sim.metrics` (``OVERLOAD_RATIO``).
     """
     if "offered_load_ratio" not in res.table or not res.table["offered_load_ratio"].notna().any():
         return []
@@ -210,6 +234,9 @@ def winners(res: StudyResults) -> pd.DataFrame:
 
     Metrics: ``throughput_tok_per_s`` (tok/s) and ``tok_per_s_user_p50`` (tok/s per user, median).
 
+    Args:
+        res: the study (runs.csv columns ``throughput_tok_per_s``, ``tok_per_s_user_p50``).
+
     Returns:
         One row per span, in study order: ``facet`` (``"key = value, ..."``, ``""`` without facets),
         ``metric``, ``xs`` (list of x values in the span; ``["all"]`` without an x axis),
@@ -219,6 +246,9 @@ def winners(res: StudyResults) -> pd.DataFrame:
 
     Raises:
         KeyError: runs.csv lacks one of the metrics.
+
+    Source:
+        Means over seeds from :func:`aggregate`; metric definitions in :mod:`memtp_sim.metrics`.
     """
     x = res.x_key
     keys = res.facet_keys + ([x] if x else []) + ["policy"]
@@ -275,7 +305,14 @@ def winners_notes(res: StudyResults, *, tie: float = 0.01) -> list[str]:
 
 
 class DsparkGaps(NamedTuple):
-    """Load points where a DSpark policy trails the best static policy (see :func:`dspark_gaps`)."""
+    """Load points where a DSpark policy trails the best static policy (see :func:`dspark_gaps`).
+
+    Attributes:
+        points: one row per loss; columns as listed in :func:`dspark_gaps` (throughputs in tok/s,
+            ``*_frac`` fractions in [0, 1]).
+        dspark_policies: DSpark policy labels the study ran (``dspark*``).
+        static_policies: static baseline labels the study ran (``static*``, ``mtp1*``).
+    """
 
     points: pd.DataFrame
     dspark_policies: list[str]
@@ -310,6 +347,10 @@ def dspark_gaps(res: StudyResults, *, margin: float = 0.02) -> DsparkGaps:
     Raises:
         KeyError: runs.csv lacks ``throughput_tok_per_s``, ``early_stop_gap_frac``,
             ``mean_verify_len`` or ``draft_time_frac``.
+
+    Source:
+        The comparison rule (margin and seed spread) is this report's own; the policies are those
+        of DSpark paper (Cheng et al. 2026) Algorithm 1 and section 5.2 against MTP-1 / static k.
     """
     ds_pol = [p for p in res.policies if p.startswith(_DSPARK)]
     st_pol = [p for p in res.policies if p.startswith(_STATIC)]
@@ -376,6 +417,11 @@ def dspark_losses(res: StudyResults, *, margin: float = 0.02) -> list[str]:
     Returns:
         One note per loss; empty when there is none, and also when the study ran no DSpark or no
         static policy (check :func:`dspark_gaps` to tell the two apart).
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Algorithm 1: early stop halts at the first
+        non-improvement, which finds the global optimum only when Theta is unimodal in B (section
+        3.2); the production scheduler's global search (section 5.2) is not trapped by SPS cliffs.
     """
     x = res.x_key
     notes = []
@@ -411,6 +457,10 @@ def frontier_points(table: pd.DataFrame, x: str | None) -> pd.DataFrame:
         Columns ``x`` (when given), ``policy``, ``throughput_tok_per_s_mean``/``_sd`` (tok/s),
         ``tok_per_s_user_p50_mean``/``_sd`` (tok/s per user, median over requests), ``num_seeds``;
         policies in study order, each one's points sorted by ``x`` when numeric.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) section 5.4: aggregate throughput against per-user speed
+        (tok/s/user) under an SLA.
     """
     agg = aggregate(table, ([x] if x else []) + ["policy"], ["throughput_tok_per_s", "tok_per_s_user_p50"])
     return _sorted_per_policy(agg, x)
@@ -428,6 +478,10 @@ def load_curves(table: pd.DataFrame, x: str) -> pd.DataFrame:
         ``mean_verify_len`` (draft tokens verified per request per round), ``tok_per_s_user_p50``
         (tok/s per user) and ``verify_budget`` (tokens per request per round including the bonus
         token: ``mean_verify_len + 1``), ``num_seeds``; ordered as :func:`frontier_points`.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Fig. 8: tokens verified per request (MTP-1: a static 2
+        including the bonus) against concurrency.
     """
     agg = aggregate(table, [x, "policy"], ["throughput_tok_per_s", "mean_verify_len", "tok_per_s_user_p50"])
     agg["verify_budget_mean"] = agg["mean_verify_len_mean"] + 1.0
@@ -436,7 +490,13 @@ def load_curves(table: pd.DataFrame, x: str) -> pd.DataFrame:
 
 
 class LatencySamples(NamedTuple):
-    """Per-request latencies of the first seed's runs (see :func:`latency_samples`)."""
+    """Per-request latencies of the first seed's runs (see :func:`latency_samples`).
+
+    Attributes:
+        samples: one row per finished request: ``policy``, ``x_value``, ``ttft_s`` (s),
+            ``tpot_ms`` (ms), ``e2e_s`` (s).
+        seed: the seed the samples come from.
+    """
 
     samples: pd.DataFrame
     seed: int
@@ -455,6 +515,10 @@ def latency_samples(res: StudyResults, table: pd.DataFrame, x: str | None) -> La
         text; the policy without an x axis), ``ttft_s``, ``tpot_ms`` (1000 / tok/s/user), ``e2e_s``;
         policies in study order, runs in table order; runs without requests.csv are skipped.
         ``seed``: the seed used (the lowest in ``table``).
+
+    Source:
+        TTFT, TPOT and end-to-end as defined in :mod:`memtp_sim.metrics` (TPOT = 1000 /
+        tok/s/user).
     """
     seed = int(table["seed"].min())
     first_seed = table[table["seed"] == seed]
@@ -478,7 +542,14 @@ def latency_samples(res: StudyResults, table: pd.DataFrame, x: str | None) -> La
 
 
 class SpsCurve(NamedTuple):
-    """The hardware profile's verify-pass table (see :func:`sps_curve`)."""
+    """The hardware profile's verify-pass table (see :func:`sps_curve`).
+
+    Attributes:
+        name: the hardware profile's name.
+        measured: the measured points: ``batch_tokens`` (tokens), ``pass_ms`` (ms),
+            ``verify_tok_per_s`` (tok/s).
+        rule: the same columns at every integer B between the first and last measured point.
+    """
 
     name: str
     measured: pd.DataFrame
@@ -499,6 +570,10 @@ def sps_curve(res: StudyResults) -> SpsCurve | None:
 
     Raises:
         KeyError: the summary has no ``provenance.hardware.sps`` table.
+
+    Source:
+        docs/model.md section 1 step 4 (SPS(B) is a measured, jagged table); the lookup rule
+        ``linear_pass_time`` of :mod:`memtp_sim.hardware.cost`.
     """
     summ = res.first_summary
     if not summ:
@@ -527,6 +602,10 @@ def cliffs(res: StudyResults) -> pd.DataFrame:
     Returns:
         One row per cliff: ``b_from``, ``b_to`` (tokens), ``pass_ms_from``, ``pass_ms_to`` (ms),
         ``verify_tok_per_s_from``, ``verify_tok_per_s_to``, ``kind``. Empty without summaries.
+
+    Source:
+        docs/model.md section 1 step 4 (SPS(B) is jagged, with cliffs); the 5% and 1.6x
+        thresholds are this report's choice.
     """
     cols = ["b_from", "b_to", "pass_ms_from", "pass_ms_to", "verify_tok_per_s_from", "verify_tok_per_s_to", "kind"]
     summ = res.first_summary
@@ -570,7 +649,15 @@ def cliff_notes(cl: pd.DataFrame) -> list[str]:
 
 
 class Reliability(NamedTuple):
-    """Reliability diagrams' data (see :func:`reliability_curves`)."""
+    """Reliability diagrams' data (see :func:`reliability_curves`).
+
+    Attributes:
+        curves: long frame, one row per bin (columns in :func:`reliability_curves`).
+        picks: the run behind each curve.
+        positions: requested draft positions (1-based) that have data.
+        missing: requested positions without data.
+        max_position: the deepest position any picked run stores.
+    """
 
     curves: pd.DataFrame
     picks: pd.DataFrame
@@ -626,6 +713,10 @@ def reliability_curves(res: StudyResults, positions: tuple[int, ...] = (1, 3, 5,
         (its sweep settings and seed, in words), ``num_positions`` stored). ``positions``: the
         requested positions with data; ``missing``: those without; ``max_position``: the deepest
         position any picked run stores. None when no run ranks confidences or none stores a curve.
+
+    Source:
+        Reliability diagrams (DeGroot and Fienberg 1983) of the joint survival a_k, as in DSpark
+        paper (Cheng et al. 2026) Fig. 6; bins from :func:`memtp_sim.confidence.reliability_curve`.
     """
     picks = _reliability_picks(res, positions)
     rows = []
@@ -658,7 +749,12 @@ def calibration_table(res: StudyResults) -> pd.DataFrame | None:
     Returns:
         Columns: the facet keys, ``policy``, ``raw head ECE``, ``ECE as used``, ``AUC`` (runs.csv
         ``ece_raw_mean``, ``ece_mean``, ``auc_mean`` averaged over seeds); None when the study
-        records no calibration (no ``ece_mean`` column, or all NaN).
+        records no calibration (no ``ece_mean`` column, or all NaN). ECE is a fraction, AUC in
+        [0, 1].
+
+    Source:
+        ECE (Naeini et al. 2015; Guo et al. 2017) and Mann-Whitney AUC per position as in DSpark
+        paper (Cheng et al. 2026) Fig. 6; computed by :mod:`memtp_sim.confidence`.
     """
     if "ece_mean" not in res.table:
         return None
@@ -688,6 +784,9 @@ def time_weighted_bins(rounds: pd.DataFrame, columns: tuple[str, ...] | list[str
     Returns:
         Indexed by ``bin_start_s`` (multiples of ``bin_s``, ascending), one column per quantity:
         ``sum(value * duration) / sum(duration)`` over the bin's rounds.
+
+    Source:
+        A duration-weighted (time) average, so long rounds count for the time they last.
     """
     b = (rounds["start_s"] // bin_s) * bin_s
     w = rounds["duration_s"]
@@ -698,7 +797,15 @@ def time_weighted_bins(rounds: pd.DataFrame, columns: tuple[str, ...] | list[str
 
 
 class Timeline(NamedTuple):
-    """The MEMTP timeline's data (see :func:`timeline`)."""
+    """The MEMTP timeline's data (see :func:`timeline`).
+
+    Attributes:
+        bins: time-weighted per-bin values (columns in :func:`timeline`).
+        phases: the load ramp: ``start_s``, ``end_s`` (s), ``rate_per_s`` (req/s).
+        policy: the policy shown.
+        seed: the seed shown.
+        bin_s: bin width, s.
+    """
 
     bins: pd.DataFrame
     phases: pd.DataFrame
@@ -721,6 +828,9 @@ def timeline(res: StudyResults, bin_s: float = 60.0) -> Timeline | None:
         ``coherence`` in [0, 1], ``num_waiting`` requests); runs without rounds.parquet are skipped.
         ``phases``: the load ramp of the first run (``start_s``, ``end_s``, ``rate_per_s``; empty
         without a ramp). ``policy``, ``seed``, ``bin_s``: what was shown. None when the study is empty.
+
+    Source:
+        docs/model.md section 2 (depth, free memory and coherence R of the MEMTP ensemble).
     """
     t, x = res.table, res.x_key
     if t.empty:
@@ -786,6 +896,10 @@ def phase_table(res: StudyResults) -> pd.DataFrame | None:
 
     Raises:
         FileNotFoundError: a run's requests.csv or rounds.parquet is missing.
+
+    Source:
+        docs/model.md section 2 (more heads leave less KV for admitting requests: the trade-off
+        the MEMTP study measures).
     """
     rows = []
     for _, run in res.table.iterrows():

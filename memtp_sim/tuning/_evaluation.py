@@ -45,7 +45,12 @@ __all__ = [
 
 
 class Stopped(Exception):
-    """A stop was requested (Ctrl-C): raised between two seed runs of a trial, which then FAILs."""
+    """A stop was requested (Ctrl-C): raised between two seed runs of a trial, which then FAILs.
+
+    Source:
+        Optuna documentation, ``Study.optimize``: an exception raised by the objective (not in
+        ``catch``) marks the trial FAIL and propagates.
+    """
 
 
 def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *,
@@ -66,6 +71,10 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *
 
     Raises:
         Stopped: ``should_stop()`` returned True before a seed run.
+
+    Source:
+        Common random numbers (the same seeds for every trial), a standard variance-reduction
+        technique of simulation studies (e.g. Law, *Simulation Modeling and Analysis*).
     """
     reps: dict[str, list[float]] = {m: [] for m in metrics}
     temps: list[float] = []
@@ -92,6 +101,9 @@ def has_set_constraint() -> bool:
 
     Returns:
         True on Optuna 5 and later.
+
+    Source:
+        Optuna API reference, ``optuna.trial.Trial``.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
@@ -106,6 +118,9 @@ def constraints_from_attrs(trial: "optuna.trial.FrozenTrial") -> list[float]:
 
     Returns:
         Its ``user_attrs["constraint_values"]`` (empty when absent), <= 0 meaning satisfied.
+
+    Source:
+        Optuna documentation, the samplers' ``constraints_func`` (a value <= 0 is feasible).
     """
     return [float(v) for v in trial.user_attrs.get("constraint_values", [])]
 
@@ -124,6 +139,11 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
 
     Returns:
         ``objective(trial) -> value`` (one objective) or a tuple of values (several), seed means.
+        The objective raises :class:`Stopped` when a stop is requested between seed runs.
+
+    Source:
+        Optuna documentation, ``Study.optimize`` (objective returning one value or a tuple for a
+        multi-objective study); common random numbers as in :func:`evaluate`.
     """
     use_set_constraint = has_set_constraint()
     tracked = spec.tracked_metrics
@@ -161,6 +181,9 @@ def stop_callback(should_stop: Callable[[], bool]) -> Callable[["optuna.Study", 
 
     Returns:
         ``callback(study, trial)``, which calls ``study.stop()`` then.
+
+    Source:
+        Optuna documentation, ``Study.optimize(callbacks=...)`` and ``Study.stop``.
     """
     def callback(study: "optuna.Study", trial: Any) -> None:
         if should_stop():
@@ -177,6 +200,10 @@ class SigintSetsEvent:
 
     Args:
         event: set on the first SIGINT.
+
+    Source:
+        Python :mod:`signal` documentation (handlers run in the main thread only); the previous
+        handler is restored on the first SIGINT and on exit.
     """
 
     def __init__(self, event: threading.Event) -> None:

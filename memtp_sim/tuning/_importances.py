@@ -37,8 +37,9 @@ def importance_target(index: int, direction: str) -> Callable[["optuna.trial.Fro
     Raises:
         ValueError: ``direction`` is neither.
 
-    Source: Optuna's ``optuna.importance.PedAnovaImportanceEvaluator`` documentation (the
-    importances of parameters for achieving low target values).
+    Source:
+        Optuna's ``optuna.importance.PedAnovaImportanceEvaluator`` documentation (the
+        importances of parameters for achieving low target values).
     """
     if direction not in ("maximize", "minimize"):
         raise ValueError(f"direction must be 'maximize' or 'minimize' (got {direction!r})")
@@ -67,6 +68,10 @@ def param_importances(study: "optuna.Study", index: int = 0, direction: str | No
 
     Raises:
         ValueError, RuntimeError: Optuna cannot compute importances (e.g. no complete trials).
+
+    Source:
+        Optuna documentation, ``optuna.importance.get_param_importances(study, target=...)``
+        with the default evaluator; target from :func:`importance_target`.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
@@ -92,6 +97,10 @@ def importance_figure(study: "optuna.Study", index: int, name: str,
 
     Raises:
         ValueError, RuntimeError, ZeroDivisionError: Optuna cannot compute importances.
+
+    Source:
+        Optuna documentation, ``optuna.visualization.plot_param_importances(study, target=...,
+        target_name=...)``.
     """
     import optuna.visualization as vis  # lazy: optuna and plotly are only needed to draw (~0.2 s)
 
@@ -113,6 +122,10 @@ def warning_notes(caught: Sequence[warnings.WarningMessage]) -> list[str]:
 
     Returns:
         ``"Category: message"`` per distinct warning, in order.
+
+    Source:
+        Python :mod:`warnings` documentation (``catch_warnings(record=True)`` yields
+        ``WarningMessage`` objects).
     """
     notes: list[str] = []
     for w in caught:

@@ -62,9 +62,15 @@ def parse_tune_spec(doc: dict[str, Any], *, source: str = "<tune>", base_dir: st
         The validated :class:`TuneSpec`.
 
     Raises:
-        ConfigError: one line naming the source and the field: unknown key, wrong type, bad
-            distribution bounds, unknown scenario path, impossible pair rule, a search-space corner
-            that makes an invalid scenario.
+        ConfigError: one line naming the source and the field: a top level that is not a
+            mapping, unknown key, wrong type, unknown distribution ``type``, bad distribution
+            bounds, unknown scenario path, impossible pair rule, a search-space corner that makes
+            an invalid scenario.
+
+    Source:
+        pydantic v2 validation on the package's strict models (:class:`memtp_sim.config.StrictModel`);
+        distributions mirror Optuna's ``FloatDistribution`` / ``IntDistribution`` /
+        ``CategoricalDistribution`` (Optuna documentation).
     """
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level (name, base, search_space, ...)")
@@ -93,7 +99,11 @@ def load_tune_spec(path: str | Path) -> TuneSpec:
         The validated :class:`TuneSpec`.
 
     Raises:
-        ConfigError: unreadable file or any error :func:`parse_tune_spec` raises.
+        ConfigError: unreadable file or invalid YAML (from :func:`memtp_sim._io.read_yaml`), or
+            any error :func:`parse_tune_spec` raises.
+
+    Source:
+        :func:`memtp_sim._io.read_yaml` (safe loader, unique keys), then :func:`parse_tune_spec`.
     """
     doc = read_yaml(path)
     return parse_tune_spec(doc, source=str(path), base_dir=Path(path).parent)

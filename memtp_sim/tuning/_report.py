@@ -41,6 +41,14 @@ def write_tune_report(study: "optuna.Study", spec: TuneSpec, path: str | Path) -
 
     Returns:
         ``path``.
+
+    Raises:
+        OSError: the report cannot be written (from :func:`memtp_sim._io.atomic_write_text`).
+
+    Source:
+        Optuna documentation, ``optuna.visualization`` (``plot_pareto_front``,
+        ``plot_optimization_history``, ``plot_param_importances``); the fresh-seed intervals of
+        :func:`memtp_sim.tuning.t_confidence_interval` (Student's t).
     """
     path = Path(path)
     page = HtmlPage(f"Tuning study {spec.name}")

@@ -70,6 +70,10 @@ class TuneOutcome:
             :func:`memtp_sim.tuning.validate_trials`).
         report: path of report.html, or None.
         elapsed_s: wall-clock seconds of the optimisation.
+
+    Source:
+        Optuna trial states (``TrialState.COMPLETE``, ``RUNNING``, ``FAIL``) as in the Optuna
+        documentation.
     """
 
     study_name: str
@@ -142,10 +146,17 @@ def run_tune(
         A :class:`TuneOutcome`. Validation and the report are skipped when the study is short.
 
     Raises:
-        ConfigError: bad storage, a study of that name with another spec (the message starts with
-            ``spec.source``, the YAML file).
+        ConfigError: ``workers`` < 1 or ``n_trials`` < 1 (named as the CLI flags ``--workers``,
+            ``--n-trials``); bad storage, a study of that name with another spec (the message
+            starts with ``spec.source``, the YAML file).
         KeyboardInterrupt: Ctrl-C (see the module docstring); finished trials are kept, the trials
             that were running FAIL (run again to resume).
+
+    Source:
+        Optuna documentation: parallel optimisation by several processes sharing one storage
+        (``optuna.load_study`` + ``Study.optimize``), ``TPESampler(constant_liar=True)`` for
+        parallel TPE, ``NSGAIISampler``, ``RandomSampler``, RDB heartbeats and
+        ``optuna.storages.fail_stale_trials``.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
     from optuna.trial import TrialState

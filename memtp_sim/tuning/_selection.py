@@ -42,6 +42,10 @@ def feasible_trials(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
 
     Returns:
         The feasible trials.
+
+    Source:
+        Optuna's constraint convention (documentation of ``constraints_func`` and
+        ``Trial.set_constraint``): a value <= 0 is satisfied.
     """
     from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
@@ -90,6 +94,10 @@ def top_trials(study: "optuna.Study", spec: TuneSpec, k: int) -> list["optuna.tr
 
     Returns:
         Up to ``k`` trials; empty when no trial is feasible.
+
+    Source:
+        Pareto dominance of :func:`pareto_trials` (as Optuna's ``Study.best_trials``), then
+        the ``export.best_by`` objective.
     """
     feas = feasible_trials(study)
     idx = spec.objective_names.index(spec.best_by)
@@ -117,6 +125,10 @@ def select_trial(study: "optuna.Study", spec: TuneSpec, which: str | int = "best
 
     Raises:
         ConfigError: empty study, no feasible trial, unknown or unfinished trial number.
+
+    Source:
+        The best-trial rule of this module's docstring (feasible Pareto front, then
+        ``export.best_by``), on Optuna's trial states.
     """
     from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
@@ -154,7 +166,11 @@ def constraint_failures(spec: TuneSpec, constraint_values: Sequence[float],
 
     Returns:
         e.g. ``["tok_per_s_user_p10 >= 16: tok_per_s_user_p10 = 12.3, short by 3.7"]`` (numbers
-        written plainly); empty when all are met.
+        written plainly, in the metric's units); empty when all are met.
+
+    Source:
+        Violations as :meth:`memtp_sim.tuning.MetricConstraint.violation` computes them (Optuna's
+        convention: <= 0 satisfied).
     """
     out = []
     for c, v in zip(spec.constraints, constraint_values):

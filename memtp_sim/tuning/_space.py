@@ -65,6 +65,10 @@ def ceil_in(d: FloatDist | IntDist, x: float, strict: bool) -> float | int:
 
     Returns:
         The value (an int for :class:`IntDist`).
+
+    Source:
+        Optuna's ``IntDistribution`` grid (``low + k * step``); :func:`math.nextafter` for the
+        next float (IEEE 754).
     """
     if isinstance(d, FloatDist):
         return math.nextafter(x, math.inf) if strict else float(x)
@@ -85,6 +89,10 @@ def floor_in(d: FloatDist | IntDist, x: float, strict: bool) -> float | int:
 
     Returns:
         The value (an int for :class:`IntDist`).
+
+    Source:
+        Optuna's ``IntDistribution`` grid (``low + k * step``); :func:`math.nextafter` for the
+        previous float (IEEE 754).
     """
     if isinstance(d, FloatDist):
         return math.nextafter(x, -math.inf) if strict else float(x)
@@ -110,6 +118,10 @@ def static_ranges(spec: TuneSpec, *, source: str = "<tune>") -> dict[str, tuple[
 
     Raises:
         ConfigError: a rule empties a range (the space cannot satisfy it).
+
+    Source:
+        Bounds propagation over ``x < y`` constraints (interval bounds consistency, as in
+        constraint programming), iterated to a fixed point.
     """
     space = spec.search_space
     rng = {k: (d.low, d.high) for k, d in space.items() if not isinstance(d, CategoricalDist)}
@@ -149,6 +161,9 @@ def sampling_order(spec: TuneSpec, source: str = "<tune>") -> list[str]:
 
     Raises:
         ConfigError: the ``when`` conditions and pair rules form a cycle.
+
+    Source:
+        A stable topological sort (Kahn's algorithm, earliest declared ready entry first).
     """
     keys = list(spec.search_space)
     deps: dict[str, set[str]] = {k: set() for k in keys}
@@ -177,6 +192,10 @@ def when_ok(when: dict[str, Any] | None, values: dict[str, Any]) -> bool:
 
     Returns:
         True when every named entry was drawn with one of its wanted values.
+
+    Source:
+        Conditional parameters of Optuna's define-by-run search spaces (Optuna documentation,
+        "Pythonic search space").
     """
     if not when:
         return True
@@ -201,7 +220,14 @@ def sample_params(trial: "optuna.trial.Trial", spec: TuneSpec) -> dict[str, Any]
         ``{dotted path: value}`` for every entry whose ``when`` condition holds.
 
     Raises:
-        ConfigError: an impossible pair rule (normally refused when the spec is loaded).
+        ConfigError: an impossible pair rule or a cycle (from :func:`static_ranges` /
+            :func:`sampling_order`; normally refused when the spec is loaded).
+        AssertionError: an empty conditional range (an internal invariant; cannot happen after
+            :func:`static_ranges`).
+
+    Source:
+        Optuna documentation: ``Trial.suggest_float`` / ``suggest_int`` / ``suggest_categorical``,
+        whose ranges may differ between trials (define-by-run).
     """
     rng = static_ranges(spec, source=spec.source)
     pairs = spec.all_pairs()
@@ -235,6 +261,9 @@ def base_doc(spec: TuneSpec) -> dict[str, Any]:
 
     Returns:
         A fresh mapping (safe to modify at the top level; copy before changing nested sections).
+
+    Source:
+        pydantic ``BaseModel.model_dump(mode="python")``.
     """
     doc = spec.base.model_dump(mode="python")
     doc["policy"] = {"name": spec.base.policy.name, **spec.base.policy.params}
@@ -251,7 +280,11 @@ def policy_fields(name: str) -> set[str]:
         Its ``Params`` model's field names.
 
     Raises:
-        InvalidArgumentError: unknown policy (a ValueError; the message lists the registered ones).
+        InvalidArgumentError: unknown policy (a ValueError; the message lists the registered ones),
+            from :func:`memtp_sim.policies.policy_class`.
+
+    Source:
+        The policy registry (:mod:`memtp_sim.policies.registry`) and pydantic ``model_fields``.
     """
     return set(policy_class(name).Params.model_fields)
 
@@ -265,6 +298,10 @@ def scenario_doc(spec: TuneSpec, values: dict[str, Any]) -> dict[str, Any]:
 
     Returns:
         The scenario mapping.
+
+    Raises:
+        InvalidArgumentError: ``values["policy.name"]`` is not a registered policy (from
+            :func:`policy_fields`).
     """
     doc = copy.deepcopy(base_doc(spec))
     name = values.get("policy.name")
@@ -300,6 +337,12 @@ def scenario_for(spec: TuneSpec, values: dict[str, Any]) -> Scenario:
 
     Raises:
         ConfigError: the values make an invalid scenario.
+        InvalidArgumentError: ``values["policy.name"]`` is not a registered policy (from
+            :func:`scenario_doc`).
+
+    Source:
+        pydantic v2 ``model_validate`` on :class:`memtp_sim.config.Scenario`; errors formatted
+        by :func:`memtp_sim.config.format_validation_error`.
     """
     try:
         return Scenario.model_validate(scenario_doc(spec, values))

@@ -80,7 +80,7 @@ def format_number(x: Any) -> str:
         x: a Python or numpy scalar (anything else is written with ``str``).
 
     Returns:
-        The text.
+        The text (``%.6g`` for floats, as :func:`format`'s general format).
     """
     if isinstance(x, (bool, np.bool_)):
         return str(bool(x))
@@ -154,6 +154,14 @@ class FloatDist(_Dist):
         low, high: the range, in the scenario field's own units (finite, ``low < high``).
         log: sample ``log(x)`` uniformly (needs ``low > 0``).
         when: sample only when these categorical entries take these value(s).
+
+    Raises:
+        pydantic.ValidationError: on construction: non-finite bounds, ``low >= high``, or ``log``
+            with ``low <= 0`` (loaders turn it into ``ConfigError``).
+
+    Source:
+        Optuna's ``FloatDistribution(low, high, log=...)`` and ``Trial.suggest_float`` (Optuna
+        documentation).
     """
 
     type: Literal["float"]
@@ -182,6 +190,14 @@ class IntDist(_Dist):
         step: grid spacing (>= 1).
         log: sample ``log(x)`` uniformly (needs ``low >= 1`` and ``step`` 1).
         when: sample only when these categorical entries take these value(s).
+
+    Raises:
+        pydantic.ValidationError: on construction: ``low >= high``, ``high - low`` not a multiple
+            of ``step``, or ``log`` with ``low < 1`` or ``step != 1``.
+
+    Source:
+        Optuna's ``IntDistribution(low, high, step=..., log=...)`` (Optuna documentation: ``log``
+        and ``step != 1`` cannot be combined).
     """
 
     type: Literal["int"]
@@ -210,6 +226,12 @@ class CategoricalDist(_Dist):
         type: ``"categorical"``.
         choices: the values (unique, at least one).
         when: sample only when these categorical entries take these value(s).
+
+    Raises:
+        pydantic.ValidationError: on construction: no choices, or a repeated one.
+
+    Source:
+        Optuna's ``CategoricalDistribution(choices)`` (choices are None, bool, int, float or str).
     """
 
     type: Literal["categorical"]
@@ -238,6 +260,10 @@ class PairConstraint(StrictModel):
         rule: ``"lower.path < upper.path"`` (normalised spacing).
         name: label in messages (default: the rule).
         min_gap: the least ``upper - lower``, in the fields' units (>= 0; 0 means strictly above).
+
+    Raises:
+        pydantic.ValidationError: on construction: a rule not of the form ``a.b < c.d``, or the
+            same path on both sides.
     """
 
     rule: str
@@ -281,6 +307,13 @@ class Objective(StrictModel):
     Attributes:
         metric: a name in :data:`memtp_sim.metrics.METRIC_NAMES`.
         direction: ``"maximize"`` or ``"minimize"``.
+
+    Raises:
+        pydantic.ValidationError: on construction: an unknown metric (the message names the
+            closest ones) or direction.
+
+    Source:
+        Optuna's study directions (``optuna.create_study(directions=[...])``).
     """
 
     metric: str = Field(..., pattern=r"^[A-Za-z_]\w*$")
@@ -298,6 +331,13 @@ class MetricConstraint(StrictModel):
         metric: a name in :data:`memtp_sim.metrics.METRIC_NAMES`.
         op: ``">="`` or ``"<="``.
         value: the bound, in the metric's units.
+
+    Raises:
+        pydantic.ValidationError: on construction: a string not of the form ``metric >= number`` /
+            ``metric <= number``, or an unknown metric.
+
+    Source:
+        Optuna's constraint convention (a trial is feasible when every constraint value is <= 0).
     """
 
     metric: str = Field(..., pattern=r"^[A-Za-z_]\w*$")
@@ -331,8 +371,9 @@ class MetricConstraint(StrictModel):
             ``self.value - value`` for ``>=``, ``value - self.value`` for ``<=``; a large positive
             number (1e18) when ``value`` is NaN or None (Optuna refuses NaN constraint values).
 
-        Source: Optuna's constraint convention (``Trial.set_constraint`` / ``constraints_func``:
-        a trial is feasible when every value is <= 0).
+        Source:
+            Optuna's constraint convention (``Trial.set_constraint`` / ``constraints_func``: a
+            trial is feasible when every value is <= 0).
         """
         if value is None or not math.isfinite(float(value)):
             return _NAN_VIOLATION
@@ -348,6 +389,10 @@ class SamplerSpec(StrictModel):
         seed: base seed; each worker and each resume derives its own from it.
         n_startup_trials: tpe: random trials before modelling (>= 1).
         population_size: nsga2: population size (>= 2).
+
+    Source:
+        Optuna documentation: ``TPESampler(n_startup_trials=...)``,
+        ``NSGAIISampler(population_size=...)``, ``RandomSampler``.
     """
 
     name: Literal["tpe", "nsga2", "random"] = "tpe"
@@ -365,6 +410,9 @@ class ValidationSpec(StrictModel):
         seeds: explicit fresh seeds (unique, >= 0, none a tuning seed); default: the ``num_seeds``
             integers after the largest tuning seed.
         confidence: confidence level of the interval, in (0, 1).
+
+    Source:
+        Student's t intervals (:func:`memtp_sim.tuning.t_confidence_interval`).
     """
 
     top_k: int = Field(3, ge=0, description="trials re-run after tuning (0: only on export)")
@@ -382,6 +430,10 @@ class ExportSpec(StrictModel):
         best_by: objective metric that picks the best feasible Pareto trial (default: the first).
         vllm_method: vLLM ``speculative_config.method``.
         sglang_algorithm: SGLang ``--speculative-algorithm``.
+
+    Source:
+        vLLM's ``--speculative-config`` and SGLang's ``--speculative-algorithm`` server
+        arguments (their documentation); the selection rule of :mod:`memtp_sim.tuning._selection`.
     """
 
     best_by: str | None = Field(None, description="objective metric that breaks Pareto ties (default: first)")
@@ -414,6 +466,17 @@ class TuneSpec(StrictModel):
         sampler: the Optuna sampler.
         validation: fresh-seed re-runs of the top trials.
         export: how ``export`` picks and labels a trial.
+
+    Raises:
+        pydantic.ValidationError: on construction: any field invalid, an objective metric listed
+            twice, ``export.best_by`` not an objective, fewer than 2 or non-fresh
+            ``validation.seeds`` (:func:`memtp_sim.tuning.parse_tune_spec` turns these into
+            ``ConfigError``).
+
+    Source:
+        Optuna documentation: one study per ``name`` (``optuna.create_study``), objectives as
+        study ``directions``, constraints as ``Trial.set_constraint`` values; common random
+        numbers over ``seeds``.
     """
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
@@ -495,6 +558,10 @@ class TuneSpec(StrictModel):
 
         Returns:
             The rules; implied ones are named ``"implied: lower < upper"``.
+
+        Source:
+            The scenario's own orderings (``memtp.r_low < memtp.r_high``: docs/model.md section 2;
+            ``engine.prefill_chunk_tokens < engine.max_batch_tokens``: :mod:`memtp_sim.config`).
         """
         pairs = list(self.pair_constraints)
         named = {(p.lower, p.upper) for p in pairs}

@@ -51,6 +51,10 @@ def default_storage_url(name: str, out_dir: str | Path = "results") -> str:
 
     Returns:
         The SQLAlchemy URL.
+
+    Source:
+        SQLAlchemy's SQLite URL form ``sqlite:///<absolute path>`` (four slashes in all for an
+        absolute path), as Optuna's ``RDBStorage`` takes it.
     """
     return f"sqlite:///{(Path(out_dir) / name / 'optuna.db').resolve()}"
 
@@ -63,6 +67,9 @@ def mask_url(url: str) -> str:
 
     Returns:
         The masked URL.
+
+    Source:
+        The ``user:password@`` userinfo of a URL authority (RFC 3986, section 3.2.1).
     """
     return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
 
@@ -78,6 +85,10 @@ def storage_kind(url: str) -> str:
 
     Raises:
         ConfigError: not a URL any of the three understands.
+
+    Source:
+        SQLAlchemy's ``dialect+driver://`` URL scheme; ``journal://`` is this package's name for
+        Optuna's ``JournalStorage``.
     """
     if url.startswith("journal://"):
         return "journal"
@@ -107,7 +118,13 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10,
         The storage.
 
     Raises:
-        ConfigError: unsupported URL, missing database driver, or the storage cannot be opened.
+        ConfigError: unsupported URL, a journal URL without a file name, missing database driver,
+            or the storage cannot be opened (first line of the underlying error).
+
+    Source:
+        Optuna documentation: ``optuna.storages.RDBStorage`` (``heartbeat_interval``,
+        ``grace_period``, ``RetryFailedTrialCallback``), ``JournalStorage`` with
+        ``JournalFileBackend``; SQLite's busy ``timeout`` (Python :mod:`sqlite3`).
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
@@ -157,6 +174,9 @@ def worker_identity() -> dict[str, Any]:
     Returns:
         ``{"host", "pid", "start_ticks"}``; ``start_ticks`` (Linux clock ticks since boot, or None)
         tells a reused pid apart.
+
+    Source:
+        proc(5), ``/proc/<pid>/stat`` field 22 (``starttime``).
     """
     pid = os.getpid()
     return {"host": socket.gethostname(), "pid": pid, "start_ticks": _process_start_ticks(pid)}
@@ -207,6 +227,10 @@ def fail_dead_worker_trials(study: "optuna.Study") -> list[int]:
 
     Returns:
         Numbers of the trials marked FAIL.
+
+    Source:
+        ``kill(2)`` with signal 0 to test a pid, and proc(5) (state ``Z``/``X``, ``starttime``)
+        to tell a dead or reused pid; Optuna's ``TrialState.FAIL``.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
     from optuna.trial import TrialState
@@ -241,8 +265,12 @@ def open_study(spec: TuneSpec, storage: "optuna.storages.BaseStorage", *, create
 
     Raises:
         ConfigError: a study of that name exists with a different spec (base, search space,
-            pair rules, objectives, constraints or seeds).
+            pair rules, objectives, constraints or seeds), or with other objective directions.
         KeyError: ``create=False`` and no study of that name exists (Optuna's error).
+
+    Source:
+        Optuna documentation: ``optuna.create_study(..., load_if_exists=True)``,
+        ``optuna.load_study``, ``Study.set_user_attr``.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
@@ -284,5 +312,8 @@ def count_trials(study: "optuna.Study", state: Any) -> int:
 
     Returns:
         The count.
+
+    Source:
+        Optuna ``Study.get_trials(deepcopy=False, states=...)``.
     """
     return len(study.get_trials(deepcopy=False, states=(state,)))

@@ -40,8 +40,9 @@ def t_confidence_interval(values: Sequence[float], level: float = 0.95) -> dict[
         ``{"mean", "sd", "n", "half_width", "low", "high", "level", "values"}``; the interval is
         NaN when fewer than two finite values remain. ``values`` is the input, NaNs included.
 
-    Source: Student's t interval for a mean with unknown variance (e.g. NIST/SEMATECH
-    e-Handbook of Statistical Methods, section 7.2.2.1); quantile from ``scipy.stats.t.ppf``.
+    Source:
+        Student's t interval for a mean with unknown variance (e.g. NIST/SEMATECH
+        e-Handbook of Statistical Methods, section 7.2.2.1); quantile from ``scipy.stats.t.ppf``.
     """
     arr = np.asarray([float(v) for v in values], dtype=np.float64)
     finite = arr[np.isfinite(arr)]
@@ -78,6 +79,11 @@ def validate_trials(study: "optuna.Study", spec: TuneSpec, numbers: Sequence[int
     Raises:
         KeyError: a number that is not a trial of the study.
         ConfigError: a trial's parameters make an invalid scenario.
+
+    Source:
+        Student's t intervals (:func:`t_confidence_interval`) over fresh-seed replicates; fresh
+        seeds guard against selecting on the tuning seeds' noise (the winner's curse of a
+        maximum over noisy trials).
     """
     fresh = spec.fresh_seeds
     by_num = {t.number: t for t in study.get_trials(deepcopy=False)}

@@ -100,6 +100,11 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
 
     Raises:
         ConfigError: ``r_low >= r_high``, or a policy that does not draft (nothing to export).
+        InvalidArgumentError: an unknown policy name (from :func:`memtp_sim.policies.make_policy`).
+
+    Source:
+        docs/model.md section 2 (the draft length is the ensemble depth; the coherence gate
+        ``g(R)`` is linear between ``r_low`` and ``r_high``, in [0, 1]; ``head_cost_gib`` in GiB).
     """
     pol = dict(scenario.get("policy") or {})
     name = pol.pop("name", "dspark")
@@ -167,7 +172,13 @@ def provenance_for(study: "optuna.Study", spec: TuneSpec, trial: "optuna.trial.F
         scenario_obj: the trial's :class:`~memtp_sim.config.Scenario`.
 
     Returns:
-        A JSON/YAML-ready dict.
+        A JSON/YAML-ready dict: objective and constraint values (tuning means and replicates,
+        fresh-seed mean with its t interval), calibration profiles with their sources, versions
+        and the UTC export time (ISO 8601).
+
+    Source:
+        Student's t intervals of :func:`memtp_sim.tuning.t_confidence_interval`; the calibration
+        sources recorded by the hardware and acceptance profiles.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
@@ -235,9 +246,11 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
     Raises:
         ConfigError: unknown format.
 
-    Source: vLLM's ``--speculative-config`` (``method``, ``num_speculative_tokens``) and SGLang's
-    server arguments (``--speculative-algorithm``, ``--speculative-num-steps``,
-    ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``), as documented by each project.
+    Source:
+        vLLM's ``--speculative-config`` (``method``, ``num_speculative_tokens``) and SGLang's
+        server arguments (``--speculative-algorithm``, ``--speculative-num-steps``,
+        ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``), as documented by each
+        project.
     """
     depth = int(settings["max_depth"])
     dspark: dict[str, Any] = {
@@ -347,6 +360,10 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     Raises:
         ConfigError: unknown format, missing storage or study, a study not made by
             ``memtp_sim tune``, empty study, no feasible trial, bad trial number, r_low >= r_high.
+
+    Source:
+        Optuna documentation (``optuna.load_study``); the best-trial rule of
+        :func:`memtp_sim.tuning.select_trial`; file formats as in :func:`build_export`.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
