@@ -222,3 +222,27 @@ def test_dspark_falls_back_to_plain_decoding_when_drafting_cannot_pay():
     off = _engine(prof, wl, "dspark", {"gamma": 4, "fallback": False}, kind="dspark_block",
                   max_batch_tokens=512, prefill_chunk_tokens=256).run()
     assert st.end_s < off.end_s
+
+
+# ------------------------------------------------------------------------------------ export
+@pytest.mark.parametrize("control, key, want", [
+    ({"name": "batch_table", "table": {"1-16": 3, "17-64": 1, "65-4096": 0}}, "num_speculative_tokens_per_batch_size",
+     {"1-16": 3, "17-64": 1, "65-4096": 0}),
+    ({"name": "disable_by_batch_size", "max_batch": 32}, "disable_by_batch_size", 33),
+])
+def test_vllm_export_carries_the_batch_schedule_and_it_parses_back(control, key, want):
+    import json
+
+    from memtp_sim.tuning.export import build_export, deployment_settings
+
+    scen = {"policy": {"name": "static", "k": 3}, "draft_control": control}
+    out = build_export("vllm", deployment_settings(scen), {"study": "t"})
+    cfg = json.loads(out["main"])["speculative_config"]
+    assert cfg["num_speculative_tokens"] == 3 and cfg[key] == want
+    if key == "num_speculative_tokens_per_batch_size":
+        # parses back into the same controller, which gives the same k at every batch
+        back = make_control("batch_table", {"table": cfg[key]})
+        orig = make_control(control["name"], {k: v for k, v in control.items() if k != "name"})
+        assert [back.cap(_view(r, 3)) for r in range(1, 100)] == [orig.cap(_view(r, 3)) for r in range(1, 100)]
+    sg = build_export("sglang", deployment_settings(scen), {"study": "t"}, sps_table=None, sps_file_name="x.json")
+    assert "draft_control" in sg["main"] and "--speculative-num-steps 3" in sg["main"]

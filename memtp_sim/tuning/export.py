@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import yaml
 
+from ..drafting import DraftSpec
+from ..memtp import MemtpSettings
 from .._io import atomic_write_text
 from .._version import __version__
 from ..api import build_acceptance
@@ -108,16 +110,17 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
     """
     pol = dict(scenario.get("policy") or {})
     name = pol.pop("name", "dspark")
-    policy = make_policy(name, pol)
-    params = policy.params.model_dump(mode="json")
     mem = scenario.get("memtp")
     enabled = isinstance(mem, dict) and mem.get("depth") is not None
+    settings = MemtpSettings(**{k: v for k, v in mem.items() if k in MemtpSettings.__dataclass_fields__}) \
+        if enabled else None
+    # the drafter owns the draft length (memtp_sim.drafting): ask it, as a run does
+    spec = DraftSpec.resolve(name, pol, settings)
+    params = make_policy(spec.policy_name, spec.policy_params).params.model_dump(mode="json")
+    max_depth = spec.max_draft_len
     if enabled:
-        max_depth, depth_source = int(mem["max_depth"]), "memtp.max_depth"
-        if "gamma" in params:  # the engine drafts max_depth positions (memtp_sim.api.run)
-            params["gamma"] = max_depth
+        depth_source = "memtp.max_depth" if settings.elastic else "memtp.depth"
     else:
-        max_depth = int(policy.draft_len)
         depth_source = "policy.gamma" if "gamma" in params else f"policy {name} draft length"
     if max_depth < 1:
         raise ConfigError(f"policy {name!r} does not draft (max depth 0); nothing to export")
@@ -131,7 +134,9 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
         raise ConfigError(f"memtp: r_low ({gate['r_low']:g}) must be < r_high ({gate['r_high']:g}); "
                           "the coherence gate needs a non-empty linear region")
     conf = scenario.get("confidence") or {}
+    ctl = dict(scenario.get("draft_control") or {"name": "always"})
     return {
+        "draft_control": ctl,
         "max_depth": max_depth,
         "depth_source": depth_source,
         "policy": name,
@@ -262,8 +267,16 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
     }
     if settings["memtp"]["enabled"]:
         dspark["memtp_gate"] = {k: settings["memtp"][k] for k in ("r_low", "r_high", "head_cost_gib")}
+    ctl = dict(settings.get("draft_control") or {"name": "always"})
+    ctl_name = ctl.pop("name", "always")
+    if ctl_name != "always":
+        dspark["draft_control"] = {"name": ctl_name, **ctl}
     if fmt == "vllm":
         spec_cfg = {"method": vllm_method, "num_speculative_tokens": depth}
+        if ctl_name == "batch_table":  # vLLM PR #32374: inclusive batch ranges -> K
+            spec_cfg["num_speculative_tokens_per_batch_size"] = dict(ctl["table"])
+        elif ctl_name == "disable_by_batch_size":  # vLLM SpeculativeConfig.disable_by_batch_size
+            spec_cfg["disable_by_batch_size"] = int(ctl["max_batch"]) + 1
         doc = {
             "speculative_config": {**spec_cfg, "dspark": dspark},
             "vllm_cli": "--speculative-config " + shlex.quote(json.dumps(spec_cfg, separators=(",", ":"))),
@@ -277,6 +290,10 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
             ("--speculative-eagle-topk", "1"),
             ("--speculative-num-draft-tokens", str(depth + 1)),
         ]
+        if ctl_name != "always":
+            dspark["draft_control_note"] = ("stock SGLang has no per-batch-size draft schedule (its batch-size "
+                                            "fallback, PR #13376, was not merged): a DSpark/MEMTP-aware build "
+                                            "reads draft_control; stock SGLang runs the fixed flags below")
         head = ["# SGLang speculative-decoding flags exported by memtp_sim (one flag per line;",
                 "# pass them to `python -m sglang.launch_server` as they are). The comment block below",
                 "# (lines starting '#   ') is YAML: `dspark` holds the DSpark adaptive-verification settings",
