@@ -43,10 +43,10 @@ from ._io import read_yaml
 from .acceptance import load_acceptance
 from .drafting import DraftSpec
 from .errors import CalibrationError, ConfigError, InvalidArgumentError
-from .hardware import load_profile
+from .hardware import DrafterCost, load_profile
 from .memtp import MEMTP_DEFAULTS, MemtpSettings
 from .policies import policy_class
-from .policies.control import control_class
+from .policies.control import control_class, make_control
 from .workload import load_trace
 
 __all__ = [
@@ -382,10 +382,10 @@ class Scenario(StrictModel):
                 f"engine.max_batch_tokens: {self.engine.max_batch_tokens} exceeds the largest measured B "
                 f"({prof.sps.max_batch_tokens}) of profile {prof.name}; allowed: <= {prof.sps.max_batch_tokens}"
             )
-        if self.drafter.kind is not None and self.drafter.kind != "dspark_block" and self.drafter.kind not in \
-                prof.drafters and self.drafter.kind in ("draft_model",):
-            raise ValueError(f"drafter.kind: profile {prof.name} has no measured draft_model; allowed here: "
-                             f"{', '.join(k for k in DRAFTER_KINDS if k != 'draft_model' or k in prof.drafters)}")
+        if self.drafter.kind == "draft_model" and "draft_model" not in prof.drafters \
+                and not isinstance(prof.drafter, DrafterCost):
+            raise ValueError(f"drafter.kind: profile {prof.name} has no measured draft model; allowed here: "
+                             f"{', '.join(k for k in DRAFTER_KINDS if k != 'draft_model')}")
         if self.memtp.depth is not None and self.policy.name in ("no_spec", "mtp1"):
             raise ValueError(f"memtp.depth: needs a policy that drafts (dspark, dspark_async, static, threshold, "
                              f"goodput), not {self.policy.name!r}")
@@ -451,8 +451,12 @@ class Scenario(StrictModel):
                                  p_min=d.p_min, cpu_ms_per_request=d.cpu_ms_per_request)
 
     def policy_label(self) -> str:
-        """The policy's short label as runs report it, e.g. ``dspark(gamma=7, early_stop=True)``."""
-        return self.draft_spec().policy_label()
+        """The run's drafting setup as runs report it: the policy, e.g. ``dspark(gamma=7, ...)``, then
+        `` @<drafter kind>`` when one is chosen and `` +<controller>`` when it is not ``always``."""
+        label = self.draft_spec().policy_label()
+        if self.draft_control.name != "always" and self.draft_spec().speculative:
+            label += " +" + make_control(self.draft_control.name, self.draft_control.params).describe()
+        return label
 
 
 class Study(StrictModel):

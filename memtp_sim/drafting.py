@@ -90,7 +90,10 @@ class DraftSpec:
         (``dspark(early_stop=True)``): runs at different depths are the same policy, and the depth
         is its own column (``memtp.depth``, ``mean_depth``)."""
         exclude = ("gamma",) if self.memtp is not None else ()
-        return make_policy(self.policy_name, self.policy_params).describe(exclude)
+        label = make_policy(self.policy_name, self.policy_params).describe(exclude)
+        if self.kind is not None and self.speculative:
+            label += f" @{self.kind}" + (f" p_min={self.p_min:g}" if self.p_min else "")
+        return label
 
 
 class Drafter:
@@ -230,6 +233,17 @@ def _cost_model(kind: str, profile: HardwareProfile, spec: DraftSpec):  # noqa: 
         def block_time(lengths: np.ndarray, k: int) -> float:
             return _pass_ms(block, lengths.size * k) / 1000.0 + int(lengths.max()) * t_seq
         return block_time, getattr(block, "weights_gib", profile.memory.drafter_weights_gib), 0, block.source
+    if kind == "draft_model" and measured is None:  # stated: the profile's measured small model, one step per token
+        small = profile.drafter
+        if not isinstance(small, DrafterCost):
+            raise InvalidArgumentError(f"drafter.kind draft_model: profile {profile.name} has no measured draft "
+                                       "model (drafters.draft_model)")
+        def small_time(lengths: np.ndarray, k: int) -> float:
+            counts = np.bincount(np.minimum(lengths, k), minlength=k + 1)
+            active = lengths.size - np.cumsum(counts)[:-1]
+            return float(sum(_pass_ms(small, int(n)) for n in active if n > 0)) / 1000.0
+        return small_time, small.weights_gib, int(small.kv_bytes_per_token), \
+            f"the profile's measured small model as the draft model, one step per drafted token: {small.source}"
     if kind == "ngram":
         return (lambda lengths, k: spec.cpu_ms_per_request * lengths.size / 1000.0), 0.0, 0, \
             "ngram: CPU suffix lookup, drafter.cpu_ms_per_request per request (stated)"

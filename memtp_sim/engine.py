@@ -37,7 +37,7 @@ heads never exceed memory; a policy's plan stays within what was drafted and the
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -223,6 +223,9 @@ class Engine:
         self.accepted = np.zeros(n, dtype=np.int64)
 
         mem = profile.memory
+        if self.drafter.kv_bytes_per_token:  # a draft model keeps its own KV: every token costs both
+            mem = replace(mem, kv_bytes_per_token=mem.kv_bytes_per_token + self.drafter.kv_bytes_per_token)
+        self.mem = mem
         self.block_gib = mem.kv_block_gib
         self.coherence = CoherenceEWMA(
             memtp.coherence_half_life_rounds if memtp is not None else MEMTP_DEFAULTS.coherence_half_life_rounds,
@@ -372,7 +375,7 @@ class Engine:
         old = self.drafter.depth
         stall_s = self.drafter.resize(self._heads_free_gib(), self.coherence.value, round_index)
         if self.drafter.depth != old:
-            self.kv.set_capacity(self.profile.memory.kv_capacity_blocks(speculative=False,
+            self.kv.set_capacity(self.mem.kv_capacity_blocks(speculative=False,
                                                                         other_gib=self.drafter.held_gib))
         return stall_s
 

@@ -490,6 +490,7 @@ class DrafterCost:
     t_seq_s: float
     weights_gib: float
     source: str = ""
+    kv_bytes_per_token: int = 0  # the measured small model's own KV, when used as a draft model
 
     def round_time_s(self, num_requests: int, gamma: int) -> float:
         """Drafting time of one round for ``num_requests`` requests drafting ``gamma`` tokens.

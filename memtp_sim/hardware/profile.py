@@ -429,6 +429,7 @@ def _load_drafter(rows: list[dict[str, str]], dr: Mapping[str, Any], memory: Mem
         time_scale=_field(dr, "parallel_time_scale", w, default=1.0),
         t_seq_s=t_seq,
         weights_gib=memory.drafter_weights_gib,
+        kv_bytes_per_token=_field(dr, "kv_bytes_per_token", f"{where}: drafter", kind=int, strict=False, default=0),
         source=f"{small['source_url_or_repo_path']} ({tests['small']}, {tests['large']})",
     )
 
