@@ -11,7 +11,7 @@ import numpy as np
 from ._version import __version__
 from .acceptance import AcceptanceModel, load_acceptance
 from .confidence import ConfidenceHead, calibration_stream, sequential_temperature_scaling
-from .config import Scenario
+from .config import DriftConfig, Scenario
 from .drafting import Drafter
 from .engine import Engine, EngineSettings
 from .hardware import HardwareProfile, load_profile
@@ -29,11 +29,8 @@ def _profile(key: str) -> HardwareProfile:
 
 
 def build_acceptance(scenario: Scenario) -> AcceptanceModel:
-    """The scenario's acceptance model (fixed alpha, or a fitted profile)."""
-    cfg = scenario.acceptance
-    if cfg.alpha is not None:
-        return AcceptanceModel.fixed(cfg.alpha)
-    return load_acceptance(cfg.profile)
+    """The scenario's acceptance model (see :class:`memtp_sim.config.AcceptanceConfig` for its sources)."""
+    return scenario.acceptance.build()
 
 
 _STS_CACHE: dict[tuple, tuple[float, ...]] = {}
@@ -42,11 +39,12 @@ _STS_CACHE: dict[tuple, tuple[float, ...]] = {}
 def _fit_sts(acc: AcceptanceModel, mix: np.ndarray, head: ConfidenceHead, gamma: int, rounds: int,
              seed: int) -> np.ndarray:
     # Cached per process: every policy of a sweep point shares the same held-out fit.
-    key = (acc.name, tuple(acc.mu), tuple(acc.slope), acc.sigma_request, acc.sigma_round, tuple(mix), head,
-           gamma, rounds, seed)
+    key = (acc.fingerprint, tuple(mix), head, gamma, rounds, seed)
     if key not in _STS_CACHE:
         conf, accepted = calibration_stream(acc, head, np.random.default_rng([seed, 2]), rounds, gamma, mix)
-        _STS_CACHE[key] = tuple(float(t) for t in sequential_temperature_scaling(conf, accepted))
+        # a head far from calibrated (e.g. the drafter lab's under-confident ones) needs a wider grid
+        grid = None if head.overconfidence >= 0.5 else np.geomspace(0.01, 8.0, 241)
+        _STS_CACHE[key] = tuple(float(t) for t in sequential_temperature_scaling(conf, accepted, grid=grid))
     return np.array(_STS_CACHE[key])
 
 
@@ -59,15 +57,34 @@ def confidence_setup(scenario: Scenario, acc: AcceptanceModel, domain_probs: np.
     each temperature already includes the global ``temperature`` knob.
     """
     cfg = scenario.confidence
-    head = ConfidenceHead(cfg.noise_sd, cfg.overconfidence, oracle=cfg.head == "oracle")
+    if cfg.head == "profile":  # the head the acceptance profile measured (drafter lab)
+        head = ConfidenceHead(**acc.confidence)
+    else:
+        head = ConfidenceHead(cfg.noise_sd, cfg.overconfidence, oracle=cfg.head == "oracle")
     sts = np.ones(gamma)
-    if gamma > 0 and cfg.head == "model":
+    if gamma > 0 and cfg.head != "oracle":
         if cfg.sts == "fit":
             sts = _fit_sts(acc, domain_probs, head, gamma, cfg.sts_rounds, seed)
         elif isinstance(cfg.sts, list):
             given = np.array(cfg.sts, dtype=np.float64)
             sts = np.concatenate([given, np.full(max(0, gamma - given.size), given[-1])])[:gamma]
     return head, sts * cfg.temperature
+
+
+def logit_shift(drift: DriftConfig) -> Callable[[float, np.ndarray, np.ndarray], np.ndarray]:
+    """The engine's acceptance-drift function for a scenario's ``acceptance.drift`` section:
+    ``shift(now_s, generated, context)`` = the time phase's shift + ``per_1k_output_tokens`` x
+    generated / 1000 + ``per_1k_context_tokens`` x context / 1000 (logits, one per request)."""
+    starts = np.array([p.start_s for p in drift.time_phases], dtype=np.float64)
+    shifts = np.array([p.shift for p in drift.time_phases], dtype=np.float64)
+    a, b = drift.per_1k_output_tokens / 1000.0, drift.per_1k_context_tokens / 1000.0
+
+    def shift(now_s: float, generated: np.ndarray, context: np.ndarray) -> np.ndarray:
+        i = int(np.searchsorted(starts, now_s, side="right")) - 1
+        phase = shifts[i] if i >= 0 else 0.0
+        return phase + a * generated + b * context
+
+    return shift
 
 
 def run(scenario: Scenario, *, seed: int = 0,
@@ -90,9 +107,9 @@ def run(scenario: Scenario, *, seed: int = 0,
     t_start = time.perf_counter()
     profile = _profile(scenario.hardware.profile)
     acc = build_acceptance(scenario)
-    mix = scenario.acceptance.domain_mix
+    mix = scenario.acceptance.resolved_mix(acc.domains)
     probs = np.array([float(mix.get(d, 0.0)) for d in acc.domains])
-    if scenario.acceptance.alpha is not None or probs.sum() <= 0:
+    if scenario.acceptance.source != "profile" or probs.sum() <= 0:
         probs = np.zeros(len(acc.domains))
         probs[0] = 1.0
     probs = probs / probs.sum()
@@ -112,9 +129,10 @@ def run(scenario: Scenario, *, seed: int = 0,
     head, temps = confidence_setup(scenario, acc, probs, spec.max_draft_len, seed)
     settings = EngineSettings(**(scenario.engine.model_dump() | {"max_num_seqs": scenario.engine.num_seqs_limit}))
     control = make_control(scenario.draft_control.name, scenario.draft_control.params)
+    drift = scenario.acceptance.drift
     engine = Engine(profile, acc, wl, policy, settings, np.random.default_rng([seed, 1]), progress=progress,
                     head=head, temperatures=temps, head_rng=np.random.default_rng([seed, 3]), drafter=drafter,
-                    control=control)
+                    control=control, logit_shift=logit_shift(drift) if drift.active else None)
     state = engine.run()
     metrics = compute_metrics(state)
     notes: list[str] = []

@@ -30,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveFloat,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveInt,
     PrivateAttr,
@@ -40,7 +41,14 @@ from pydantic import (
 )
 
 from ._io import read_yaml
-from .acceptance import load_acceptance
+from .acceptance import (
+    AcceptanceModel,
+    alpha_from_accepted_ratio,
+    alpha_from_mean_acceptance_length,
+    conditional_from_per_position,
+    load_acceptance,
+    parse_conditional_acceptance,
+)
 from .drafting import DraftSpec
 from .errors import CalibrationError, ConfigError, InvalidArgumentError
 from .hardware import DrafterCost, load_profile
@@ -100,47 +108,151 @@ class HardwareConfig(StrictModel):
         return v
 
 
+class DriftPhase(StrictModel):
+    """From ``start_s`` on (simulated seconds), every position's logit is shifted by ``shift``."""
+
+    start_s: NonNegativeFloat
+    shift: float
+
+
+class DriftConfig(StrictModel):
+    """Acceptance that changes over a run: logit shifts by time (workload phases), by how far a
+    request is into its output, and by its context (a shift of +x makes every position's odds
+    e^x times higher)."""
+
+    time_phases: list[DriftPhase] = Field(
+        default_factory=list, description="[{start_s, shift}, ...]: from start_s on, the logit shift applies")
+    per_1k_output_tokens: float = Field(0.0, description="logit shift per 1,000 tokens already generated")
+    per_1k_context_tokens: float = Field(0.0, description="logit shift per 1,000 tokens of context")
+
+    @field_validator("time_phases")
+    @classmethod
+    def _sorted(cls, v: list[DriftPhase]) -> list[DriftPhase]:
+        if any(b.start_s <= a.start_s for a, b in zip(v, v[1:])):
+            raise ValueError("time_phases: start times must increase")
+        return v
+
+    @property
+    def active(self) -> bool:
+        """Whether any drift is set (otherwise the engine skips it)."""
+        return bool(self.time_phases) or self.per_1k_output_tokens != 0.0 or self.per_1k_context_tokens != 0.0
+
+
+#: The ways an acceptance model can be given; exactly one (default: the shipped Table-1 profile).
+ACCEPTANCE_SOURCES = ("profile", "alpha", "conditional", "per_position", "mean_acceptance_length", "accepted_ratio")
+
+
 class AcceptanceConfig(StrictModel):
-    """YAML ``acceptance``: a fitted acceptance profile (default ``dspark-qwen3``, DSpark Table 1) or a
-    fixed i.i.d. ``alpha`` (Leviathan et al. 2023), and the mix of request domains."""
+    """YAML ``acceptance``: how likely each draft position is to be accepted (one source), the mix
+    of request domains, and drift.
+
+    Sources (exactly one; default ``profile: dspark-qwen3``, fitted to DSpark Table 1):
+    ``profile`` (a shipped name or a YAML path; the drafter lab writes per-position ones),
+    ``alpha`` (i.i.d., Leviathan et al. 2023), ``conditional`` (c_1..c_K, P(k accepted | 1..k-1
+    accepted), e.g. ``0.84/0.60/0.39``), ``per_position`` (vLLM's per-position acceptance rates,
+    joint: c_j = a_j / a_(j-1)), ``mean_acceptance_length`` (vLLM's tokens per step, bonus
+    included) or ``accepted_ratio`` (llama.cpp's accepted / drafted), the last two with
+    ``draft_len`` and converted to an i.i.d. alpha (memtp_sim.acceptance). Vector and converted
+    inputs take ``sigma_request`` / ``sigma_round`` (default: the shipped profile's).
+    """
 
     profile: str | None = Field(None, description="acceptance profile, fitted to DSpark Table 1 (default: dspark-qwen3)")
     alpha: float | None = Field(None, gt=0.0, lt=1.0, description="fixed i.i.d. per-position acceptance")
-    domain_mix: dict[str, float] = Field(default_factory=lambda: {"chat": 1.0},
-                                         description="probability of each domain (must sum to 1)")
+    conditional: str | list[float] | None = Field(None, description="conditional acceptance by position, c_1..c_K")
+    per_position: str | list[float] | None = Field(None, description="vLLM per-position acceptance rates (joint)")
+    mean_acceptance_length: float | None = Field(None, gt=1.0, description="vLLM mean acceptance length "
+                                                 "(tokens per step, bonus included)")
+    accepted_ratio: float | None = Field(None, gt=0.0, lt=1.0, description="llama.cpp accepted / drafted")
+    draft_len: PositiveInt | None = Field(None, description="draft tokens per step behind mean_acceptance_length "
+                                          "or accepted_ratio")
+    sigma_request: float | None = Field(None, ge=0.0, description="per-request difficulty spread, logits")
+    sigma_round: float | None = Field(None, ge=0.0, description="per-round context spread, logits")
+    domain_mix: dict[str, float] | None = Field(None, description="probability of each domain (must sum to 1; "
+                                                "default: chat, or the profile's only domain)")
+    drift: DriftConfig = Field(default_factory=DriftConfig)
 
     @field_validator("profile")
     @classmethod
     def _profile_path(cls, v: str | None, info: ValidationInfo) -> str | None:
         return _resolve_path(v, info) if v is not None and v.endswith((".yaml", ".yml")) else v
 
+    @property
+    def source(self) -> str:
+        """Which of :data:`ACCEPTANCE_SOURCES` gives the model."""
+        given = [k for k in ACCEPTANCE_SOURCES if getattr(self, k) is not None]
+        return given[0] if given else "profile"
+
     @model_validator(mode="after")
     def _check(self) -> "AcceptanceConfig":
-        if self.alpha is not None:
-            if self.profile is not None:
-                raise ValueError("give either alpha (fixed acceptance) or profile (fitted), not both")
-            return self
+        given = [k for k in ACCEPTANCE_SOURCES if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one acceptance source, not {' and '.join(given)}")
+        needs_len = self.source in ("mean_acceptance_length", "accepted_ratio")
+        if needs_len != (self.draft_len is not None):
+            raise ValueError("draft_len: needed with (and only with) mean_acceptance_length or accepted_ratio")
+        if self.source in ("profile", "alpha") and (self.sigma_request is not None or self.sigma_round is not None):
+            raise ValueError("sigma_request / sigma_round: only for conditional, per_position, "
+                             "mean_acceptance_length or accepted_ratio (a profile states its own)")
         try:
-            model = load_acceptance(self.profile)
-        except CalibrationError as e:
-            raise ValueError(str(e)) from None
-        unknown = sorted(set(self.domain_mix) - set(model.domains))
+            model = self.build()
+        except (CalibrationError, ValueError) as e:
+            raise ValueError(str(e).removeprefix("Value error, ")) from None
+        mix = self.resolved_mix(model.domains)
+        unknown = sorted(set(mix) - set(model.domains))
         if unknown:
             raise ValueError(f"domain_mix: unknown domain(s) {unknown}; allowed: {', '.join(model.domains)}")
-        if any(w < 0 for w in self.domain_mix.values()):
+        if any(w < 0 for w in mix.values()):
             raise ValueError("domain_mix: weights must be >= 0")
-        total = sum(self.domain_mix.values())
+        total = sum(mix.values())
         if abs(total - 1.0) > 1e-9:
             raise ValueError(f"domain_mix: probabilities must sum to 1 (they sum to {total:g}); "
                              "e.g. {chat: 0.5, code: 0.5}")
         return self
 
+    def resolved_mix(self, domains: tuple[str, ...]) -> dict[str, float]:
+        """The domain mix a run uses: the one given, else chat (or the model's first domain)."""
+        if self.domain_mix is not None:
+            return dict(self.domain_mix)
+        return {"chat" if "chat" in domains else domains[0]: 1.0}
+
+    def build(self) -> AcceptanceModel:
+        """The acceptance model this section describes.
+
+        Raises:
+            CalibrationError: an unknown or malformed profile.
+            ValueError: a malformed vector or a value no i.i.d. alpha reaches.
+        """
+        src = self.source
+        if src == "alpha":
+            return AcceptanceModel.fixed(self.alpha)
+        if src == "profile":
+            return load_acceptance(self.profile)
+        default = load_acceptance(None)
+        sig = {"sigma_request": default.sigma_request if self.sigma_request is None else self.sigma_request,
+               "sigma_round": default.sigma_round if self.sigma_round is None else self.sigma_round}
+        if src == "conditional":
+            vec = self.conditional if isinstance(self.conditional, list) else parse_conditional_acceptance(self.conditional)
+            return AcceptanceModel.per_position(vec, source="acceptance.conditional", **sig)
+        if src == "per_position":
+            rates = self.per_position if isinstance(self.per_position, list) else \
+                [float(x) for x in str(self.per_position).replace(",", "/").split("/") if x.strip()]
+            return AcceptanceModel.per_position(conditional_from_per_position(rates),
+                                                source="acceptance.per_position (vLLM rates, joint)", **sig)
+        if src == "mean_acceptance_length":
+            a = alpha_from_mean_acceptance_length(self.mean_acceptance_length, self.draft_len)
+            what = f"mean acceptance length {self.mean_acceptance_length:g} at {self.draft_len} drafted"
+        else:
+            a = alpha_from_accepted_ratio(self.accepted_ratio, self.draft_len)
+            what = f"accepted/drafted {self.accepted_ratio:g} at {self.draft_len} drafted"
+        return AcceptanceModel.per_position([a] * self.draft_len, source=f"{what} -> i.i.d. alpha {a:.4f}", **sig)
+
 
 class ConfidenceConfig(StrictModel):
     """The confidence head and how the engine calibrates it (DSpark section 3.2, Fig. 6)."""
 
-    head: Literal["model", "oracle"] = Field(
-        "model", description="model: noisy, over-confident head; oracle: reports the true acceptance")
+    head: Literal["model", "oracle", "profile"] = Field(
+        "model", description="model: noisy, over-confident head (noise_sd, overconfidence); oracle: reports the "
+        "true acceptance; profile: the head the acceptance profile measured (the drafter lab's profiles)")
     noise_sd: float = Field(0.4, ge=0.0, description="logit noise of the head (lower AUC)")
     overconfidence: float = Field(1.35, gt=0.0, description="raw logit scale; > 1 is over-confident")
     temperature: float = Field(1.0, gt=0.0, description="global temperature on top of STS")
@@ -173,6 +285,10 @@ class MemtpConfig(StrictModel):
                           description="coherence at or above which free memory is fully used")
     coherence_half_life_rounds: PositiveFloat = Field(MEMTP_DEFAULTS.coherence_half_life_rounds,
                                                       description="EWMA half-life of coherence R")
+    coherence: Literal["ewma", "tower"] = Field(
+        "ewma", description="ewma: one EWMA of the acceptance ratio (coherence_estimator says which); tower: the "
+        "n-gram matryoshka tower's R = product over levels (block positions) of each level's acceptance EWMA; a "
+        "joint probability over the block, so set r_low / r_high for it")
     coherence_estimator: Literal["per_verified", "per_tested"] = Field(
         "per_verified", description="per_verified: accepted / verified draft tokens (the default, docs/model.md section 2); "
         "per_tested: accepted / positions actually compared (up to the first rejection), which does not "
@@ -382,6 +498,9 @@ class Scenario(StrictModel):
                 f"engine.max_batch_tokens: {self.engine.max_batch_tokens} exceeds the largest measured B "
                 f"({prof.sps.max_batch_tokens}) of profile {prof.name}; allowed: <= {prof.sps.max_batch_tokens}"
             )
+        if self.confidence.head == "profile" and not self.acceptance.build().confidence:
+            raise ValueError("confidence.head: profile needs an acceptance profile that measured its head "
+                             "(the drafter lab's lab-*.yaml do); this one has none")
         if self.drafter.kind == "draft_model" and "draft_model" not in prof.drafters \
                 and not isinstance(prof.drafter, DrafterCost):
             raise ValueError(f"drafter.kind: profile {prof.name} has no measured draft model; allowed here: "
@@ -418,7 +537,9 @@ class Scenario(StrictModel):
         if self.memtp.depth is None:
             for f in memtp_only:
                 out[f"memtp.{f}"] = "only used with memtp.depth (elastic or a number of heads)"
-        elif self.memtp.depth != "elastic":
+        elif self.memtp.coherence == "tower":
+            out["memtp.coherence_estimator"] = "only used with memtp.coherence: ewma"
+        if self.memtp.depth is not None and self.memtp.depth != "elastic":
             for f in ("max_depth", "r_low", "r_high", "min_dwell_rounds", "initial_depth", "head_load_gb_per_s"):
                 out[f"memtp.{f}"] = "only used with memtp.depth: elastic (a fixed depth drafts its own number of heads)"
         if not self.draft_spec().speculative:
@@ -427,10 +548,13 @@ class Scenario(StrictModel):
         elif self.confidence.head == "oracle":
             for f in ("noise_sd", "overconfidence", "sts", "sts_rounds"):
                 out[f"confidence.{f}"] = "only used with confidence.head: model (the oracle reports the truth)"
+        elif self.confidence.head == "profile":
+            for f in ("noise_sd", "overconfidence"):
+                out[f"confidence.{f}"] = "not used with confidence.head: profile (the profile gives the head)"
         elif self.confidence.sts != "fit":
             out["confidence.sts_rounds"] = "only used with confidence.sts: fit"
-        if self.acceptance.alpha is not None:
-            out["acceptance.domain_mix"] = "not used with a fixed acceptance.alpha (one i.i.d. acceptance for all)"
+        if self.acceptance.source != "profile":
+            out["acceptance.domain_mix"] = "only used with an acceptance profile (the other sources give one model for every domain)"
         if not self.draft_spec().speculative:
             for f in DrafterConfig.model_fields:
                 out[f"drafter.{f}"] = f"policy {self.policy.name!r} drafts nothing"

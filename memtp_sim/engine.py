@@ -51,7 +51,7 @@ from .drafting import Drafter, DraftSpec
 from .errors import CalibrationError, EngineInvariantError
 from .hardware import HardwareProfile
 from .kv_cache import KVCacheManager
-from .memtp import MEMTP_DEFAULTS, CoherenceEWMA
+from .memtp import MEMTP_DEFAULTS, CoherenceEWMA, TowerCoherence
 from .policies.base import DraftView, Policy, RoundOutcome, RoundView
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
 from .workload import Workload
@@ -163,6 +163,8 @@ class Engine:
         drafter: the drafter (draft length, memory, MEMTP depth); default: the classic drafter
             drafting ``policy.draft_len`` positions.
         control: the draft-length controller (default: always draft what the drafter offers).
+        logit_shift: acceptance drift, ``logit_shift(now_s, generated (R,), context (R,)) -> (R,)``
+            logits added to every drafted position (workload phases, output position, context).
 
     Raises:
         CalibrationError: no KV block fits next to the weights, reserve and drafter.
@@ -175,9 +177,11 @@ class Engine:
                  policy: Policy, settings: EngineSettings, rng: np.random.Generator,
                  progress: Callable[[int, int], None] | None = None, head: ConfidenceHead | None = None,
                  temperatures: np.ndarray | None = None, head_rng: np.random.Generator | None = None,
-                 drafter: Drafter | None = None, control: DraftControl | None = None) -> None:
+                 drafter: Drafter | None = None, control: DraftControl | None = None,
+                 logit_shift: Callable[[float, np.ndarray, np.ndarray], np.ndarray] | None = None) -> None:
         self.profile = profile
         self.control = control if control is not None else AlwaysDraft(AlwaysDraft.Params())
+        self.logit_shift = logit_shift
         self._spec_on = True
         self.drafter = drafter if drafter is not None else Drafter(
             DraftSpec(policy.name, policy.params.model_dump(), int(policy.draft_len)), profile)
@@ -227,9 +231,11 @@ class Engine:
             mem = replace(mem, kv_bytes_per_token=mem.kv_bytes_per_token + self.drafter.kv_bytes_per_token)
         self.mem = mem
         self.block_gib = mem.kv_block_gib
-        self.coherence = CoherenceEWMA(
-            memtp.coherence_half_life_rounds if memtp is not None else MEMTP_DEFAULTS.coherence_half_life_rounds,
-            initial=1.0)
+        half_life = memtp.coherence_half_life_rounds if memtp is not None else MEMTP_DEFAULTS.coherence_half_life_rounds
+        if memtp is not None and memtp.coherence == "tower":  # R = product of per-level EWMAs (issue 14)
+            self.coherence = TowerCoherence(max_levels=max(1, self.drafter.max_draft_len), half_life_rounds=half_life)
+        else:
+            self.coherence = CoherenceEWMA(half_life, initial=1.0)
         capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.drafter.held_gib)
         if capacity <= 0:
             raise CalibrationError(
@@ -594,6 +600,8 @@ class Engine:
         if not num_dec or gamma <= 0:
             return 0.0, lengths, None, None, None, np.nan, np.nan
         logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
+        if self.logit_shift is not None:  # acceptance drift over time, output position and context
+            logits = logits + self.logit_shift(self.env.now, self.generated[dec], self.kv.tokens[dec])[:, None]
         probs = expit(logits)
         raw = self.head.raw_logits(self.head_rng, logits)
         conf = expit(raw / self.temps[:gamma])
@@ -670,7 +678,14 @@ class Engine:
 
     def _update_coherence(self, lengths: np.ndarray, acc: np.ndarray, accepted_total: int, verify_tokens: int) -> None:
         memtp = self.drafter.spec.memtp
-        if memtp is not None and memtp.coherence_estimator == "per_tested":
+        if isinstance(self.coherence, TowerCoherence):
+            pos = np.arange(lengths.size and int(lengths.max()) or 0)[None, :]
+            if pos.size:
+                verified = pos < lengths[:, None]
+                self.coherence.update_positions((verified & (pos < acc[:, None])).sum(axis=0).tolist(),
+                                                (verified & (pos <= acc[:, None])).sum(axis=0).tolist(),
+                                                depth=min(self.coherence.max_levels, pos.size))
+        elif memtp is not None and memtp.coherence_estimator == "per_tested":
             # positions compared against the target: the accepted run plus the first rejection
             # (if it lies within the verified length)
             self.coherence.update(accepted_total, int(np.minimum(lengths, acc + 1).sum()))

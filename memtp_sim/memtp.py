@@ -15,6 +15,9 @@ This module is pure (no I/O, no SimPy, no engine) and holds:
 * :func:`coherence_gate` and :func:`memtp_depth`: the formula above.
 * :class:`CoherenceEWMA` (behind the :class:`CoherenceEstimator` protocol): the default estimator
   of ``R`` from accepted / verified draft-token counts.
+* :class:`TowerCoherence`: the n-gram matryoshka tower's coherence ``R = prod_i R_i``, one EWMA per
+  tower level (block position) of that position's acceptance; :func:`position_counts` turns a
+  round's verify lengths and accepted counts into the per-position counts it needs.
 * :class:`DepthController`: a pure, stateful wrapper around the formula that the engine calls once
   per round; it adds dwell-time hysteresis so the depth cannot thrash.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from .errors import InvalidArgumentError
@@ -40,8 +44,10 @@ __all__ = [
     "CoherenceEstimator",
     "DepthChange",
     "DepthController",
+    "TowerCoherence",
     "coherence_gate",
     "memtp_depth",
+    "position_counts",
 ]
 
 #: Slack added before flooring the head count, in heads. Products such as ``0.1 * 3`` or
@@ -78,12 +84,14 @@ class MemtpSettings:
     r_high: float = 0.9
     coherence_half_life_rounds: float = 8.0
     coherence_estimator: str = "per_verified"
+    coherence: str = "ewma"
     min_dwell_rounds: int = 32
     head_load_gb_per_s: float = 84.0
     initial_depth: int | None = None
 
     @property
     def elastic(self) -> bool:
+        """Whether the depth is chosen each round by the controller (``depth: elastic``)."""
         return self.depth == "elastic"
 
 
@@ -361,6 +369,174 @@ class CoherenceEWMA:
         self._value = min(1.0, max(0.0, new))  # guard rounding at the ends of [0, 1]
         self._num_updates += 1
         return self._value
+
+
+def position_counts(lengths: Sequence[int], accepted: Sequence[int],
+                    levels: int | None = None) -> tuple[list[int], list[int]]:
+    """Per-position acceptance counts of one round, summed over the batch.
+
+    Position ``i`` (1-based) of request ``r`` is *tested* when it was verified and every earlier
+    position was accepted (``lengths[r] >= i`` and ``accepted[r] >= i - 1``), and *accepted* when
+    ``accepted[r] >= i``. Summed over positions, tested counts are the ``per_tested`` count of the
+    engine (``sum_r min(lengths[r], accepted[r] + 1)``) and accepted counts are the accepted drafts.
+
+    Args:
+        lengths: verify length per request (ints >= 0).
+        accepted: leading accepted drafts per request (ints in [0, lengths[r]]).
+        levels: positions to count (default: the longest verify length).
+
+    Returns:
+        (accepted per position, tested per position), two lists of ``levels`` ints.
+
+    Raises:
+        InvalidArgumentError: (a ``ValueError``) lengths and accepted of different sizes, a negative
+            count, or ``accepted[r] > lengths[r]``.
+    """
+    ls = [_check_count("lengths", v) for v in lengths]
+    acc = [_check_count("accepted", v) for v in accepted]
+    if len(ls) != len(acc):
+        raise InvalidArgumentError(f"accepted has {len(acc)} entries but lengths has {len(ls)}")
+    for r, (ell, a) in enumerate(zip(ls, acc)):
+        if a > ell:
+            raise InvalidArgumentError(f"accepted[{r}] ({a}) must not exceed lengths[{r}] ({ell})")
+    n = max(ls, default=0) if levels is None else _check_count("levels", levels)
+    acc_by = [0] * n
+    tested_by = [0] * n
+    for ell, a in zip(ls, acc):
+        for i in range(min(ell, a + 1, n)):  # 0-based position i is tested
+            tested_by[i] += 1
+            if i < a:
+                acc_by[i] += 1
+    return acc_by, tested_by
+
+
+class TowerCoherence:
+    """Coherence of the n-gram matryoshka tower: ``R = prod_{i=1..d} R_i`` over its live levels.
+
+    Level ``i`` of the tower drafts block position ``i``; ``R_i`` is an EWMA (weight
+    ``1 - 2 ** (-1 / half_life_rounds)`` per round, as :class:`CoherenceEWMA`) of that position's
+    acceptance, accepted / tested at position ``i`` (tested: verified with every earlier position
+    accepted). So ``R`` estimates the joint survival of a whole ``d``-position block, and one
+    level that goes bad (say a corrupted head) pulls ``R`` down by its own factor, which a pooled
+    accepted / verified ratio dilutes. ``d`` is the depth of the last round
+    (:meth:`update_positions`' count length, or ``depth=``), so levels the ensemble dropped stop
+    counting; a level not tested in a round keeps its value.
+
+    ``R`` is a joint probability over ``d`` positions, so it is lower than the pooled EWMA of the
+    same drafter (0.9 per level gives 0.9 ** 5 = 0.59 at depth 5): the gate thresholds
+    ``r_low``/``r_high`` need values on that scale.
+
+    Protocol: :meth:`update_positions` (per-position counts; :func:`position_counts` builds them
+    from a round's verify lengths and accepted counts) is the update; :meth:`update` (the
+    :class:`CoherenceEstimator` method, batch totals only) raises, because totals cannot say which
+    level failed.
+
+    Args:
+        max_levels: tower levels tracked (the deepest draft position), an int >= 1.
+        half_life_rounds: half-life of a round's weight in every level's EWMA, rounds; > 0.
+        initial: starting ``R_i`` of every level, in [0, 1] (default 1.0).
+
+    Raises:
+        InvalidArgumentError: (a ``ValueError``) for an invalid argument, naming it.
+
+    Source:
+        docs/model.md section 2 (tower coherence ``R = prod R_i``) and issue 14; the per-level EWMA
+        is :class:`CoherenceEWMA`'s.
+    """
+
+    def __init__(self, max_levels: int = MEMTP_DEFAULTS.max_depth,
+                 half_life_rounds: float = MEMTP_DEFAULTS.coherence_half_life_rounds,
+                 initial: float = 1.0) -> None:
+        self._max_levels = _check_positive_int("max_levels", max_levels)
+        self._levels = [CoherenceEWMA(half_life_rounds, initial) for _ in range(self._max_levels)]
+        self._depth = self._max_levels
+
+    @property
+    def value(self) -> float:
+        """``R = prod_{i<=depth} R_i``, a fraction in [0, 1]."""
+        return self.value_at(self._depth)
+
+    def value_at(self, depth: int) -> float:
+        """``prod_{i<=depth} R_i`` for a tower of ``depth`` levels (1..max_levels).
+
+        Raises:
+            InvalidArgumentError: ``depth`` not an int in 1..max_levels.
+        """
+        d = _check_positive_int("depth", depth)
+        if d > self._max_levels:
+            raise InvalidArgumentError(f"depth must be <= max_levels ({self._max_levels}); got {depth!r}")
+        return min(1.0, max(0.0, math.prod(e.value for e in self._levels[:d])))
+
+    @property
+    def depth(self) -> int:
+        """Levels ``R`` multiplies (the depth of the last round)."""
+        return self._depth
+
+    @property
+    def level_values(self) -> tuple[float, ...]:
+        """``R_1..R_max_levels``."""
+        return tuple(e.value for e in self._levels)
+
+    @property
+    def max_levels(self) -> int:
+        """Tower levels tracked."""
+        return self._max_levels
+
+    @property
+    def half_life_rounds(self) -> float:
+        """Half-life of a round's weight in every level's EWMA, rounds."""
+        return self._levels[0].half_life_rounds
+
+    def update_positions(self, accepted: Sequence[int], tested: Sequence[int], *,
+                         depth: int | None = None) -> float:
+        """Fold in one round's per-position counts and return the new ``R``.
+
+        Args:
+            accepted: accepted drafts at positions 1..n, summed over the batch (ints >= 0).
+            tested: tested drafts at positions 1..n (verified with every earlier position
+                accepted), summed over the batch; ``accepted[i] <= tested[i]``. A position with
+                ``tested == 0`` leaves its level as is.
+            depth: the round's tower depth (levels ``R`` multiplies from now on); default ``n``.
+
+        Returns:
+            The updated ``R`` in [0, 1].
+
+        Raises:
+            InvalidArgumentError: (a ``ValueError``) different lengths, more than ``max_levels``
+                positions, a negative or non-int count, ``accepted > tested`` at a position, or a
+                ``depth`` outside 1..max_levels.
+        """
+        if len(accepted) != len(tested):
+            raise InvalidArgumentError(f"accepted has {len(accepted)} positions but tested has {len(tested)}")
+        if len(tested) > self._max_levels:
+            raise InvalidArgumentError(f"tested has {len(tested)} positions; the tower tracks max_levels="
+                                       f"{self._max_levels}")
+        counts = [(_check_count(f"accepted[{i}]", a), _check_count(f"tested[{i}]", t))
+                  for i, (a, t) in enumerate(zip(accepted, tested))]
+        d = len(counts) if depth is None else _check_positive_int("depth", depth)
+        if not 1 <= d <= self._max_levels:
+            raise InvalidArgumentError(f"depth must lie in 1..{self._max_levels}; got {d!r}")
+        for i, (a, t) in enumerate(counts):
+            if a > t:
+                raise InvalidArgumentError(f"accepted[{i}] ({a}) must not exceed tested[{i}] ({t})")
+        for level, (a, t) in zip(self._levels, counts):
+            level.update(a, t)
+        self._depth = d
+        return self.value
+
+    def update(self, accepted_draft_tokens: int, verified_draft_tokens: int) -> float:
+        """Not available: batch totals cannot say which level failed; use :meth:`update_positions`.
+
+        Raises:
+            InvalidArgumentError: always.
+        """
+        raise InvalidArgumentError("TowerCoherence needs per-position counts: call update_positions(accepted, "
+                                   "tested) (memtp.position_counts builds them from a round's verify lengths "
+                                   "and accepted counts)")
+
+    def __repr__(self) -> str:
+        levels = ", ".join(f"{v:.3f}" for v in self.level_values[: self._depth])
+        return f"TowerCoherence(R={self.value:.4f}, depth={self._depth}, levels=[{levels}])"
 
 
 # --------------------------------------------------------------------------------------------

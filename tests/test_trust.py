@@ -146,11 +146,14 @@ def _leaf_paths(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any
     for name, info in model.model_fields.items():
         ann = info.annotation
         sub = next((a for a in (get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if name == "time_phases":
+            continue
         if name == "draft_control":
             out.append(("draft_control.name", info))
         elif sub is not None and name != "policy":
             out += _leaf_paths(sub, f"{prefix}{name}.")
-        elif name not in ("policy", "trace", "profile", "rate_schedule", "domain_mix", "sts", "draft_control"):
+        elif name not in ("policy", "trace", "profile", "rate_schedule", "domain_mix", "sts", "draft_control",
+                          "time_phases"):
             out.append((f"{prefix}{name}", info))
     return out
 
@@ -162,7 +165,10 @@ def _other_value(path: str, default: Any) -> Any:
                "engine.kv_watermark_frac": 0.05, "memtp.r_low": 0.2, "memtp.r_high": 0.8,
                "memtp.initial_depth": 2, "workload.rate_per_s": 0.5, "workload.concurrency": 3,
                "engine.max_num_seqs": 8, "engine.prefill_chunk_tokens": 128, "drafter.kind": "mtp",
-               "draft_control.name": "probing", "drafter.p_min": 0.3}
+               "draft_control.name": "probing", "drafter.p_min": 0.3, "acceptance.conditional": "0.8/0.7",
+               "acceptance.per_position": "0.8/0.6", "acceptance.mean_acceptance_length": 2.5,
+               "acceptance.accepted_ratio": 0.5, "acceptance.draft_len": 4, "acceptance.sigma_request": 0.3,
+               "acceptance.sigma_round": 1.0, "memtp.coherence": "tower", "drafter.kind": "mtp"}
     if path in special:
         return special[path]
     if isinstance(default, bool):
