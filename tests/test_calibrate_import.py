@@ -1,0 +1,309 @@
+"""`calibrate import`: every measurement format from a hand-written fixture, partial curves and their
+rules, one-line errors naming file / row / column, the shipped profiles, and the measurement script.
+
+Fixtures: tests/fixtures/calibration/ (README.md there names the public source of every number).
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memtp_sim.errors import CalibrationError
+from memtp_sim.hardware import list_profiles, load_profile
+from memtp_sim.hardware.importers import (cli_import, import_measurements, profile_from_table,
+                                          write_cost_table)
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "calibration"
+REPO = Path(__file__).resolve().parents[1]
+MEM = ["gpu_allocatable_gib=20", "weights_bytes=4677120000", "kv_shape=28,4,128", "max_model_len=32768"]
+
+
+def rows(df, **where):
+    out = df
+    for k, v in where.items():
+        out = out[out[k] == v]
+    return out
+
+
+def ns(file, fmt, out, select=(), memory=MEM, name=None):
+    return argparse.Namespace(file=str(file), fmt=fmt, select=list(select), output=str(out), name=name,
+                              memory=list(memory))
+
+
+# ------------------------------------------------------------------------------------ formats
+def test_table_csv_and_yaml_give_the_same_passes():
+    a, b = import_measurements(FIX / "table.csv", "table"), import_measurements(FIX / "table.yaml", "table")
+    assert a["batch_tokens"].tolist() == b["batch_tokens"].tolist() == [1, 2, 4, 8, 16]
+    assert np.allclose(a["pass_ms"], b["pass_ms"]) and a["pass_ms"].iloc[3] == pytest.approx(30.2863)
+    assert set(a["num_requests"]) == {1} and (a["tokens_per_request"] == a["batch_tokens"]).all()
+
+
+def test_llama_bench_jsonl_matches_the_collection_rows():
+    # lhl results.jsonl lines: avg_ns / 1e6 is the collection's derived_pass_ms (same public rows)
+    df = import_measurements(FIX / "llama_bench.jsonl", "llama-bench")
+    with open(FIX / "measurements.csv", newline="") as f:
+        coll = {r["test"]: float(r["derived_pass_ms"]) for r in csv.DictReader(f)}
+    for b in (1, 2, 4):
+        assert rows(df, batch_tokens=b)["pass_ms"].iloc[0] == pytest.approx(coll[f"pp{b}"], abs=1e-3)
+    assert df.attrs["notes"] and "failed run" in df.attrs["notes"][0]          # bench_raw: null skipped
+    assert df.attrs["meta"]["weights_bytes"] == 34811744256
+    assert df.attrs["meta"]["build"] == "llama.cpp a4575513 (5863)"
+
+
+def test_llama_bench_multi_pass_rule():
+    # pp2048 at n_ubatch 512: 4 passes of B = 512, time / 4, at the mean start context 512 * 3 // 2
+    df = import_measurements(FIX / "llama_bench.jsonl", "llama-bench")
+    r = rows(df, batch_tokens=512).iloc[0]
+    assert r["pass_ms"] == pytest.approx(39728.983155 / 4)
+    assert r["context_tokens"] == 768 and r["num_requests"] == 1 and r["tokens_per_request"] == 512
+
+
+def test_llama_bench_json_csv_markdown_and_depth_rules():
+    j = import_measurements(FIX / "llama_bench.json", "llama-bench")
+    c = import_measurements(FIX / "llama_bench.csv", "llama-bench")
+    m = import_measurements(FIX / "llama_bench.md", "llama-bench")
+    pp = rows(j, kind="verify", context_tokens=0).iloc[0]
+    assert pp["batch_tokens"] == 512 and pp["pass_ms"] == pytest.approx(72.13564)
+    tg = rows(j, kind="decode").iloc[0]   # tg128: 128 one-token passes, mean context (128 - 1) // 2
+    assert tg["batch_tokens"] == 1 and tg["context_tokens"] == 63 and tg["pass_ms"] == pytest.approx(1076.76788 / 128)
+    assert rows(j, context_tokens=512)["pass_ms"].iloc[0] == pytest.approx(512 / 6425.91 * 1e3, rel=1e-6)
+    assert rows(c, kind="verify")["pass_ms"].iloc[0] == pytest.approx(70.28566)
+    assert sorted(m["context_tokens"]) == [0, 63, 512, 512 + 63]
+    assert rows(m, kind="verify", context_tokens=0)["pass_ms"].iloc[0] == pytest.approx(512 / 7340.20 * 1e3)
+    assert m.attrs["meta"]["build"] == "llama.cpp 8cf427ff (5163)"
+
+
+def test_batched_bench_table_and_jsonl():
+    t = import_measurements(FIX / "batched_bench.md", "batched-bench")
+    j = import_measurements(FIX / "batched_bench.jsonl", "batched-bench")
+    for df in (t, j):
+        r = rows(df, batch_tokens=8).iloc[0]
+        assert r["num_requests"] == 8 and r["tokens_per_request"] == 1 and r["kind"] == "decode"
+        assert r["pass_ms"] == pytest.approx(12317 / 64, rel=1e-3) and r["context_tokens"] == 128 + 31
+    # the collection's derived_pass_ms for this row: B / S_TG = 8 / 41.57 s
+    assert rows(t, batch_tokens=8)["pass_ms"].iloc[0] == pytest.approx(192.4465, rel=2e-3)
+
+
+def test_gpu_costs_and_sglang_sps():
+    g = import_measurements(FIX / "gpu_costs.csv", "gpu-costs")
+    assert set(g["kind"]) == {"verify", "prefill", "draft_mtp", "draft_model"}
+    assert rows(g, kind="prefill")["tokens_per_request"].iloc[0] == 512
+    s = import_measurements(FIX / "sglang_sps.json", "sglang-sps")
+    assert s["tokens_per_request"].tolist() == [8, 8, 8, 8]          # gcd of the probes' B
+    assert s["num_requests"].tolist() == [1, 2, 4, 8]
+    assert s["pass_ms"].iloc[0] == pytest.approx(6.4820, rel=1e-4)
+
+
+def test_measurements_collection_rules():
+    df = import_measurements(FIX / "measurements.csv", "measurements")
+    multi = rows(df, batch_tokens=512).iloc[0]        # pp1024 in 2 passes of 512: mean start context 256
+    assert multi["context_tokens"] == 256 and multi["pass_ms"] == pytest.approx(9778.1166)
+    tg = rows(df, kind="decode").iloc[0]
+    assert tg["context_tokens"] == 63
+
+
+# ---------------------------------------------------------------------------- malformed files
+@pytest.mark.parametrize("name, fmt, row, column", [
+    ("bad_table.csv", "table", "3", "pass_ms"),
+    ("bad_llama_bench.jsonl", "llama-bench", "2", "avg_ns"),
+    ("bad_batched_bench.md", "batched-bench", "6", "T_TG s"),
+    ("bad_gpu_costs.csv", "gpu-costs", "3", "batch_tokens"),
+])
+def test_a_malformed_file_is_one_line_naming_file_row_and_column(name, fmt, row, column):
+    with pytest.raises(CalibrationError) as e:
+        import_measurements(FIX / name, fmt)
+    msg = str(e.value)
+    assert "\n" not in msg and name in msg and f"row {row}, column {column}" in msg
+
+
+def test_unknown_format_and_bad_select_are_one_line(tmp_path):
+    with pytest.raises(CalibrationError, match="unknown; allowed"):
+        import_measurements(FIX / "table.csv", "nope")
+    with pytest.raises(CalibrationError, match="no column 'nope'"):
+        cli_import(ns(FIX / "llama_bench.jsonl", "llama-bench", tmp_path / "x.yaml", select=["nope=1"]))
+
+
+# ---------------------------------------------------------------------------------- cli_import
+def test_import_writes_a_loadable_profile_with_sources(tmp_path, capsys):
+    out = tmp_path / "chip" / "qwen25-7b.yaml"
+    assert cli_import(ns(FIX / "llama_bench.json", "llama-bench", out)) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out.with_name('qwen25-7b.costs.csv')}" in text and f"wrote {out}" in text
+    p = load_profile(out)
+    assert p.build == "llama.cpp 8cf427ff (5163)" and p.chip == "NVIDIA GeForce RTX 4080"
+    assert p.memory.weights_gib * 2**30 == pytest.approx(4677120000)
+    assert p.memory.kv_bytes_per_token == 28 * 4 * 128 * 2 * 2
+    assert p.sps.has_context_term            # pp512 at depth 0 and 512: the context slope is fitted
+    assert "assumed_block" in p.drafters     # no drafter measured: the stated assumption, named so
+
+
+def test_partial_curve_loads_and_its_rules_apply(tmp_path):
+    out = tmp_path / "partial.yaml"
+    cli_import(ns(FIX / "table_partial.csv", "table", out))
+    t = load_profile(out).sps
+    assert (t.below_min, t.beyond_max) == ("flat", "roofline")
+    assert t.pass_time_s(1) == pytest.approx(24.8386e-3)                       # flat floor below B = 2
+    assert t.pass_time_s(16) == pytest.approx((30.2863 + 8 * (30.2863 - 25.4626) / 4) * 1e-3)  # roofline
+    assert not t.is_measured(16) and t.is_measured(4)
+
+
+def test_a_run_reports_the_extrapolated_fraction(tmp_path):
+    from memtp_sim.api import run
+    from _sim_helpers import scenario
+
+    out = tmp_path / "partial.yaml"
+    cli_import(ns(FIX / "table_partial.csv", "table", out))
+    sc = scenario(hardware={"profile": str(out)}, workload={"num_requests": 12, "concurrency": 4},
+                  engine={"max_batch_tokens": 64, "prefill_chunk_tokens": 32})
+    m = run(sc, seed=0).metrics
+    assert 0.0 < m["extrapolated_cost_frac"] <= 1.0
+
+
+def test_missing_memory_is_refused_in_one_line_and_nothing_is_written(tmp_path):
+    out = tmp_path / "x.yaml"
+    with pytest.raises(CalibrationError) as e:
+        cli_import(ns(FIX / "llama_bench.json", "llama-bench", out, memory=["gpu_allocatable_gib=20"]))
+    msg = str(e.value)
+    assert "\n" not in msg and "kv_bytes_per_token" in msg and "max_model_len" in msg and "--memory" in msg
+    assert "weights_bytes" not in msg.split(":")[2]   # llama-bench gave model_size
+    assert not out.exists() and not out.with_name("x.costs.csv").exists()
+
+
+def test_reimport_keeps_the_hand_edited_memory_section(tmp_path):
+    out = tmp_path / "t.yaml"
+    cli_import(ns(FIX / "table.csv", "table", out))
+    out.write_text(out.read_text().replace("max_model_len: 32768", "max_model_len: 8192"))
+    cli_import(ns(FIX / "table.csv", "table", out, memory=[]))
+    assert load_profile(out).memory.max_model_len == 8192
+
+
+def test_several_target_models_need_a_select(tmp_path):
+    with pytest.raises(CalibrationError, match="--select model=NAME"):
+        cli_import(ns(_h200_as_gpu_costs(tmp_path), "gpu-costs", tmp_path / "x.yaml"))
+
+
+def _h200_as_gpu_costs(tmp_path: Path) -> Path:
+    """The shipped H200 cost table rewritten in the gpu-costs columns (two target models)."""
+    src = REPO / "calibration" / "h200" / "costs.csv"
+    out = tmp_path / "h200_gpu_costs.csv"
+    with open(src, newline="") as f, open(out, "w", newline="") as g:
+        w = csv.writer(g)
+        w.writerow(["run", "model", "kind", "requests", "tokens_per_request", "batch_tokens", "context", "mode",
+                    "median_ms", "p10_ms", "p90_ms", "reps"])
+        for r in csv.DictReader(f):
+            w.writerow([1, r["model"], r["kind"], r["num_requests"], r["tokens_per_request"], r["batch_tokens"],
+                        r["context_tokens"], "graph", r["pass_ms"], r["p10_ms"], r["p90_ms"], 15])
+    return out
+
+
+def test_gpu_costs_import_of_qwen3_8b_keeps_its_drafters(tmp_path):
+    out = tmp_path / "q8.yaml"
+    mem = ["gpu_allocatable_gib=118.2", "weights_bytes=16381470720", "kv_shape=36,8,128", "max_model_len=32768",
+           "drafter_weights_gib=0.42"]
+    cli_import(ns(_h200_as_gpu_costs(tmp_path), "gpu-costs", out, select=["model=qwen3-8b"], memory=mem))
+    p = load_profile(out)
+    assert set(p.drafters) == {"dspark_block", "mtp", "draft_model"} and p.decode is not None
+    assert p.prefill is not None and int(p.prefill.batch_tokens[-1]) == 4096
+
+
+def test_profile_from_table_in_memory():
+    p = profile_from_table({1: 24.0499, 4: 25.4626, 16: 58.7391},
+                           memory={"gpu_allocatable_gib": 117.1875, "weights_bytes": 4912898304,
+                                   "kv_bytes_per_token": 131072, "max_model_len": 131072}, name="inline")
+    assert p.sps.pass_time_s(4) == pytest.approx(25.4626e-3) and p.sps.pass_time_s(32) > p.sps.pass_time_s(16)
+    assert p.drafter.round_time_s(2, 2) == pytest.approx(0.15 * 25.4626e-3)
+    with pytest.raises(CalibrationError, match="memory needs kv_bytes_per_token"):
+        profile_from_table({1: 10.0}, memory={"gpu_allocatable_gib": 10, "weights_bytes": 1, "max_model_len": 10})
+
+
+def test_write_cost_table_round_trips(tmp_path):
+    from memtp_sim.hardware.tables import read_cost_table
+
+    df = import_measurements(FIX / "gpu_costs.csv", "gpu-costs")
+    write_cost_table(df, tmp_path / "c.csv")
+    back = read_cost_table(tmp_path / "c.csv")
+    assert back["pass_ms"].tolist() == pytest.approx(df["pass_ms"].tolist())
+
+
+# ------------------------------------------------------------------------------ shipped profiles
+@pytest.mark.parametrize("name", sorted(list_profiles()))
+def test_every_shipped_profile_loads(name):
+    p = load_profile(name)
+    assert p.memory.kv_capacity_blocks(speculative=True) > 0 and p.sps.batch_tokens.size >= 3
+
+
+def test_profiles_lists_chip_model_engine_build_and_range(capsys):
+    from memtp_sim.cli import main
+
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    for name in list_profiles():
+        block = out.split(name, 1)[1].split("\ngfx1151-", 1)[0].split("\nh200-", 1)[0]
+        for field in ("chip:", "model:", "engine:", "build:", "measured: B "):
+            assert field in block, (name, field)
+        assert "not stated" not in block.split("drafters:")[0], name
+
+
+@pytest.mark.parametrize("name", ["h200-llama31-8b-bf16", "h200-qwen3-8b-bf16", "h200-qwen3-32b-bf16"])
+def test_a_tiny_run_on_each_h200_profile_completes(name):
+    from memtp_sim.api import run
+    from _sim_helpers import scenario
+
+    res = run(scenario(hardware={"profile": name}, workload={"num_requests": 16, "concurrency": 4}), seed=0)
+    assert res.metrics["num_completed"] == 16
+
+
+# ---------------------------------------------------------------------------------- measure.py
+def test_measure_parses_arguments_and_plans_without_torch():
+    from memtp_sim import measure
+
+    a = measure.build_parser().parse_args(["--model-shape", "qwen3-8b", "--out", "x.csv", "--requests", "1,8",
+                                           "--tokens-per-request", "1,4", "--contexts", "1024", "--prefill", "128",
+                                           "--drafters", "mtp,block"])
+    plan = measure.sweep_plan(a)
+    assert ("verify", 8, 4, 1024) in plan and ("prefill", 1, 128, 0) in plan
+    assert ("draft_block", 8, 7, 1024) in plan and ("draft_mtp", 1, 1, 1024) in plan
+    assert measure.percentile([1, 2, 3, 4], 0.5) == 2.5
+    assert measure.SHAPES["qwen3-32b"].params() == 32762123264    # llama-bench model_n_params of Qwen3-32B
+    assert measure.SHAPES["llama31-8b"].params() == 8030261248
+
+
+def test_measure_without_torch_says_what_to_install(monkeypatch, capsys):
+    from memtp_sim import measure
+
+    real = builtins.__import__
+
+    def no_torch(name, *args, **kw):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("no torch")
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    assert measure.main(["--out", "x.csv"]) == 2
+    assert 'pip install -e ".[measure]"' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_measure_tiny_cpu_run_writes_what_import_reads(tmp_path, capsys):
+    pytest.importorskip("torch")
+    from memtp_sim import measure
+
+    out = tmp_path / "tiny_costs.csv"
+    assert measure.main(["--model-shape", "tiny", "--draft-shape", "tiny", "--out", str(out), "--device", "cpu",
+                         "--requests", "1,2,4", "--tokens-per-request", "1,2", "--contexts", "32",
+                         "--prefill", "16,32", "--reps", "7", "--warmup", "2"]) == 0
+    df = import_measurements(out, "gpu-costs")
+    assert set(df["kind"]) == {"verify", "prefill", "draft_mtp", "draft_block", "draft_model"}
+    assert (df["pass_ms"] > 0).all()
+    prof = tmp_path / "cpu" / "tiny.yaml"
+    assert cli_import(ns(out, "gpu-costs", prof, select=["model=tiny"],
+                         memory=["gpu_allocatable_gib=4"])) == 0   # the rest comes from tiny_costs.meta.json
+    p = load_profile(prof)
+    assert p.memory.kv_bytes_per_token == 2 * 2 * 16 * 2 * 4 and re.search("torch", p.build)
