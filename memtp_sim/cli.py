@@ -9,6 +9,9 @@ Commands:
     tune, export        Optuna tuning studies and production configs
     tune TUNE.yaml      Optuna tuning (resumable), fresh-seed validation, results/<study>/report.html
     export              write a vLLM / SGLang / MEMTP config from a tuned study's trial
+    dashboard           the Dash what-if app (binds 127.0.0.1:8050; --host, --port, --study, --results)
+    drafter-lab LAB.yaml  acceptance by block position per drafter head, written as acceptance profiles
+    capacity SCENARIO.yaml --slo "ttft_s_p90 <= 2"  highest Poisson rate meeting the SLO, per policy
 
 Bad input (config, calibration) prints one line to stderr and exits with code 2.
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import MemtpSimError
+from .memtp import MEMTP_DEFAULTS
 from .tuning import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
 from .tuning.export import export_config
 
@@ -156,14 +160,37 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
-    from .hardware import DEFAULT_PROFILE, list_profiles, load_profile  # lazy: a subcommand loads only what it uses
+    # lazy: a subcommand loads only what it uses
+    from .hardware import DEFAULT_PROFILE, list_profiles, load_profile
+    from .hardware.profile import _read_profile_doc, _stat_key  # lazy, as above: the YAML's own labels
 
     for name, path in list_profiles().items():
         p = load_profile(name)
+        doc = _read_profile_doc(str(path.resolve()), *_stat_key(path))  # legacy profiles: labels in the YAML only
+        label = {k: getattr(p, k) or str(doc.get(k, "") or "not stated") for k in ("model", "engine", "build")}
+        b = p.sps.batch_tokens
+        rng = f"B {int(b[0])}..{int(b[-1])} ({b.size} points; below {p.sps.below_min}, beyond {p.sps.beyond_max})"
+        if p.decode is not None:
+            rng += f"; decode B {int(p.decode.batch_tokens[0])}..{int(p.decode.batch_tokens[-1])}"
+        if p.prefill is not None:
+            rng += f"; prefill B {int(p.prefill.batch_tokens[0])}..{int(p.prefill.batch_tokens[-1])}"
         mark = " (default)" if name == DEFAULT_PROFILE else ""
-        print(f"{name}{mark}\n  {path}\n  {p.description}\n  B={p.sps.batch_tokens.tolist()}\n"
-              f"  pass_ms={[round(float(x), 1) for x in p.sps.pass_ms]}")
+        print(f"{name}{mark}\n  path:     {path}\n  chip:     {p.chip or 'not stated'}\n  model:    {label['model']}\n"
+              f"  engine:   {label['engine']}\n  build:    {label['build']}\n  measured: {rng}\n"
+              f"  drafters: {', '.join(p.drafters) if p.drafters else 'roofline mapping'}")
     return 0
+
+
+def _cmd_calibrate_import(args: argparse.Namespace) -> int:
+    from .hardware import importers  # lazy: a subcommand loads only what it uses
+
+    return importers.cli_import(args)
+
+
+def _cmd_calibrate_check(args: argparse.Namespace) -> int:
+    from .hardware import fidelity  # lazy: a subcommand loads only what it uses
+
+    return fidelity.cli_check(args)
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
@@ -255,6 +282,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_drafter_lab(args: argparse.Namespace) -> int:
+    from .lab import LabConfig, run_lab  # lazy: the lab (numpy, scipy) loads only for this command
+    from .lab.report import summary_lines  # lazy: pandas + plotly; keep --help fast
+
+    cfg = LabConfig.load(args.config)
+    out = Path(args.out) if args.out else Path("results") / cfg["name"]
+    say = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    result = run_lab(cfg, out, command=f"python -m memtp_sim drafter-lab {args.config}", progress=say)
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
 def _cmd_depth(args: argparse.Namespace) -> int:
     import json
 
@@ -279,6 +318,49 @@ def _cmd_depth(args: argparse.Namespace) -> int:
     else:
         print(f"depth {depth} (free {tel['free_gib']:.2f} GiB from {tel['source']}, coherence {args.coherence}, "
               f"head {args.head_cost_gib} GiB, R thresholds {args.r_low}..{args.r_high}, max {args.max_depth})")
+    return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from .dashboard import serve  # lazy: dash, flask and plotly load only for this command
+
+    return serve(args.host, args.port, study=args.study, results=args.results, cache_dir=args.cache_dir)
+
+
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    import json
+
+    # lazy: a subcommand loads only what it uses
+    from ._io import atomic_write_text, json_default
+    # lazy: a subcommand loads only what it uses (capacity imports the simulator)
+    from .capacity import SLO, CapacityPoint, load_capacity_scenarios, sla_capacity
+
+    slo = SLO.parse(args.slo)
+    scenarios = load_capacity_scenarios(args.scenario, args.policies)
+
+    def on_point(p: CapacityPoint) -> None:
+        vals = ", ".join(f"{k} {p.means[k]:.4g}" for k in (*slo.metrics, "offered_load_ratio"))
+        verdict = "pass" if p.passed else "FAIL"
+        print(f"  {p.rate_per_s:10.4g} req/s  {verdict}  ({vals}; seeds passing {sum(p.seed_passed)}/"
+              f"{len(p.seed_passed)}, {p.num_requests} requests)", file=sys.stderr, flush=True)
+
+    print(f"SLO: {slo.label}; seeds {' '.join(map(str, args.seeds))}; rel_tol {args.rel_tol:g}")
+    results = []
+    for scen in scenarios:
+        if not args.quiet:
+            print(f"{scen.policy_label()}:", file=sys.stderr, flush=True)
+        res = sla_capacity(scen, slo, seeds=args.seeds, rate_lo=args.rate_lo, rate_hi=args.rate_hi,
+                           rel_tol=args.rel_tol, max_runs=args.max_runs, min_requests=args.min_requests,
+                           progress=None if args.quiet else on_point)
+        results.append(res)
+        print(res.summary_line(), flush=True)
+    if args.json:
+        atomic_write_text(args.json, json.dumps([r.to_dict() for r in results], indent=2, default=json_default))
+        print(f"results: {args.json}")
+    unfinished = [r.policy for r in results if r.status in ("max_runs", "no_failing_rate")]
+    if unfinished:
+        print(f"not converged: {', '.join(unfinished)}; raise --max-runs or give --rate-lo/--rate-hi", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -312,6 +394,8 @@ def _parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profiles", help="list shipped hardware profiles")
     pr.set_defaults(func=_cmd_profiles)
 
+    _add_calibrate_parser(sub)
+
     s = sub.add_parser("schedule", help="run DSpark's Algorithm 1 on given confidences")
     s.add_argument("confidences", nargs="+", help="one comma-separated list of c_k per request, e.g. 0.9,0.8")
     s.add_argument("--sps", help="SPS table as B=steps_per_s pairs, e.g. 1=1.0,2=0.5,3=0.45 (default: shipped profile)")
@@ -320,20 +404,59 @@ def _parser() -> argparse.ArgumentParser:
                    help="cap on B; candidates beyond it are not considered")
     s.set_defaults(func=_cmd_schedule)
 
+    _add_depth_parser(sub)
+
+    _add_tune_parsers(sub)
+    _add_dashboard_parser(sub)
+    _add_drafter_lab_parser(sub)
+    _add_capacity_parser(sub)
+    return p
+
+
+def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
+    """``calibrate import`` and ``calibrate check``."""
+    cal = sub.add_parser("calibrate", help="build a hardware profile from measurements, or check one")
+    calsub = cal.add_subparsers(dest="calibrate_command", required=True)
+    ci = calsub.add_parser("import", help="measurements (llama-bench, batched-bench, GPU cost CSV, a table) -> "
+                           "a cost table and a profile YAML")
+    ci.add_argument("file", help="the measurements file")
+    ci.add_argument("--format", required=True, dest="fmt", help="input format (see docs/calibration.md)")
+    ci.add_argument("--select", action="append", default=[], metavar="COLUMN=VALUE",
+                    help="keep only rows where COLUMN equals VALUE (repeatable)")
+    ci.add_argument("-o", "--output", required=True, help="profile YAML to write, e.g. calibration/<chip>/<name>.yaml")
+    ci.add_argument("--name", help="profile name (default: the output file's stem)")
+    ci.add_argument("--memory", action="append", default=[], metavar="FIELD=VALUE",
+                    help="memory figures the file lacks: gpu_allocatable_gib, weights_bytes, kv_bytes_per_token (or "
+                    "kv_shape=LAYERS,KV_HEADS,HEAD_DIM[,BYTES]), max_model_len, reserve_gib, kv_block_tokens, "
+                    "drafter_weights_gib")
+    ci.set_defaults(func=_cmd_calibrate_import)
+    cc = calsub.add_parser("check", help="fidelity report of a profile: leave-one-out error, cliffs, sensitivity")
+    cc.add_argument("profile", help="shipped profile name or profile YAML")
+    cc.add_argument("--out", default="results/calibrate", help="folder for the HTML report (default: results/calibrate)")
+    cc.add_argument("--scenario", help="scenario YAML for the sensitivity run (default: a built-in closed-loop one)")
+    cc.add_argument("--quick", action="store_true", help="smaller sensitivity run (for tests)")
+    cc.set_defaults(func=_cmd_calibrate_check)
+
+
+def _add_depth_parser(sub: argparse._SubParsersAction) -> None:
+    """``depth``: the MEMTP depth formula, from --free-gib or this machine's memory."""
     d = sub.add_parser("depth", help="MEMTP ensemble depth from free memory (docs/model.md section 2)")
     src = d.add_mutually_exclusive_group()
     src.add_argument("--live", action="store_true",
                      help="read this machine's free memory (AMD sysfs, NVIDIA NVML/nvidia-smi, else system memory)")
     src.add_argument("--free-gib", type=float, default=None, help="free memory to fund heads, GiB")
     d.add_argument("--coherence", type=float, default=1.0, help="coherence R in [0, 1] (default 1.0)")
-    d.add_argument("--max-depth", type=int, default=16)
-    d.add_argument("--head-cost-gib", type=float, default=4.0)
-    d.add_argument("--r-low", type=float, default=0.3)
-    d.add_argument("--r-high", type=float, default=0.9)
+    d.add_argument("--max-depth", type=int, default=MEMTP_DEFAULTS.max_depth)
+    d.add_argument("--head-cost-gib", type=float, default=MEMTP_DEFAULTS.head_cost_gib)
+    d.add_argument("--r-low", type=float, default=MEMTP_DEFAULTS.r_low)
+    d.add_argument("--r-high", type=float, default=MEMTP_DEFAULTS.r_high)
     d.add_argument("--reserve-gib", type=float, default=0.0, help="--live: memory to keep free, GiB")
     d.add_argument("--json", action="store_true", help="print the telemetry as JSON")
     d.set_defaults(func=_cmd_depth)
 
+
+def _add_tune_parsers(sub: argparse._SubParsersAction) -> None:
+    """``tune`` and ``export``."""
     tu = sub.add_parser("tune", help="tune a scenario with Optuna (resumable; see memtp_sim/tuning)")
     tu.add_argument("spec", help="tune YAML, e.g. studies/tune.yaml")
     tu.add_argument("--storage", help="Optuna storage URL (default: sqlite:///results/<study>/optuna.db); "
@@ -354,7 +477,48 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("-o", "--output", help="output file (default: results/<study>/export/...)")
     ex.add_argument("--out", default="results", help="results folder (default: results)")
     ex.set_defaults(func=_cmd_export)
-    return p
+
+
+def _add_drafter_lab_parser(sub: argparse._SubParsersAction) -> None:
+    dl = sub.add_parser("drafter-lab", help="drafter lab: acceptance by block position per head, written as "
+                        "per-position acceptance profiles (memtp_sim/lab)")
+    dl.add_argument("config", help="lab YAML, e.g. studies/drafter_lab.yaml")
+    dl.add_argument("--out", default=None, help="output folder (default: results/<name>)")
+    dl.add_argument("--quiet", action="store_true", help="no progress output")
+    dl.set_defaults(func=_cmd_drafter_lab)
+
+
+def _add_dashboard_parser(sub: argparse._SubParsersAction) -> None:
+    db = sub.add_parser("dashboard", help="the Dash what-if app in the browser (docs/dashboard.md)")
+    db.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    db.add_argument("--port", type=int, default=8050, help="TCP port (default 8050; 0 picks a free one)")
+    db.add_argument("--study", default="results/tune", help="tuning study folder or Optuna storage URL for the "
+                    "tuning page (default: results/tune)")
+    db.add_argument("--results", default="results", help="folder of finished studies (default: results)")
+    db.add_argument("--cache-dir", default=None, help="cached runs, uploads and background jobs (default: a "
+                    "memtp_sim-dashboard folder in the system's temp folder)")
+    db.set_defaults(func=_cmd_dashboard)
+
+
+def _add_capacity_parser(sub: argparse._SubParsersAction) -> None:
+    ca = sub.add_parser("capacity", help="SLA capacity: the highest Poisson request rate meeting an SLO, per policy "
+                        "(memtp_sim/capacity.py)")
+    ca.add_argument("scenario", help="scenario YAML; its workload becomes Poisson over the trace's lengths")
+    ca.add_argument("--slo", action="append", required=True, metavar="'METRIC <= N'",
+                    help="an SLO term on a run metric, e.g. 'ttft_s_p90 <= 2' (repeat, or join with AND: all must hold)")
+    ca.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
+                    help="policies to compare, each a name (dspark) or a YAML/JSON mapping ('{name: static, k: 3}'); "
+                    "default: the scenario's own")
+    ca.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds run at every rate (default: 0 1 2)")
+    ca.add_argument("--rel-tol", type=float, default=0.05, help="stop when first failing / last passing rate <= 1 + "
+                    "this (default 0.05)")
+    ca.add_argument("--rate-lo", type=float, default=None, help="a rate to try first, req/s (default: estimated)")
+    ca.add_argument("--rate-hi", type=float, default=None, help="a rate expected to fail, req/s")
+    ca.add_argument("--min-requests", type=_positive_int, default=1000, help="requests per run at least (default 1000)")
+    ca.add_argument("--max-runs", type=_positive_int, default=60, help="runs per policy at most (default 60)")
+    ca.add_argument("--json", default=None, metavar="FILE", help="also write every evaluated rate as JSON here")
+    ca.add_argument("--quiet", action="store_true", help="no per-rate progress lines")
+    ca.set_defaults(func=_cmd_capacity)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,14 +16,14 @@ PKG = Path(__file__).resolve().parents[1] / "memtp_sim"
 #: Floors, lowest first (docs/architecture.md). A module may import its own floor or lower ones.
 FLOORS: list[tuple[str, ...]] = [
     ("errors", "_version", "_io", "_html", "_procs"),
-    ("hardware", "acceptance", "workload", "memtp", "exactness"),
-    ("confidence", "telemetry", "policies"),
+    ("hardware", "acceptance", "workload", "memtp", "exactness", "measure", "_measure_shapes", "_measure_torch"),
+    ("confidence", "telemetry", "policies", "lab"),
     ("drafting", "kv_cache"),
     ("config",),
     ("engine",),
     ("metrics",),
     ("api",),
-    ("study",),
+    ("study", "capacity"),
     ("report",),
     ("tuning",),
     ("cli", "__main__", "__init__", "dashboard"),
