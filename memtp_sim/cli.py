@@ -188,7 +188,7 @@ def _cmd_calibrate_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate_check(args: argparse.Namespace) -> int:
-    from .hardware import fidelity  # lazy: a subcommand loads only what it uses
+    from .report import fidelity  # lazy: a subcommand loads only what it uses
 
     return fidelity.cli_check(args)
 

@@ -37,7 +37,7 @@ from .._html import HtmlPage, escape
 from .._io import atomic_write_bytes, atomic_write_text
 from ..api import run
 from ..config import Scenario, format_validation_error, load_scenario
-from ..errors import ConfigError, MemtpSimError
+from ..errors import CalibrationError, ConfigError, MemtpSimError
 from ..hardware import HardwareProfile, calibration_dir, load_profile
 from ..hardware import fidelity as hf
 from .figures import COLORS
@@ -322,17 +322,24 @@ def _pct(x: float) -> str:
     return "-" if not np.isfinite(x) else f"{x * 100:+.1f}%"
 
 
+def _abs_pct(x: float, width: int = 0) -> str:
+    return f"{'-' if not np.isfinite(x) else f'{x * 100:.1f}%':>{width}}"
+
+
 def _notes(by_policy: pd.DataFrame, winners: pd.DataFrame, swing: pd.DataFrame) -> list[str]:
     """Plain-words findings: swings, flips, moving verify lengths, failed runs."""
     notes = []
     for s in swing.itertuples():
+        if not np.isfinite(s.max_abs_throughput_change):
+            notes.append(f"{s.variant}: no run could be compared with the measured table ({s.num_failed} failed).")
+            continue
         flips = winners[(winners["variant"] == s.variant) & (winners["status"] == "flipped")]
         what = "no winner flips" if flips.empty else "; ".join(
             f"at {f.load} the {f.metric} winner becomes {f.winner} instead of {f.measured_winner} "
             f"({_pct(f.margin)} ahead)" for f in flips.itertuples())
-        notes.append(f"{s.variant}: throughput moves by up to {abs(s.max_abs_throughput_change) * 100:.1f}% "
+        notes.append(f"{s.variant}: throughput moves by up to {_abs_pct(s.max_abs_throughput_change)} "
                      f"(median {_pct(s.median_throughput_change)}), p50 tok/s/user by up to "
-                     f"{s.max_abs_p50_change * 100:.1f}%; {s.num_flips} of {s.num_decisions} winner decisions "
+                     f"{_abs_pct(s.max_abs_p50_change)}; {s.num_flips} of {s.num_decisions} winner decisions "
                      f"flip: {what}.")
     ok = by_policy[by_policy["error"] == ""]
     for (load, pol), d in ok.groupby(["load", "policy"], sort=False):
@@ -391,16 +398,17 @@ def loo_figure(fid: hf.Fidelity) -> go.Figure:
         fig.add_trace(go.Scatter(x=d["batch_tokens"], y=d["predicted_ms"], mode="markers", name="left out, predicted",
                                  legendgroup="p", showlegend=first, marker={"symbol": "x", "size": 9,
                                                                             "color": COLORS[1]}), row=1, col=j)
-        fig.add_trace(go.Bar(x=d["batch_tokens"], y=d["rel_error"] * 100, name="LOO error", legendgroup="e",
-                             showlegend=first, marker={"color": COLORS[1]}, customdata=d["how"],
-                             hovertemplate="B=%{x}: %{y:.1f}% (%{customdata})<extra></extra>"), row=2, col=j)
-        for cl in fid.cliffs[fid.cliffs["curve"] == c].itertuples():
-            fig.add_vrect(x0=np.log10(cl.b_from), x1=np.log10(cl.b_to), fillcolor="#f0a020", opacity=0.15,
-                          line_width=0, row="all", col=j)
+        fig.add_trace(go.Scatter(x=d["batch_tokens"], y=d["rel_error"] * 100, mode="markers", name="LOO error",
+                                 legendgroup="e", showlegend=first, marker={"color": COLORS[1], "size": 8},
+                                 customdata=d["how"], hovertemplate="B=%{x}: %{y:.1f}% (%{customdata})<extra></extra>"),
+                      row=2, col=j)
+        fig.add_hline(y=0, line_width=1, line_color="#888", row=2, col=j)
+        for cl in fid.cliffs[fid.cliffs["curve"] == c].itertuples():  # shapes on a log axis take data values
+            fig.add_vrect(x0=cl.b_from, x1=cl.b_to, fillcolor="#f0a020", opacity=0.15, line_width=0, row="all", col=j)
         fig.update_xaxes(type="log", title_text="B (tokens in the pass)", row=2, col=j)
         fig.update_xaxes(type="log", row=1, col=j)
     fig.update_layout(title=f"Leave-one-out error of the cost lookup: {fid.name} (shaded: measured cliffs)",
-                      height=620, barmode="group")
+                      height=620)
     return fig
 
 
@@ -453,10 +461,12 @@ def sensitivity_figure(by_policy: pd.DataFrame) -> go.Figure:
 # ------------------------------------------------------------------------------ page
 
 def _pct_frame(df: pd.DataFrame, cols: list[str]) -> pd.DataFrame:
+    """``cols`` as percentages: signed for changes and errors, unsigned for magnitudes."""
     out = df.copy()
     for c in cols:
-        out[c] = [_pct(v) if c.endswith("change") or c == "margin" or c == "rel_error" else
-                  ("-" if not np.isfinite(v) else f"{v * 100:.1f}%") for v in out[c]]
+        signed = c in ("margin", "rel_error") or c.startswith("loo_error") or \
+            (c.endswith("change") and not c.startswith("max_abs"))
+        out[c] = [_pct(v) if signed else _abs_pct(v) for v in out[c]]
     return out
 
 
@@ -493,8 +503,8 @@ def _pairs_section(page: HtmlPage, fid: hf.Fidelity) -> None:
                            "context in it (format-1 llama-bench curves are measured at KV depth 0).")
         return
     page.add_paragraph("Each shape (R requests x v tokens) measured at two contexts: how much the pass grew, and how "
-                       "much the attention roofline fitted on these pairs says it grows. The fit takes three of the "
-                       "pairs exactly (one per limit); the rest check it.")
+                       "much the attention roofline fitted on these pairs says it grows. Each roofline limit is read off "
+                       "one of the pairs (those match exactly); the others check the fit.")
     page.add_table(_pct_frame(fid.pairs, ["rel_error"]), float_format="{:,.3f}")
     page.add_figure(pairs_figure(fid.pairs))
 
@@ -522,7 +532,9 @@ def _winners_grid(winners: pd.DataFrame) -> pd.DataFrame:
     mark = {"same": "", "flipped": " (FLIPPED {})", "tie": " (tie {})"}
     cells = winners.assign(cell=[w.winner + mark[w.status].format(_pct(w.margin)) for w in winners.itertuples()])
     grid = cells.pivot_table(index=["load", "metric"], columns="variant", values="cell", aggfunc="first", sort=False)
-    return grid.reindex(columns=[v for v in VARIANTS if v in grid.columns]).reset_index()
+    grid = grid.reindex(columns=[v for v in VARIANTS if v in grid.columns]).reset_index()
+    grid.columns.name = None
+    return grid
 
 
 def _sensitivity_section(page: HtmlPage, sens: Sensitivity, plan: SensitivityPlan, profile: HardwareProfile,
@@ -585,8 +597,9 @@ def _summary_lines(fid: hf.Fidelity, sens: Sensitivity | None) -> list[str]:
            f"  {'curve':8} {'points':>6} {'refused':>7} {'mean|err|':>9} {'interior':>8} {'max|err|':>8}  at B"]
     for s in fid.summary.itertuples():
         b = "-" if not np.isfinite(s.b_at_max) else str(int(s.b_at_max))
-        out.append(f"  {s.curve:8} {s.num_points:>6} {s.num_refused:>7} {s.mean_abs_error * 100:>8.1f}% "
-                   f"{s.interior_mean_abs_error * 100:>7.1f}% {s.max_abs_error * 100:>7.1f}%  {b}")
+        out.append(f"  {s.curve:8} {s.num_points:>6} {s.num_refused:>7} {_abs_pct(s.mean_abs_error, 9)} "
+                   f"{_abs_pct(s.interior_mean_abs_error, 8)} {_abs_pct(s.max_abs_error, 8)}  {b}")
+    out += [f"  note: {n}" for n in fid.notes]
     for c in fid.cliffs.itertuples():
         out.append(f"  cliff {c.cliff} ({c.kind}, pass x{c.jump:.2f}): LOO {_pct(c.loo_error_from)} / "
                    f"{_pct(c.loo_error_to)}")
@@ -599,8 +612,8 @@ def _summary_lines(fid: hf.Fidelity, sens: Sensitivity | None) -> list[str]:
         out.append(f"sensitivity ({len(sens.runs)} runs): {'variant':9} {'max|dthroughput|':>16} {'max|dp50|':>9} "
                    f"{'flips':>7}")
         for s in sens.swing.itertuples():
-            out.append(f"  {'':20}{s.variant:9} {s.max_abs_throughput_change * 100:>15.1f}% "
-                       f"{s.max_abs_p50_change * 100:>8.1f}% {s.num_flips:>3}/{s.num_decisions}")
+            out.append(f"  {'':20}{s.variant:9} {_abs_pct(s.max_abs_throughput_change, 16)} "
+                       f"{_abs_pct(s.max_abs_p50_change, 9)} {s.num_flips:>3}/{s.num_decisions}")
     return out
 
 
@@ -629,16 +642,24 @@ def cli_check(args: Any) -> int:
     n = len(VARIANTS) * len(plan.levels) * len(plan.policies) * len(plan.seeds)
     print(f"sensitivity: {n} runs ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
+    sens, skipped = None, ""
+    tables = [("loo", fid.loo), ("cliffs", fid.cliffs), ("context_pairs", fid.pairs)]
     with tempfile.TemporaryDirectory(prefix="memtp-fidelity-") as tmp:
-        runs = run_sensitivity(profile, plan, tmp)
+        try:
+            runs = run_sensitivity(profile, plan, tmp)
+        except CalibrationError as e:  # a profile layout write_variant cannot copy: report the rest
+            skipped = str(e)
         for f in sorted(Path(tmp).iterdir()):  # keep the variant profiles next to the report, for re-runs
             atomic_write_bytes(out / "variants" / f.name, f.read_bytes())
     elapsed = time.perf_counter() - t0
-    sens = sensitivity_numbers(runs)
-    for name, df in (("loo", fid.loo), ("cliffs", fid.cliffs), ("context_pairs", fid.pairs),
-                     ("sensitivity_runs", runs), ("sensitivity", sens.by_policy), ("winners", sens.winners)):
+    if not skipped:
+        sens = sensitivity_numbers(runs)
+        tables += [("sensitivity_runs", runs), ("sensitivity", sens.by_policy), ("winners", sens.winners)]
+    for name, df in tables:
         atomic_write_text(out / f"{name}.csv", df.to_csv(index=False))
-    atomic_write_text(out / "report.html", fidelity_page(profile, fid, sens, plan, elapsed_s=elapsed))
+    atomic_write_text(out / "report.html", fidelity_page(profile, fid, sens, plan, elapsed_s=elapsed, skipped=skipped))
     print("\n".join(_summary_lines(fid, sens)))
+    if skipped:
+        print(f"sensitivity not run: {skipped}")
     print(f"report: {out / 'report.html'}")
     return 0
