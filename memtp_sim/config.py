@@ -598,6 +598,9 @@ class Study(StrictModel):
     policies: list[PolicySpec] | None = Field(None, min_length=1)
     seeds: list[NonNegativeInt] = Field(default_factory=lambda: [0], min_length=1)
     report_x: str | None = Field(None, description="sweep key for the report's x axis (default: the load axis)")
+    report_series: Literal["policy", "variant"] = Field(
+        "policy", description="what the report draws as one line: the policy (default), or the variant (when "
+        "variants set the drafter, controller or acceptance and each is one setup to compare)")
 
     @field_validator("seeds")
     @classmethod
@@ -606,6 +609,12 @@ class Study(StrictModel):
         if dup:
             raise ValueError(f"duplicate seed(s) {dup}: each seed is one replicate")
         return v
+
+    @model_validator(mode="after")
+    def _series_known(self) -> "Study":
+        if self.report_series == "variant" and not self.variants:
+            raise ValueError("report_series: variant needs variants")
+        return self
 
     @model_validator(mode="after")
     def _report_x_known(self) -> "Study":

@@ -318,6 +318,7 @@ def _study_meta(study: Study, specs: list[RunSpec], source: str) -> dict[str, An
         "study": study.model_dump(mode="json"),
         "sweep_keys": study.label_keys,
         "report_x": study.report_x,
+        "report_series": study.report_series,
         "runs": [{"run_id": s.run_id, "labels": s.labels, "seed": s.seed} for s in specs],
     }
 

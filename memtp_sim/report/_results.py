@@ -130,6 +130,10 @@ def load_results(root: str | Path) -> StudyResults:
         raise ConfigError(f"{root}: none of the study's {len(missing)} runs has a verified result "
                           f"(e.g. {next(iter(missing.items()), ('', 'no runs'))[1]}); run the study again")
     table = pd.read_csv(io.StringIO(table.to_csv(index=False)), dtype={"run_id": str})
+    if meta.get("report_series") == "variant" and "variant" in table:
+        # each variant is one setup (drafter, controller, acceptance): draw it as one line
+        table["policy"] = table["variant"].astype(str)
+        meta = {**meta, "sweep_keys": [k for k in meta.get("sweep_keys", []) if k != "variant"]}
     return StudyResults(root, meta, table, summaries, missing)
 
 
