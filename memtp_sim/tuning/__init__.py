@@ -48,10 +48,17 @@ from ._importances import importance_figure, importance_target, param_importance
 from ._loading import load_tune_spec, parse_tune_spec
 from ._report import write_tune_report
 from ._runner import TuneOutcome, run_tune
-from ._selection import constraint_failures, feasible_trials, pareto_trials, select_trial, top_trials
+from ._selection import (
+    constraint_failures,
+    feasible_trials,
+    pareto_trials,
+    select_trial,
+    top_trials,
+)
 from ._space import sample_params, scenario_for, static_ranges
 from ._spec import (
     HEADLINE_METRICS,
+    STUDY_ATTR,
     CategoricalDist,
     ExportSpec,
     FloatDist,
@@ -63,7 +70,13 @@ from ._spec import (
     TuneSpec,
     ValidationSpec,
 )
-from ._storage import default_storage_url, fail_dead_worker_trials, mask_url, open_storage, open_study
+from ._storage import (
+    default_storage_url,
+    fail_dead_worker_trials,
+    mask_url,
+    open_storage,
+    open_study,
+)
 from ._validation import t_confidence_interval, validate_trials
 
 __all__ = [
@@ -79,6 +92,7 @@ __all__ = [
     "ExportSpec",
     "TuneSpec",
     "HEADLINE_METRICS",
+    "STUDY_ATTR",
     # loading (_loading)
     "load_tune_spec",
     "parse_tune_spec",

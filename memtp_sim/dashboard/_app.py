@@ -1,0 +1,152 @@
+"""The Dash app: three pages behind one URL, background jobs on disk, and the server.
+
+Pages (the path of the URL): ``/`` what-if, ``/study`` a finished study, ``/tune`` an Optuna
+study. The what-if settings live in the URL's query, so a link reproduces the view; the page is
+built from the query when the path changes (first load, a link, a trial opened from ``/tune``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import diskcache
+from dash import Dash, DiskcacheManager, Input, Output, State, dcc, html
+
+from ._context import AppContext, default_cache_dir
+from ._settings import query_to_settings
+from ._studies import register_studies, study_page
+from ._tuning import register_tuning, tuning_page
+from ._whatif import register_whatif
+from ._whatif_layout import whatif_page
+
+__all__ = ["create_app", "serve"]
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 0; color: #222; }
+header { display: flex; gap: 1.5em; align-items: baseline; padding: .5em 1em; background: #2a3f5f; color: #fff; }
+header a { color: #fff; } header b { font-size: 1.1em; }
+.whatif { display: grid; grid-template-columns: 340px 1fr; gap: 1em; padding: 0 1em; }
+.page { padding: 0 1em; }
+.controls { font-size: .9em; }
+.section { border-bottom: 1px solid #ddd; padding: .3em 0; } .section summary { font-weight: 600; cursor: pointer; }
+.field { margin: .35em 0; } .field label { display: block; font-weight: 500; }
+.num { width: 7em; } .path { width: 95%; }
+.help { color: #666; font-size: .85em; } .error { color: #b00020; font-size: .9em; white-space: pre-wrap; }
+.status { color: #555; font-size: .9em; margin: .2em 0; }
+.upload { border: 1px dashed #999; padding: .3em; margin: .3em 0; text-align: center; cursor: pointer; font-size: .85em; }
+.temp { display: grid; grid-template-columns: 1fr 6em; gap: .4em; align-items: center; } .temp .num { width: 6em; }
+.busy { gap: .6em; align-items: center; } .busy progress { width: 240px; }
+.pin { margin: .4em 0; display: flex; gap: .5em; align-items: center; }
+table.kpis { border-collapse: collapse; margin: .5em 0; } .kpis td, .kpis th { border: 1px solid #ddd; padding: .2em .6em; }
+.kpis td { text-align: right; } .kpis td:first-child { text-align: left; }
+td.beyond { background: #fff3c4; font-weight: 600; } td.noise { color: #777; }
+.sweep { display: flex; gap: .5em; align-items: center; } .export { display: grid; grid-template-columns: 5em 8em 14em auto auto; gap: .5em; align-items: center; margin: .5em 0; }
+"""
+
+_INDEX = """<!DOCTYPE html>
+<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>""" + _CSS + """</style></head>
+<body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer></body></html>"""
+
+
+def _header() -> html.Header:
+    return html.Header([html.B("memtp_sim"), dcc.Link("What-if", href="/", id="nav-whatif"),
+                        dcc.Link("Study", href="/study", id="nav-study"),
+                        dcc.Link("Tuning", href="/tune", id="nav-tune")])
+
+
+def create_app(*, cache_dir: str | Path | None = None, results: str | Path = "results",
+               study: str = "results/tune") -> Dash:
+    """Build the dashboard app.
+
+    Args:
+        cache_dir: the work folder for cached runs, uploads and background jobs (default
+            :func:`~memtp_sim.dashboard._context.default_cache_dir`).
+        results: folder of finished studies (the study page lists them).
+        study: tuning study folder or storage URL the tuning page opens first.
+
+    Returns:
+        The Dash app (its Flask server is ``app.server``).
+    """
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    manager = DiskcacheManager(diskcache.Cache(str(root / "jobs")))
+    app_ctx = AppContext.create(root, results, study, manager)
+    app = Dash(__name__, title="memtp_sim what-if", suppress_callback_exceptions=True,
+               background_callback_manager=manager, update_title=None)
+    app.index_string = _INDEX
+    app.layout = html.Div([dcc.Location(id="url", refresh=False), _header(), dcc.Store(id="baseline"),
+                           html.Div(id="page")])
+
+    @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
+    def route(pathname: str | None, search: str | None) -> Any:
+        """The page for the URL's path (the what-if page built from its query)."""
+        if pathname in (None, "/", ""):
+            return whatif_page(*query_to_settings(search))
+        if pathname == "/study":
+            return study_page(app_ctx)
+        if pathname == "/tune":
+            return tuning_page(app_ctx)
+        return html.Div(className="page", children=[html.H2("not found"), dcc.Link("what-if page", href="/")])
+
+    register_whatif(app, app_ctx)
+    register_studies(app, app_ctx)
+    register_tuning(app, app_ctx)
+    return app
+
+
+def serve(host: str = "127.0.0.1", port: int = 8050, *, study: str = "results/tune", results: str = "results",
+          cache_dir: str | Path | None = None, say: Callable[[str], None] | None = None) -> int:
+    """Run the dashboard until Ctrl-C: one line with its URL, then quiet.
+
+    Args:
+        host: interface to bind (``127.0.0.1``: this machine only).
+        port: TCP port (0 picks a free one; the printed URL has it).
+        study: tuning study folder or storage URL.
+        results: folder of finished studies.
+        cache_dir: the work folder (see :func:`create_app`).
+        say: where the start line goes (default: stdout, flushed).
+
+    Returns:
+        0 after Ctrl-C.
+
+    Raises:
+        OSError: the port cannot be bound (e.g. in use).
+    """
+    from werkzeug.serving import make_server
+
+    app = create_app(cache_dir=cache_dir, results=results, study=study)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+    server = make_server(host, port, app.server, threaded=True)
+    line = f"memtp_sim dashboard on http://{host}:{server.server_port}/ (Ctrl-C to stop)"
+    if say is None:
+        print(line, flush=True)
+    else:
+        say(line)
+    if threading.current_thread() is threading.main_thread():  # `kill` stops it like Ctrl-C does
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        _stop_jobs()
+    return 0
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_jobs() -> None:
+    """End the background jobs this server started (they would also die with it: see _whatif)."""
+    import multiprocess
+
+    for proc in multiprocess.active_children():
+        proc.terminate()
+        proc.join(timeout=2)
