@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import math
 
+import optuna
 import pytest
+import yaml
 
 from memtp_sim.capacity import (
     SLO,
@@ -40,6 +42,7 @@ from memtp_sim.cli import main
 from memtp_sim.config import Scenario
 from memtp_sim.errors import ConfigError, InvalidArgumentError
 from memtp_sim.metrics import OVERLOAD_RATIO
+from memtp_sim.tuning import evaluate, parse_tune_spec, run_tune, scenario_for
 
 PASS_S = 0.1  # every pass, seconds: the deterministic service time S of one request
 MU = 1.0 / PASS_S  # service rate, requests per second
@@ -297,3 +300,50 @@ def test_cli_bad_slo_is_one_line_and_exit_2(md1_dir, capsys):
 def test_scenario_files_resolve_relative_paths(md1_dir):
     scen = load_capacity_scenarios(md1_dir / "md1.yaml")[0]
     assert isinstance(scen, Scenario) and scen.hardware.profile == str((md1_dir / "flat.yaml").resolve())
+
+
+# ------------------------------------------------------------------------------ as a tune objective
+def _tune_doc(**over) -> dict:
+    doc = {
+        "name": "cap",
+        "base": yaml.safe_load(SCENARIO),
+        "search_space": {"engine.max_num_seqs": {"type": "int", "low": 1, "high": 2}},
+        "objectives": [{"metric": "sla_capacity_per_s", "direction": "maximize"}],
+        "constraints": [],
+        "seeds": [0],
+        "n_trials": 2,
+        "sampler": {"name": "random", "seed": 0},
+        "capacity": {"slo": "mean_e2e_s <= 0.2", "min_requests": 1500, "rel_tol": 0.05},
+    }
+    doc.update(over)
+    return doc
+
+
+def test_tune_objective_sla_capacity_needs_its_slo(md1_dir):
+    doc = _tune_doc()
+    del doc["capacity"]
+    with pytest.raises(ConfigError, match=r"capacity.*sla_capacity_per_s needs a `capacity:` section"):
+        parse_tune_spec(doc, source="cap.yaml", base_dir=md1_dir)
+    with pytest.raises(ConfigError, match=r"cap.yaml.*capacity.slo.*unknown metric 'mean_e2e'"):
+        parse_tune_spec(_tune_doc(capacity={"slo": "mean_e2e <= 1"}), source="cap.yaml", base_dir=md1_dir)
+
+
+def test_tune_maximises_sla_capacity_against_pollaczek_khinchine(md1_dir, tmp_path):
+    """At one request a pass the objective is the M/D/1 closed form (the oracle above, one seed,
+    1,500 requests: sampling error about 3%; allowed 8% with the 5% search tolerance); batching two
+    requests into one flat-cost pass must raise it; and ``tune`` records the same numbers."""
+    spec = parse_tune_spec(_tune_doc(), source="cap.yaml", base_dir=md1_dir)
+    value = {}
+    for k in (1, 2):
+        ev = evaluate(scenario_for(spec, {"engine.max_num_seqs": k}), spec.seeds, spec.tracked_metrics,
+                      capacity=spec.capacity)
+        assert ev["replicates"]["sla_capacity_per_s"] == [ev["means"]["sla_capacity_per_s"]]
+        value[k] = ev["means"]["sla_capacity_per_s"]
+    assert value[1] == pytest.approx(pk_capacity(PASS_S, 0.2 - PASS_S), rel=0.08)
+    assert value[2] > 1.3 * value[1]
+    url = f"sqlite:///{tmp_path / 'cap.db'}"
+    out = run_tune(spec, storage_url=url, n_trials=2, out_dir=tmp_path, validate=False, report=False)
+    assert out.complete == 2
+    trials = optuna.load_study(study_name="cap", storage=url).get_trials(deepcopy=False)
+    for t in trials:
+        assert t.value == value[t.params["engine.max_num_seqs"]]  # same seed, same search

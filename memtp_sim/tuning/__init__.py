@@ -20,6 +20,11 @@
     sampler: {name: tpe, seed: 0, n_startup_trials: 10}
     validation: {top_k: 3, num_seeds: 5}   # fresh-seed re-runs of the top trials
     export: {best_by: throughput_tok_per_s, vllm_method: mtp, sglang_algorithm: NEXTN}
+    capacity: {slo: "ttft_s_p90 <= 2 AND tpot_ms_p90 <= 50"}   # needed for sla_capacity_per_s
+
+``sla_capacity_per_s`` (objective or constraint) is the highest Poisson rate meeting
+``capacity.slo``, one :func:`memtp_sim.capacity.sla_capacity` search per seed (10-20 runs each:
+use it with few seeds and trials).
 
 Types are strict, as in scenario and study YAML (:class:`memtp_sim.config.StrictModel`):
 ``seeds: [true, 2]`` or ``n_trials: "7"`` is a one-line error naming the file and the field.
@@ -57,8 +62,10 @@ from ._selection import (
 )
 from ._space import sample_params, scenario_for, static_ranges
 from ._spec import (
+    CAPACITY_METRIC,
     HEADLINE_METRICS,
     STUDY_ATTR,
+    CapacitySpec,
     CategoricalDist,
     ExportSpec,
     FloatDist,
@@ -93,6 +100,8 @@ __all__ = [
     "TuneSpec",
     "HEADLINE_METRICS",
     "STUDY_ATTR",
+    "CAPACITY_METRIC",
+    "CapacitySpec",
     # loading (_loading)
     "load_tune_spec",
     "parse_tune_spec",

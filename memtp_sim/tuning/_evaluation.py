@@ -20,27 +20,29 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..api import run
+from ..capacity import sla_capacity
 from ..config import Scenario
 from ._space import sample_params, scenario_for
-from ._spec import TuneSpec
+from ._spec import CAPACITY_METRIC, CapacitySpec, TuneSpec
 from ._storage import worker_identity
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 __all__ = [
+    "SigintSetsEvent",
     "Stopped",
+    "constraints_from_attrs",
     "evaluate",
     "has_set_constraint",
-    "constraints_from_attrs",
     "make_objective",
     "stop_callback",
-    "SigintSetsEvent",
 ]
 
 
@@ -54,7 +56,8 @@ class Stopped(Exception):
 
 
 def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *,
-             should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+             should_stop: Callable[[], bool] | None = None,
+             capacity: CapacitySpec | None = None) -> dict[str, Any]:
     """Run ``scenario`` once per seed and collect scalar metrics.
 
     Args:
@@ -63,6 +66,10 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *
         metrics: metric names to keep (missing or non-scalar ones are skipped).
         should_stop: checked before each seed run; when it returns True the evaluation is
             abandoned (an internal exception the tuner turns into a FAIL trial and a clean stop).
+        capacity: when given and ``metrics`` names :data:`CAPACITY_METRIC`, each seed also runs
+            one SLA-capacity search (:func:`memtp_sim.capacity.sla_capacity` with that seed
+            alone), and its ``capacity_per_s`` (req/s; the highest rate seen to pass, 0.0 when
+            none did) is that seed's replicate.
 
     Returns:
         ``{"replicates": {metric: [value per seed]}, "means": {metric: nanmean},
@@ -88,6 +95,12 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *
             v = res.metrics.get(m)
             if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
                 reps[m].append(float(v))
+        if capacity is not None and CAPACITY_METRIC in reps:
+            # One search per seed, so the objective has replicates like any run metric (the
+            # validation's t interval needs them); the seed's own runs share its random streams.
+            found = sla_capacity(scenario, capacity.slo, seeds=(int(seed),), rel_tol=capacity.rel_tol,
+                                 max_runs=capacity.max_runs, min_requests=capacity.min_requests)
+            reps[CAPACITY_METRIC].append(float(found.capacity_per_s))
     reps = {m: v for m, v in reps.items() if len(v) == len(seeds)}
     means = {}
     for m, v in reps.items():
@@ -110,7 +123,7 @@ def has_set_constraint() -> bool:
     return hasattr(optuna.trial.Trial, "set_constraint")
 
 
-def constraints_from_attrs(trial: "optuna.trial.FrozenTrial") -> list[float]:
+def constraints_from_attrs(trial: optuna.trial.FrozenTrial) -> list[float]:
     """A ``constraints_func`` (Optuna 4) reading the violations the objective stored.
 
     Args:
@@ -126,7 +139,7 @@ def constraints_from_attrs(trial: "optuna.trial.FrozenTrial") -> list[float]:
 
 
 def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None,
-                   ) -> Callable[["optuna.trial.Trial"], float | tuple[float, ...]]:
+                   ) -> Callable[[optuna.trial.Trial], float | tuple[float, ...]]:
     """The Optuna objective: sample a point, run every tuning seed, record the trial.
 
     The trial records the user attributes ``worker``, ``seeds``, ``replicates``, ``metrics`` (seed
@@ -148,12 +161,12 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
     use_set_constraint = has_set_constraint()
     tracked = spec.tracked_metrics
 
-    def objective(trial: "optuna.trial.Trial") -> float | tuple[float, ...]:
+    def objective(trial: optuna.trial.Trial) -> float | tuple[float, ...]:
         trial.set_user_attr("worker", worker_identity())
         values = sample_params(trial, spec)
         scen = scenario_for(spec, values)
         try:
-            ev = evaluate(scen, spec.seeds, tracked, should_stop=should_stop)
+            ev = evaluate(scen, spec.seeds, tracked, should_stop=should_stop, capacity=spec.capacity)
         except Stopped as e:
             trial.set_user_attr("failed_reason", f"{e} (Ctrl-C); run the same command again to resume")
             raise
@@ -173,7 +186,7 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
     return objective
 
 
-def stop_callback(should_stop: Callable[[], bool]) -> Callable[["optuna.Study", Any], None]:
+def stop_callback(should_stop: Callable[[], bool]) -> Callable[[optuna.Study, Any], None]:
     """An ``optimize`` callback that ends the loop after a trial once a stop was requested.
 
     Args:
@@ -185,7 +198,7 @@ def stop_callback(should_stop: Callable[[], bool]) -> Callable[["optuna.Study", 
     Source:
         Optuna documentation, ``Study.optimize(callbacks=...)`` and ``Study.stop``.
     """
-    def callback(study: "optuna.Study", trial: Any) -> None:
+    def callback(study: optuna.Study, trial: Any) -> None:
         if should_stop():
             study.stop()
 
@@ -215,7 +228,7 @@ class SigintSetsEvent:
         self.event.set()
         signal.signal(signal.SIGINT, self.previous)
 
-    def __enter__(self) -> "SigintSetsEvent":
+    def __enter__(self) -> SigintSetsEvent:
         if self.active:
             self.previous = signal.getsignal(signal.SIGINT)
             if self.previous is None:  # installed outside Python
@@ -223,6 +236,6 @@ class SigintSetsEvent:
             signal.signal(signal.SIGINT, self._handler)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.active:
             signal.signal(signal.SIGINT, self.previous)

@@ -7,12 +7,13 @@ values, so a maximised objective is passed negated (:func:`importance_target`).
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-__all__ = ["importance_target", "param_importances", "importance_figure", "warning_notes"]
+__all__ = ["importance_figure", "importance_target", "param_importances", "warning_notes"]
 
 #: Optuna 5's PED-ANOVA evaluator warns that a user ``target`` is read as "lower is better". That is
 #: exactly how :func:`importance_target` builds it (negated for a maximised objective), so this one
@@ -20,7 +21,7 @@ __all__ = ["importance_target", "param_importances", "importance_figure", "warni
 _LOW_TARGET_WARNING = r".*computes the importances of params to achieve low `target` values"
 
 
-def importance_target(index: int, direction: str) -> Callable[["optuna.trial.FrozenTrial"], float]:
+def importance_target(index: int, direction: str) -> Callable[[optuna.trial.FrozenTrial], float]:
     """The importance target for objective ``index``: lower must mean better.
 
     Optuna's default evaluator (PED-ANOVA in Optuna 5) ranks parameters by how much they matter for
@@ -45,17 +46,17 @@ def importance_target(index: int, direction: str) -> Callable[["optuna.trial.Fro
         raise ValueError(f"direction must be 'maximize' or 'minimize' (got {direction!r})")
     sign = -1.0 if direction == "maximize" else 1.0
 
-    def target(t: "optuna.trial.FrozenTrial") -> float:
+    def target(t: optuna.trial.FrozenTrial) -> float:
         return sign * float(t.values[index])
 
     return target
 
 
-def _study_direction(study: "optuna.Study", index: int) -> str:
+def _study_direction(study: optuna.Study, index: int) -> str:
     return study.directions[index].name.lower()
 
 
-def param_importances(study: "optuna.Study", index: int = 0, direction: str | None = None) -> dict[str, float]:
+def param_importances(study: optuna.Study, index: int = 0, direction: str | None = None) -> dict[str, float]:
     """Parameter importances for a *good* value of objective ``index`` (high when maximised).
 
     Args:
@@ -81,7 +82,7 @@ def param_importances(study: "optuna.Study", index: int = 0, direction: str | No
         return optuna.importance.get_param_importances(study, target=importance_target(index, direction))
 
 
-def importance_figure(study: "optuna.Study", index: int, name: str,
+def importance_figure(study: optuna.Study, index: int, name: str,
                       direction: str | None = None) -> tuple[Any, list[str]]:
     """Optuna's importance plot for a good value of objective ``index`` (see :func:`param_importances`).
 

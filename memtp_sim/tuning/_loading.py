@@ -30,7 +30,7 @@ from ._space import (
 )
 from ._spec import CategoricalDist, FloatDist, IntDist, TuneSpec, format_values
 
-__all__ = ["parse_tune_spec", "load_tune_spec"]
+__all__ = ["load_tune_spec", "parse_tune_spec"]
 
 _DIST_MODELS: dict[str, type[BaseModel]] = {"float": FloatDist, "int": IntDist, "categorical": CategoricalDist}
 

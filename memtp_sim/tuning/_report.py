@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["write_tune_report"]
 
 
-def write_tune_report(study: "optuna.Study", spec: TuneSpec, path: str | Path) -> Path:
+def write_tune_report(study: optuna.Study, spec: TuneSpec, path: str | Path) -> Path:
     """Write a self-contained HTML report with Optuna's own plots.
 
     Pareto front (feasible trials; infeasible ones grey, never on the front; 2 or 3 objectives),
@@ -73,7 +73,7 @@ def _add_notes(page: HtmlPage, notes: list[str]) -> None:
     page.add_html("".join(f"<p class='note'>note from Optuna: {escape(n)}</p>" for n in notes))
 
 
-def _add_pareto_front(page: HtmlPage, study: "optuna.Study", spec: TuneSpec) -> None:
+def _add_pareto_front(page: HtmlPage, study: optuna.Study, spec: TuneSpec) -> None:
     import optuna.visualization as vis  # lazy: optuna and plotly are only needed to draw (~0.2 s)
 
     kw: dict[str, Any] = {}
@@ -87,7 +87,7 @@ def _add_pareto_front(page: HtmlPage, study: "optuna.Study", spec: TuneSpec) -> 
     _add_notes(page, warning_notes(caught))
 
 
-def _add_objective(page: HtmlPage, study: "optuna.Study", spec: TuneSpec, i: int, n_complete: int) -> None:
+def _add_objective(page: HtmlPage, study: optuna.Study, spec: TuneSpec, i: int, n_complete: int) -> None:
     """Optimisation history and parameter importances of objective ``i``."""
     import optuna.visualization as vis  # lazy: optuna and plotly are only needed to draw (~0.2 s)
 
@@ -121,7 +121,7 @@ def _add_objective(page: HtmlPage, study: "optuna.Study", spec: TuneSpec, i: int
         _add_notes(page, notes)
 
 
-def _add_validation_table(page: HtmlPage, study: "optuna.Study", spec: TuneSpec) -> None:
+def _add_validation_table(page: HtmlPage, study: optuna.Study, spec: TuneSpec) -> None:
     """Fresh-seed validation records (mean ± 95% t half-width), when there are any."""
     names = spec.objective_names
     extra = [c.metric for c in spec.constraints if c.metric not in names]

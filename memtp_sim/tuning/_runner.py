@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ class TuneOutcome:
 
 
 # ------------------------------------------------------------------------------------ samplers
-def _make_sampler(spec: TuneSpec, seed: int) -> "optuna.samplers.BaseSampler":
+def _make_sampler(spec: TuneSpec, seed: int) -> optuna.samplers.BaseSampler:
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
     kw: dict[str, Any] = {}
@@ -198,10 +199,12 @@ def run_tune(
     return outcome
 
 
-def _run_in_process(spec: TuneSpec, study: "optuna.Study", remaining: int, existing: int, n_trials: int,
+def _run_in_process(spec: TuneSpec, study: optuna.Study, remaining: int, existing: int, n_trials: int,
                     on_progress: Callable[[int, int], None] | None) -> None:
     """Run ``remaining`` trials here; the first Ctrl-C stops between seed runs, then re-raises."""
-    from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    from optuna.trial import (
+        TrialState,  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    )
 
     study.sampler = _make_sampler(spec, _sampler_seed(spec, existing, 0))
     stop = threading.Event()
@@ -219,7 +222,7 @@ def _run_in_process(spec: TuneSpec, study: "optuna.Study", remaining: int, exist
         raise KeyboardInterrupt
 
 
-def _validate_top(study: "optuna.Study", spec: TuneSpec, out_dir: str | Path) -> dict[int, dict[str, Any]]:
+def _validate_top(study: optuna.Study, spec: TuneSpec, out_dir: str | Path) -> dict[int, dict[str, Any]]:
     """Validate the top ``validation.top_k`` trials not yet validated on these fresh seeds."""
     chosen = [t.number for t in top_trials(study, spec, spec.validation.top_k)]
     stored = study.user_attrs.get("validation", {})
@@ -260,11 +263,13 @@ def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: 
         sys.exit(130)
 
 
-def _run_workers(spec: TuneSpec, url: str, study: "optuna.Study", remaining: int, workers: int, existing: int,
+def _run_workers(spec: TuneSpec, url: str, study: optuna.Study, remaining: int, workers: int, existing: int,
                  heartbeat: tuple[int, int], n_trials: int,
                  on_progress: Callable[[int, int], None] | None) -> list[int]:
     """Start ``workers`` processes with quotas summing to ``remaining``; wait; return exit codes."""
-    from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    from optuna.trial import (
+        TrialState,  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    )
 
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()

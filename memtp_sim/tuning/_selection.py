@@ -9,7 +9,8 @@ ties. Single objective: the feasible trial with the best value.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,21 +21,21 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 __all__ = [
+    "constraint_failures",
     "feasible_trials",
     "pareto_trials",
-    "top_trials",
     "select_trial",
-    "constraint_failures",
+    "top_trials",
 ]
 
 
-def _is_feasible(t: "optuna.trial.FrozenTrial") -> bool:
+def _is_feasible(t: optuna.trial.FrozenTrial) -> bool:
     if "feasible" in t.user_attrs:
         return bool(t.user_attrs["feasible"])
     return all(float(v) <= 0 for v in t.user_attrs.get("constraint_values", []))
 
 
-def feasible_trials(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
+def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """COMPLETE trials with finite values whose constraint values are all <= 0 (trial-number order).
 
     Args:
@@ -47,7 +48,9 @@ def feasible_trials(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
         Optuna's constraint convention (documentation of ``constraints_func`` and
         ``Trial.set_constraint``): a value <= 0 is satisfied.
     """
-    from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    from optuna.trial import (
+        TrialState,  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    )
 
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
@@ -56,8 +59,8 @@ def feasible_trials(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
     return out
 
 
-def pareto_trials(trials: Sequence["optuna.trial.FrozenTrial"],
-                  directions: Sequence[str]) -> list["optuna.trial.FrozenTrial"]:
+def pareto_trials(trials: Sequence[optuna.trial.FrozenTrial],
+                  directions: Sequence[str]) -> list[optuna.trial.FrozenTrial]:
     """Trials not dominated by any other in ``trials``.
 
     ``a`` dominates ``b`` when ``a`` is at least as good in every objective and strictly better in
@@ -83,7 +86,7 @@ def pareto_trials(trials: Sequence["optuna.trial.FrozenTrial"],
     return keep
 
 
-def top_trials(study: "optuna.Study", spec: TuneSpec, k: int) -> list["optuna.trial.FrozenTrial"]:
+def top_trials(study: optuna.Study, spec: TuneSpec, k: int) -> list[optuna.trial.FrozenTrial]:
     """The ``k`` best feasible trials: the feasible Pareto front first, each group ordered by
     ``spec.best_by`` (best first, ties to the lower trial number).
 
@@ -106,13 +109,13 @@ def top_trials(study: "optuna.Study", spec: TuneSpec, k: int) -> list["optuna.tr
     front_ids = {t.number for t in front}
     rest = [t for t in feas if t.number not in front_ids]
 
-    def key(t: "optuna.trial.FrozenTrial") -> tuple[float, int]:
+    def key(t: optuna.trial.FrozenTrial) -> tuple[float, int]:
         return (sign * t.values[idx], t.number)
 
     return (sorted(front, key=key) + sorted(rest, key=key))[:k]
 
 
-def select_trial(study: "optuna.Study", spec: TuneSpec, which: str | int = "best") -> "optuna.trial.FrozenTrial":
+def select_trial(study: optuna.Study, spec: TuneSpec, which: str | int = "best") -> optuna.trial.FrozenTrial:
     """The trial to export: ``"best"`` (see the module docstring) or a trial number.
 
     Args:
@@ -130,7 +133,9 @@ def select_trial(study: "optuna.Study", spec: TuneSpec, which: str | int = "best
         The best-trial rule of this module's docstring (feasible Pareto front, then
         ``export.best_by``), on Optuna's trial states.
     """
-    from optuna.trial import TrialState  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    from optuna.trial import (
+        TrialState,  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
+    )
 
     trials = study.get_trials(deepcopy=False)
     n_complete = sum(t.state == TrialState.COMPLETE for t in trials)

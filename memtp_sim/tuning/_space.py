@@ -41,16 +41,16 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 __all__ = [
+    "base_doc",
     "ceil_in",
     "floor_in",
-    "static_ranges",
-    "sampling_order",
-    "when_ok",
-    "sample_params",
-    "base_doc",
     "policy_fields",
+    "sample_params",
+    "sampling_order",
     "scenario_doc",
     "scenario_for",
+    "static_ranges",
+    "when_ok",
 ]
 
 
@@ -206,7 +206,7 @@ def when_ok(when: dict[str, Any] | None, values: dict[str, Any]) -> bool:
     return True
 
 
-def sample_params(trial: "optuna.trial.Trial", spec: TuneSpec) -> dict[str, Any]:
+def sample_params(trial: optuna.trial.Trial, spec: TuneSpec) -> dict[str, Any]:
     """Draw one point of the search space through ``trial.suggest_*``.
 
     Pair rules hold for every draw: the lower side comes from its propagated (fixed) range, the

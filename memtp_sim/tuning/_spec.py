@@ -33,31 +33,39 @@ from pydantic import (
     model_validator,
 )
 
+from ..capacity import SLO
 from ..config import Scenario, StrictModel
+from ..errors import InvalidArgumentError
 from ..metrics import METRIC_NAMES
 
 __all__ = [
-    "STUDY_ATTR",
+    "CAPACITY_METRIC",
     "HEADLINE_METRICS",
-    "Seed",
-    "Scalar",
-    "FloatDist",
-    "IntDist",
+    "STUDY_ATTR",
+    "CapacitySpec",
     "CategoricalDist",
     "Distribution",
-    "PairConstraint",
-    "Objective",
-    "MetricConstraint",
-    "SamplerSpec",
-    "ValidationSpec",
     "ExportSpec",
+    "FloatDist",
+    "IntDist",
+    "MetricConstraint",
+    "Objective",
+    "PairConstraint",
+    "SamplerSpec",
+    "Scalar",
+    "Seed",
     "TuneSpec",
+    "ValidationSpec",
     "format_number",
     "format_values",
 ]
 
 #: Study user attribute holding memtp_sim's record (tune spec, names, version).
 STUDY_ATTR = "memtp_sim"
+
+#: The SLA-capacity objective (req/s): the highest Poisson rate meeting the spec's ``capacity.slo``,
+#: found by :func:`memtp_sim.capacity.sla_capacity` once per seed. Not a run metric: a search.
+CAPACITY_METRIC = "sla_capacity_per_s"
 #: Metrics stored per trial besides the objectives and constraints (when the run reports them).
 HEADLINE_METRICS = (
     "throughput_tok_per_s", "tok_per_s_user_p50", "tok_per_s_user_p10", "ttft_s_p90", "tpot_ms_p50",
@@ -107,8 +115,9 @@ def format_values(values: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------ field checks
 def _known_metric(v: str) -> str:
-    """``v`` if it is one of :data:`memtp_sim.metrics.METRIC_NAMES`; else a ValueError naming the closest."""
-    if v in METRIC_NAMES:
+    """``v`` if it is one of :data:`memtp_sim.metrics.METRIC_NAMES` or :data:`CAPACITY_METRIC`;
+    else a ValueError naming the closest."""
+    if v in METRIC_NAMES or v == CAPACITY_METRIC:
         return v
     close = difflib.get_close_matches(v, METRIC_NAMES, n=4, cutoff=0.5)
     close += [m for m in METRIC_NAMES if v.lower() in m and m not in close][: max(0, 4 - len(close))]
@@ -170,7 +179,7 @@ class FloatDist(_Dist):
     log: bool = False
 
     @model_validator(mode="after")
-    def _bounds(self) -> "FloatDist":
+    def _bounds(self) -> FloatDist:
         if not (math.isfinite(self.low) and math.isfinite(self.high)):
             raise ValueError(f"low and high must be finite numbers (got low={self.low}, high={self.high})")
         if self.low >= self.high:
@@ -207,7 +216,7 @@ class IntDist(_Dist):
     log: bool = False
 
     @model_validator(mode="after")
-    def _bounds(self) -> "IntDist":
+    def _bounds(self) -> IntDist:
         if self.low >= self.high:
             raise ValueError(f"low must be < high (got low={self.low}, high={self.high}); "
                              "a constant belongs in base, not in search_space")
@@ -441,6 +450,39 @@ class ExportSpec(StrictModel):
     sglang_algorithm: str = Field("NEXTN", description="SGLang --speculative-algorithm")
 
 
+class CapacitySpec(StrictModel):
+    """How the ``sla_capacity_per_s`` objective searches (:func:`memtp_sim.capacity.sla_capacity`).
+
+    Attributes:
+        slo: the SLO text, e.g. ``"ttft_s_p90 <= 2 AND tpot_ms_p90 <= 50"`` (:meth:`memtp_sim.capacity.SLO.parse`).
+        rel_tol: stop when first failing / last passing rate <= 1 + rel_tol.
+        max_runs: simulation runs per search at most (one search per trial seed).
+        min_requests: requests per run at least.
+
+    Raises:
+        pydantic.ValidationError: on construction: an SLO that does not parse (the message is the
+            parser's), ``rel_tol <= 0``, ``max_runs < 3`` or ``min_requests < 1``.
+
+    Source:
+        Issue 11.5: SLA capacity as a ``tune`` objective; the search is bracketing and bisection on
+        log rate (:mod:`memtp_sim.capacity`).
+    """
+
+    slo: str
+    rel_tol: float = Field(0.05, gt=0.0)
+    max_runs: int = Field(40, ge=3)
+    min_requests: int = Field(400, ge=1)
+
+    @field_validator("slo")
+    @classmethod
+    def _parses(cls, v: str) -> str:
+        try:
+            SLO.parse(v)
+        except InvalidArgumentError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+
 def _default_objectives() -> list[Objective]:
     return [Objective(metric="throughput_tok_per_s", direction="maximize"),
             Objective(metric="tok_per_s_user_p50", direction="maximize")]
@@ -466,11 +508,13 @@ class TuneSpec(StrictModel):
         sampler: the Optuna sampler.
         validation: fresh-seed re-runs of the top trials.
         export: how ``export`` picks and labels a trial.
+        capacity: the SLA-capacity search, needed when :data:`CAPACITY_METRIC` is an objective or
+            a constraint.
 
     Raises:
         pydantic.ValidationError: on construction: any field invalid, an objective metric listed
             twice, ``export.best_by`` not an objective, fewer than 2 or non-fresh
-            ``validation.seeds`` (:func:`memtp_sim.tuning.parse_tune_spec` turns these into
+            ``validation.seeds``, ``sla_capacity_per_s`` used without a ``capacity`` section (:func:`memtp_sim.tuning.parse_tune_spec` turns these into
             ``ConfigError``).
 
     Source:
@@ -492,6 +536,7 @@ class TuneSpec(StrictModel):
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     export: ExportSpec = Field(default_factory=ExportSpec)
+    capacity: CapacitySpec | None = None
 
     #: Where the spec came from (the YAML path): every error about the spec starts with it.
     _source: str = PrivateAttr("<tune>")
@@ -499,13 +544,17 @@ class TuneSpec(StrictModel):
     _unique = field_validator("seeds")(_unique_seeds)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "TuneSpec":
+    def _cross_checks(self) -> TuneSpec:
         names = [o.metric for o in self.objectives]
         if len(set(names)) != len(names):
             raise ValueError(f"objectives: each metric at most once (got {names})")
         if self.export.best_by is not None and self.export.best_by not in names:
             raise ValueError(f"export.best_by: {self.export.best_by!r} is not an objective; "
                              f"allowed: {', '.join(names)}")
+        used = names + [c.metric for c in self.constraints]
+        if CAPACITY_METRIC in used and self.capacity is None:
+            raise ValueError(f"capacity: {CAPACITY_METRIC} needs a `capacity:` section with its slo, "
+                             "e.g. capacity: {slo: 'ttft_s_p90 <= 2 AND tpot_ms_p90 <= 50'}")
         fresh = self.validation.seeds
         if fresh is not None:
             if len(fresh) < 2:

@@ -30,14 +30,14 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 __all__ = [
-    "default_storage_url",
-    "mask_url",
-    "storage_kind",
-    "open_storage",
-    "worker_identity",
-    "fail_dead_worker_trials",
-    "open_study",
     "count_trials",
+    "default_storage_url",
+    "fail_dead_worker_trials",
+    "mask_url",
+    "open_storage",
+    "open_study",
+    "storage_kind",
+    "worker_identity",
 ]
 
 
@@ -101,7 +101,7 @@ def storage_kind(url: str) -> str:
 
 
 def open_storage(url: str, *, heartbeat_interval_s: int = 10,
-                 grace_period_s: int = 30) -> "optuna.storages.BaseStorage":
+                 grace_period_s: int = 30) -> optuna.storages.BaseStorage:
     """Open an Optuna storage from a URL.
 
     ``sqlite:///`` gives an RDBStorage with a 60 s lock timeout (several local processes);
@@ -217,7 +217,7 @@ def _process_alive(pid: int, start_ticks: int | None) -> bool:
     return True
 
 
-def fail_dead_worker_trials(study: "optuna.Study") -> list[int]:
+def fail_dead_worker_trials(study: optuna.Study) -> list[int]:
     """Mark FAIL every RUNNING trial whose worker ran on this host and is gone.
 
     Trials of workers on other hosts are left alone (an RDB heartbeat handles those).
@@ -252,7 +252,7 @@ def fail_dead_worker_trials(study: "optuna.Study") -> list[int]:
 
 
 # ------------------------------------------------------------------------------------ studies
-def open_study(spec: TuneSpec, storage: "optuna.storages.BaseStorage", *, create: bool = True) -> "optuna.Study":
+def open_study(spec: TuneSpec, storage: optuna.storages.BaseStorage, *, create: bool = True) -> optuna.Study:
     """Create (or load) the spec's study and record the spec in its user attributes.
 
     Args:
@@ -303,7 +303,7 @@ def open_study(spec: TuneSpec, storage: "optuna.storages.BaseStorage", *, create
     return study
 
 
-def count_trials(study: "optuna.Study", state: Any) -> int:
+def count_trials(study: optuna.Study, state: Any) -> int:
     """How many trials of the study are in ``state``.
 
     Args:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats  # memtp_sim.confidence already imports scipy.stats: no extra import cost
@@ -57,7 +58,7 @@ def t_confidence_interval(values: Sequence[float], level: float = 0.95) -> dict[
             "level": level, "values": arr.tolist()}
 
 
-def validate_trials(study: "optuna.Study", spec: TuneSpec, numbers: Sequence[int], *,
+def validate_trials(study: optuna.Study, spec: TuneSpec, numbers: Sequence[int], *,
                     out_dir: str | Path | None = "results") -> dict[int, dict[str, Any]]:
     """Re-run trials on fresh seeds and record confidence intervals.
 
@@ -90,7 +91,7 @@ def validate_trials(study: "optuna.Study", spec: TuneSpec, numbers: Sequence[int
     out: dict[int, dict[str, Any]] = {}
     for num in numbers:
         t = by_num[num]
-        ev = evaluate(scenario_for(spec, t.params), fresh, spec.tracked_metrics)
+        ev = evaluate(scenario_for(spec, t.params), fresh, spec.tracked_metrics, capacity=spec.capacity)
         cis = {m: t_confidence_interval(v, spec.validation.confidence) for m, v in ev["replicates"].items()}
         cons = [c.violation(ev["means"].get(c.metric, float("nan"))) for c in spec.constraints]
         out[num] = {"trial": num, "params": dict(t.params), "seeds": fresh, "metrics": cis,

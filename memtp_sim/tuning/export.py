@@ -38,20 +38,20 @@ import datetime as _dt
 import json
 import shlex
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from ..drafting import DraftSpec
-from ..memtp import MemtpSettings
 from .._io import atomic_write_text
 from .._version import __version__
 from ..api import build_acceptance
 from ..config import Scenario
+from ..drafting import DraftSpec
 from ..errors import ConfigError
 from ..hardware import load_profile
-from ..memtp import MEMTP_DEFAULTS
+from ..memtp import MEMTP_DEFAULTS, MemtpSettings
 from ..policies import make_policy
 from ._loading import parse_tune_spec
 from ._selection import constraint_failures, select_trial
@@ -63,7 +63,7 @@ from ._validation import validate_trials
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-__all__ = ["FORMATS", "export_config", "build_export", "deployment_settings", "provenance_for"]
+__all__ = ["FORMATS", "build_export", "deployment_settings", "export_config", "provenance_for"]
 
 FORMATS = ("vllm", "sglang", "memtp")
 
@@ -162,7 +162,7 @@ def _calibration(scenario_obj: Scenario) -> dict[str, Any]:
     }
 
 
-def provenance_for(study: "optuna.Study", spec: TuneSpec, trial: "optuna.trial.FrozenTrial",
+def provenance_for(study: optuna.Study, spec: TuneSpec, trial: optuna.trial.FrozenTrial,
                    validation: dict[str, Any], *, storage_url: str, selection: str,
                    scenario_obj: Scenario) -> dict[str, Any]:
     """The provenance block every exported file carries.
@@ -227,7 +227,7 @@ def provenance_for(study: "optuna.Study", spec: TuneSpec, trial: "optuna.trial.F
         "calibration": _calibration(scenario_obj),
         "memtp_sim_version": __version__,
         "optuna_version": optuna.__version__,
-        "exported_at_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "exported_at_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -20,6 +20,7 @@ from memtp_sim.cli import main
 from memtp_sim.config import Scenario, StrictModel, load_study
 from memtp_sim.errors import ConfigError
 from memtp_sim.tuning import (
+    CapacitySpec,
     CategoricalDist,
     ExportSpec,
     FloatDist,
@@ -39,7 +40,7 @@ from ._helpers import TRACE, _assert_one_line_error, _write, tiny_doc
 
 def test_every_spec_model_is_a_strict_model():
     for model in (TuneSpec, FloatDist, IntDist, CategoricalDist, PairConstraint, Objective, MetricConstraint,
-                  SamplerSpec, ValidationSpec, ExportSpec):
+                  SamplerSpec, ValidationSpec, ExportSpec, CapacitySpec):
         assert issubclass(model, StrictModel), model
         assert model.model_config.get("strict") is True and model.model_config.get("extra") == "forbid", model
 
@@ -87,6 +88,7 @@ _WHERE: dict[type[BaseModel], tuple[str, Callable[[dict[str, Any]], dict[str, An
     SamplerSpec: ("sampler", lambda d: d.setdefault("sampler", {})),
     ValidationSpec: ("validation", lambda d: d.setdefault("validation", {})),
     ExportSpec: ("export", lambda d: d.setdefault("export", {})),
+    CapacitySpec: ("capacity", lambda d: d.setdefault("capacity", {"slo": "ttft_s_p90 <= 2"})),
     FloatDist: ("search_space.confidence.temperature", lambda d: d["search_space"]["confidence.temperature"]),
     IntDist: ("search_space.policy.gamma", lambda d: d["search_space"]["policy.gamma"]),
     PairConstraint: ("pair_constraints.0", lambda d: _one(d, "pair_constraints",
