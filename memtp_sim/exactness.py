@@ -49,8 +49,10 @@ __all__ = [
     "analytical_acceptance",
     "early_stop_length",
     "residual_distribution",
+    "residual_rows",
     "retrospective_length",
     "sample_first_tokens",
+    "sample_rows",
     "simulate_rounds",
     "speculative_step",
 ]
@@ -144,11 +146,26 @@ def residual_distribution(p_draft: ArrayLike, p_target: ArrayLike) -> NDArray[np
         ``norm(max(0, p - q))`` on rejection).
     """
     pd, pt = _pair(p_draft, p_target)
-    return _residual_rows(pd[None, :], pt[None, :])[0]
+    return residual_rows(pd[None, :], pt[None, :])[0]
 
 
-def _residual_rows(pd: NDArray, pt: NDArray) -> NDArray[np.float64]:
-    """Row-wise residual distributions of ``(m, V)`` matrices (no validation)."""
+def residual_rows(pd: NDArray, pt: NDArray) -> NDArray[np.float64]:
+    """Row-wise residual distributions ``norm(max(0, pt - pd))``, unchecked (hot loops).
+
+    Args:
+        pd: drafter probabilities, shape (m, V), rows summing to 1.
+        pt: target probabilities, shape (m, V), rows summing to 1.
+
+    Returns:
+        Shape (m, V); a row whose residual mass is below ``_RESIDUAL_EPS`` (drafter equal to the
+        target) is the target row itself.
+
+    Raises:
+        Nothing: no validation; :func:`residual_distribution` is the checked single-row form.
+
+    Source:
+        Leviathan et al. (2023), Algorithm 1 (on rejection sample from norm(max(0, p - q))).
+    """
     r = np.maximum(pt - pd, 0.0)
     mass = r.sum(axis=1, keepdims=True)
     zero = mass <= _RESIDUAL_EPS
@@ -222,8 +239,23 @@ class _Source:
         return np.stack(dists)[inverse.reshape(-1)]
 
 
-def _sample_rows(rng: np.random.Generator, probs: NDArray) -> NDArray[np.int64]:
-    """One categorical draw per row of ``probs`` ``(m, V)`` by inverse CDF."""
+def sample_rows(rng: np.random.Generator, probs: NDArray) -> NDArray[np.int64]:
+    """One categorical draw per row of ``probs`` by inverse CDF, unchecked (hot loops).
+
+    Args:
+        rng: the generator (one uniform per row).
+        probs: shape (m, V), non-negative rows summing to 1 within rounding.
+
+    Returns:
+        Token indices, shape (m,), int64; a zero-mass token is never drawn.
+
+    Raises:
+        Nothing: no validation (the callers check their distributions once).
+
+    Source:
+        Inverse transform sampling of a categorical distribution (e.g. Devroye, *Non-Uniform
+        Random Variate Generation*, 1986, section III.2).
+    """
     m = probs.shape[0]
     if m == 0:
         return np.empty(0, dtype=np.int64)
@@ -405,7 +437,7 @@ def simulate_rounds(
     # 1. draft gamma tokens per round
     drafts = np.empty((n, g), dtype=np.int64)
     for k in range(g):
-        drafts[:, k] = _sample_rows(rng, draft.rows(drafts[:, :k]))
+        drafts[:, k] = sample_rows(rng, draft.rows(drafts[:, :k]))
 
     # 2. verify lengths
     lengths = lengths_of(drafts)
@@ -431,15 +463,15 @@ def simulate_rounds(
         n_acc[ok] += 1
         bad = idx[~acc]
         if bad.size:
-            fix = _residual_rows(pd[~acc], pt[~acc]) if residual else pt[~acc]
-            tokens[bad, k] = _sample_rows(rng, fix)
+            fix = residual_rows(pd[~acc], pt[~acc]) if residual else pt[~acc]
+            tokens[bad, k] = sample_rows(rng, fix)
             alive[bad] = False
 
     # 4. bonus token from the target after a fully accepted prefix
     for ell in np.unique(lengths[alive]):
         idx = np.flatnonzero(alive & (lengths == ell))
         pt = target.rows(drafts[idx, :ell])
-        tokens[idx, ell] = _sample_rows(rng, pt)
+        tokens[idx, ell] = sample_rows(rng, pt)
     return RoundBatch(tokens=tokens, n_accepted=n_acc, lengths=lengths, drafts=drafts)
 
 

@@ -32,7 +32,7 @@ from scipy.special import expit, logit
 from ..acceptance import fit_per_position_logits
 from ..confidence import auc_score
 from ..errors import InvalidArgumentError
-from ..exactness import _residual_rows  # the exact rule's own residual norm(max(0, p - q)), shared
+from ..exactness import residual_rows  # the exact rule's own residual norm(max(0, p - q)), shared
 from .source import MarkovSource, sample_categorical
 
 __all__ = [
@@ -111,7 +111,7 @@ def verify_block(rng: np.random.Generator, drafts: NDArray[np.int64], draft_prob
         tokens[ok, k] = x[acc]
         n_acc[ok] += 1
         if bad.size:
-            fix = _residual_rows(pd[~acc], pt[~acc]) if residual else pt[~acc]
+            fix = residual_rows(pd[~acc], pt[~acc]) if residual else pt[~acc]
             tokens[bad, k] = sample_categorical(rng, fix)
             alive[bad] = False
     done = np.flatnonzero(alive)

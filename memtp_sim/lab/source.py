@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import InvalidArgumentError
-from ..exactness import _sample_rows  # the exact rule's own categorical sampler (inverse CDF), shared
+from ..exactness import sample_rows  # the exact rule's own categorical sampler (inverse CDF), shared
 
 __all__ = ["MarkovSource", "history_index", "sample_categorical"]
 
@@ -39,7 +39,7 @@ def sample_categorical(rng: np.random.Generator, probs: NDArray[np.float64]) -> 
 
     The sampler of :mod:`memtp_sim.exactness` (one uniform per row, zero-mass tokens never drawn).
     """
-    return _sample_rows(rng, probs)
+    return sample_rows(rng, probs)
 
 
 def history_index(tokens: NDArray[np.int64], order: int, vocab_size: int) -> NDArray[np.int64]:
