@@ -83,6 +83,18 @@ SHAPES: dict[str, Shape] = {
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-quantile (0..1) of ``values`` by linear interpolation between order statistics.
 
+    Pure Python on purpose: the measure script runs on GPU machines without numpy guarantees.
+
+    Args:
+        values: the sample, any order.
+        q: the quantile, 0..1.
+
+    Returns:
+        The quantile, in the values' units.
+
+    Raises:
+        ValueError: ``values`` is empty.
+
     Source: the "linear" (type 7) definition, numpy's default.
     """
     xs = sorted(values)

@@ -52,6 +52,7 @@ class Layer:
 
 
 def math_sqrt(n: int) -> float:
+    """``sqrt(n)`` as a float (init scale of a random weight matrix, 1/sqrt(fan_in))."""
     return float(n) ** 0.5
 
 
@@ -73,6 +74,7 @@ class Model:
         self.proj = (torch.randn(s.hidden, 2 * s.hidden, generator=gen) / math_sqrt(2 * s.hidden)).to(dev, dt)
 
     def caches(self, r: int, total: int, n_layers: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Random K and V caches per layer, each shape (r, kv_heads, total, head_dim)."""
         shape = (r, self.s.kv_heads, total, self.s.head_dim)
         return [(torch.randn(shape, device=self.dev, dtype=self.dt), torch.randn(shape, device=self.dev, dtype=self.dt))
                 for _ in range(n_layers)]
@@ -87,6 +89,7 @@ class Model:
         return keys[None, :] <= (ctx + pos)[:, None]
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """LM-head logits of hidden states ``x`` (..., hidden) -> (..., vocab), after the final norm."""
         return F.linear(_rms(x, self.norm), self.head)
 
 

@@ -100,6 +100,9 @@ def sweep_plan(args: argparse.Namespace) -> list[tuple[str, int, int, int]]:
 
     Returns:
         The list in the order it will be timed.
+
+    Raises:
+        SystemExit: ``--drafters`` names a kind other than mtp, block, model (a one-line error).
     """
     reqs, vs, ctxs, pre = args.requests, args.tokens_per_request, args.contexts, args.prefill
     if args.quick:

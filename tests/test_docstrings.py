@@ -32,13 +32,6 @@ NO_RAISES = "raises, but the docstring has no 'Raises:' section"
 #: (test_allow_list_only_shrinks fails on an entry that no longer offends). Never add to it.
 ALLOWED_OFFENDERS: frozenset[str] = frozenset({
     # ALLOW-LIST-BEGIN (generated, then kept by hand)
-    "memtp_sim/_measure_shapes.py:percentile",  # raises, but the docstring has no 'Raises:' section
-    "memtp_sim/_measure_torch.py:Model.caches",  # no docstring
-    "memtp_sim/_measure_torch.py:Model.logits",  # no docstring
-    "memtp_sim/_measure_torch.py:math_sqrt",  # no docstring
-    "memtp_sim/dashboard/_whatif.py:show_point",  # raises, but the docstring has no 'Raises:' section
-    "memtp_sim/dashboard/_whatif.py:show_sweep",  # raises, but the docstring has no 'Raises:' section
-    "memtp_sim/measure.py:sweep_plan",  # raises, but the docstring has no 'Raises:' section
     # ALLOW-LIST-END
 })
 

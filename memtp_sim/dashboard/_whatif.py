@@ -247,6 +247,10 @@ def show_point(store: RunStore, ready: dict[str, Any], baseline: dict[str, Any] 
 
     Returns:
         ``(kpi table, notes, info, baseline label, latency fig, sps fig, timeline fig, timeline style)``.
+
+    Raises:
+        PreventUpdate: a run of the point or the baseline is no longer stored (Dash keeps the page
+            as it is until the next change).
     """
     cur = [store.load(k) for k in ready["keys"]]
     base = [store.load(k) for k in baseline["keys"]] if baseline else None
@@ -340,6 +344,9 @@ def show_sweep(store: RunStore, data: dict[str, Any] | None, spec: dict[str, Any
 
     Returns:
         ``(frontier figure, load figure)``.
+
+    Raises:
+        PreventUpdate: no sweep has run yet (Dash keeps the page as it is).
     """
     if not data:
         raise PreventUpdate
