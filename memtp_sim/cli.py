@@ -2,6 +2,7 @@
 
 Commands:
     run STUDY.yaml      run (or resume) a study, write results/<study>/ and report.html
+                        (--executor dask --scheduler ADDRESS: on a Dask cluster)
     report STUDY_DIR    rebuild report.html from finished runs
     profiles            list shipped hardware profiles
     schedule            run the DSpark scheduler on confidences given on the command line
@@ -44,8 +45,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .config import load_study  # lazy: a subcommand loads only what it uses
     from .report import headline_table, load_results, overload_notes, write_report  # lazy: pandas + plotly; keep --help fast
-    from .study import check_writable, plan_runs, run_study  # lazy: a subcommand loads only what it uses
+    from .study import check_executor, check_writable, plan_runs, run_study  # lazy: a subcommand loads only what it uses
 
+    check_executor(args.executor, args.scheduler, args.jobs)  # before anything else: one line, exit 2
     console = Console(stderr=True)
     study = load_study(args.study)
     n_runs = len(plan_runs(study, source=args.study))
@@ -67,7 +69,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             prog.update(inner, completed=done, total=total, visible=True)
 
         out = run_study(study, out_dir=args.out, jobs=args.jobs, force=args.force, source=args.study,
-                        on_progress=on_progress, on_run_progress=on_run_progress)
+                        on_progress=on_progress, on_run_progress=on_run_progress, executor=args.executor,
+                        scheduler=args.scheduler, connect_timeout_s=args.scheduler_timeout)
     root = out.root
     elapsed = time.perf_counter() - t0
     if not args.quiet and out.num_reused:
@@ -374,6 +377,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return v
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m memtp_sim", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -381,7 +394,15 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run (or resume) a study YAML")
     r.add_argument("study", help="study YAML, e.g. studies/load.yaml")
     r.add_argument("--out", default="results", help="results folder (default: results)")
-    r.add_argument("--jobs", type=_positive_int, default=None, help="worker processes (default: CPU count)")
+    r.add_argument("--jobs", type=_positive_int, default=None,
+                   help="local worker processes (default: CPU count; not with --executor dask)")
+    r.add_argument("--executor", choices=("local", "dask"), default="local",
+                   help="where runs execute: local processes (default) or a Dask distributed cluster "
+                        "(needs --scheduler and the dask extra); results are written here either way")
+    r.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                   help="Dask scheduler address for --executor dask, e.g. tcp://10.0.0.5:8786")
+    r.add_argument("--scheduler-timeout", metavar="SECONDS", type=_positive_float, default=10.0,
+                   help="seconds to wait for the Dask scheduler to answer and have a worker (default: 10)")
     r.add_argument("--force", action="store_true", help="recompute runs that already have results")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.add_argument("--progress", action="store_true", help="show the progress bar even when not a terminal")

@@ -15,8 +15,11 @@ Which class:
   tokens beyond a request's output, a policy plan out of range). Raised explicitly, never by a
   bare ``assert`` (which ``python -O`` strips).
 * :class:`TelemetryUnavailableError`: no memory-telemetry source of this machine could be read.
+* :class:`ExecutorUnavailableError`: a study's runs cannot be sent where they were asked to go
+  (``--executor dask``: Dask is not installed, the scheduler cannot be reached in time, or it has
+  no workers).
 
-The first three are also :class:`ValueError` and the last two :class:`RuntimeError`, so callers
+The first three are also :class:`ValueError` and the last three :class:`RuntimeError`, so callers
 that catch the built-in types keep working. Inside pydantic validators the package raises plain
 ``ValueError`` (pydantic's own contract); loaders turn those into :class:`ConfigError`.
 """
@@ -30,6 +33,7 @@ __all__ = [
     "InvalidArgumentError",
     "EngineInvariantError",
     "TelemetryUnavailableError",
+    "ExecutorUnavailableError",
     "ExperimentalWarning",
 ]
 
@@ -56,6 +60,10 @@ class EngineInvariantError(MemtpSimError, RuntimeError):
 
 class TelemetryUnavailableError(MemtpSimError, RuntimeError):
     """No memory-telemetry source (AMD sysfs, NVIDIA, /proc/meminfo) could be read."""
+
+
+class ExecutorUnavailableError(MemtpSimError, RuntimeError):
+    """A study's executor cannot be used (the message says why and what to install or start)."""
 
 
 class ExperimentalWarning(UserWarning):

@@ -8,7 +8,10 @@ Results go under ``<out>/<study name>/``::
     runs.csv                     one row per run: sweep labels + headline metrics
     report.html                  Plotly report (see :mod:`memtp_sim.report`)
 
-Every file is written atomically (temporary file + rename), and ``summary.json`` (written last)
+Runs execute in this process, in local worker processes that die with it, or on a Dask
+distributed cluster (``executor="dask"``, ``run --executor dask --scheduler ADDRESS``); workers
+only compute and hand back the run's files, and the submitting process writes them. Every file is
+written atomically (temporary file + rename), and ``summary.json`` (written last)
 records the size and digest of the run's other files, so an interrupted or damaged run is never
 taken for a finished one. Runs are keyed by content (scenario + seed): running the study again
 reuses every run whose scenario, seed, input files and result files verify (resume), and says how
@@ -23,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import secrets
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -35,14 +39,15 @@ import yaml
 
 from ._io import atomic_write_bytes, atomic_write_text, file_digest, json_default
 from ._procs import FolderLock, die_with_parent
+from ._version import __version__
 from .acceptance import DEFAULT_ACCEPTANCE, acceptance_dir
 from .api import run
 from .config import Scenario, Study
 from .hardware import list_profiles
-from .errors import ConfigError
+from .errors import ConfigError, ExecutorUnavailableError, InvalidArgumentError
 
 __all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_fingerprint", "check_writable",
-           "runs_table", "collect_runs", "verify_run_files"]
+           "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor"]
 
 
 @dataclass(frozen=True)
@@ -106,36 +111,90 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _execute(spec: RunSpec, run_dir: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Run one spec and write its files (summary.json last, with the size and digest of the
-    others, so it marks a complete run). A run that fails writes ``failed.json`` instead and
-    returns a record with ``status: failed`` and the reason; the study goes on."""
-    d = Path(run_dir)
+def _failed_record(spec: RunSpec, error: str, trace: str | None = None) -> dict[str, Any]:
+    """The record of a run that could not complete (written as ``failed.json``)."""
+    record = {"run_id": spec.run_id, "labels": spec.labels, "seed": spec.seed, "status": "failed", "error": error}
+    if trace:
+        record["traceback"] = trace
+    return record
+
+
+def _input_mismatch(spec: RunSpec, inputs: dict[str, str], expect: dict[str, Any] | None) -> str | None:
+    """Why this process must not compute ``spec`` (None if it may): the spec's content id, and, on
+    a Dask worker, the package version and input-file digests the submitting process saw."""
+    if run_key(spec.scenario, spec.seed) != spec.run_id:
+        return (f"the scenario arrived changed (its content id is {run_key(spec.scenario, spec.seed)}, not "
+                f"{spec.run_id}); install the same memtp_sim and pydantic where the run executes")
+    if expect is None:
+        return None
+    if expect.get("version") != __version__:
+        return (f"this worker runs memtp_sim {__version__}, the submitting process {expect.get('version')}; "
+                "install the same version on every worker")
+    differ = sorted(k for k in set(inputs) | set(expect.get("inputs", {}))
+                    if inputs.get(k) != expect.get("inputs", {}).get(k))
+    if differ:
+        return (f"this worker's input files differ from the submitting process's ({', '.join(differ)}); every "
+                "worker must see the same trace and profile files at the same paths")
+    return None
+
+
+def _compute(spec: RunSpec, progress: Callable[[int, int], None] | None = None,
+             expect: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Simulate one spec and return ``(record, blobs)`` without writing anything, so that it can
+    run in a local worker process or on a Dask worker on another host.
+
+    ``record`` is the run's summary (``status: ok``, with the size and digest of each blob) or,
+    for a run that could not complete, a ``status: failed`` record with the reason and no blobs.
+    ``expect`` (Dask) carries the version and input digests of the submitting process; a worker
+    that differs computes nothing and says why (see :func:`_input_mismatch`).
+    """
     try:
+        inputs = input_fingerprint(spec.scenario)
+        why = _input_mismatch(spec, inputs, expect)
+        if why is not None:
+            return _failed_record(spec, why), {}
         res = run(spec.scenario, seed=spec.seed, progress=progress)
+        buf = io.StringIO()
+        res.requests_frame().to_csv(buf, index=False)
+        pbuf = io.BytesIO()
+        res.rounds_frame().to_parquet(pbuf, index=False)
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded; Ctrl-C still stops the study
         # a run that cannot complete is recorded with its reason (the study finishes the rest)
-        record = {"run_id": spec.run_id, "labels": spec.labels, "seed": spec.seed, "status": "failed",
-                  "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
-        atomic_write_text(d / "failed.json", json.dumps(record, indent=2, default=json_default))
-        return record
-    buf = io.StringIO()
-    res.requests_frame().to_csv(buf, index=False)
-    blobs = {"requests.csv": buf.getvalue().encode()}
-    pbuf = io.BytesIO()
-    res.rounds_frame().to_parquet(pbuf, index=False)
-    blobs["rounds.parquet"] = pbuf.getvalue()
-    for name, data in blobs.items():
-        atomic_write_bytes(d / name, data)
+        return _failed_record(spec, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)), {}
+    blobs = {"requests.csv": buf.getvalue().encode(), "rounds.parquet": pbuf.getvalue()}
     summary = res.summary()
     summary["run_id"] = spec.run_id
     summary["labels"] = spec.labels
     summary["status"] = "ok"
-    summary["inputs"] = input_fingerprint(spec.scenario)
+    summary["inputs"] = inputs
     summary["files"] = {name: {"bytes": len(data), "sha256": _digest(data)} for name, data in blobs.items()}
-    atomic_write_text(d / "summary.json", json.dumps(summary, indent=2, default=json_default, allow_nan=True))
-    (d / "failed.json").unlink(missing_ok=True)
-    return summary
+    return summary, blobs
+
+
+def _write_outcome(run_dir: Path, record: dict[str, Any], blobs: dict[str, bytes]) -> dict[str, Any]:
+    """Write what :func:`_compute` returned into ``run_dir`` (atomically; ``summary.json`` last, so
+    it marks a complete run) and return the record. Blobs whose size or digest differs from what
+    the worker recorded (damaged in transit) make the run a failed one instead."""
+    if record.get("status") == "ok":
+        files = record.get("files", {})
+        bad = sorted(n for n, data in blobs.items()
+                     if files.get(n, {}).get("bytes") != len(data) or files.get(n, {}).get("sha256") != _digest(data))
+        if bad or set(blobs) != set(RUN_FILES):
+            record = {k: record[k] for k in ("run_id", "labels", "seed")}
+            record.update(status="failed", error=f"result files damaged in transit: {', '.join(bad) or 'missing'}")
+    if record.get("status") != "ok":
+        atomic_write_text(run_dir / "failed.json", json.dumps(record, indent=2, default=json_default))
+        return record
+    for name, data in blobs.items():
+        atomic_write_bytes(run_dir / name, data)
+    atomic_write_text(run_dir / "summary.json", json.dumps(record, indent=2, default=json_default, allow_nan=True))
+    (run_dir / "failed.json").unlink(missing_ok=True)
+    return record
+
+
+def _execute(spec: RunSpec, run_dir: str, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Run one spec in this process and write its files; returns the summary or failed record."""
+    return _write_outcome(Path(run_dir), *_compute(spec, progress))
 
 
 def verify_run_files(run_dir: Path, summary: dict[str, Any]) -> str | None:
@@ -223,28 +282,90 @@ def _worker_init() -> None:
     die_with_parent()  # a kill -9 of `run` must not leave workers behind
 
 
-def _run_todo(todo: list[RunSpec], root: Path, jobs: int, on_done: Callable[[dict[str, Any]], None],
-              on_run_progress: Callable[[int, int], None] | None) -> None:
+#: Executors a study can run on (``run_study(executor=...)``, ``run --executor``).
+EXECUTORS = ("local", "dask")
+
+
+def _drain(futs: dict[Any, RunSpec], completed: Any, root: Path, on_done: Callable[[dict[str, Any]], None],
+           lost: tuple[type[BaseException], ...]) -> None:
+    """Write each finished future's run as it completes (this process writes every result file) and
+    report it; a run whose worker was lost (an exception in ``lost``) is recorded as failed. A
+    written run's future is dropped at once, so neither side keeps finished results in memory."""
+    try:
+        for fut in completed:
+            spec = futs.pop(fut)
+            try:
+                record, blobs = fut.result()
+            except lost as e:  # a worker died (killed for memory, its host went away) or could not run the task
+                record, blobs = _failed_record(spec, f"worker lost ({type(e).__name__}: {e})"), {}
+            on_done(_write_outcome(root / "runs" / spec.run_id, record, blobs))
+    except BaseException:
+        for f in list(futs):
+            f.cancel()
+        raise
+
+
+def _run_local(todo: list[RunSpec], root: Path, jobs: int, on_done: Callable[[dict[str, Any]], None],
+               on_run_progress: Callable[[int, int], None] | None) -> None:
     """Execute ``todo`` in this process (jobs 1) or in worker processes that die with this one."""
     if jobs == 1 or len(todo) <= 1:
         for spec in todo:
             on_done(_execute(spec, str(root / "runs" / spec.run_id), on_run_progress))
         return
     with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_worker_init) as pool:
-        futs = {pool.submit(_execute, spec, str(root / "runs" / spec.run_id)): spec for spec in todo}
-        try:
-            for fut in as_completed(futs):
-                spec = futs[fut]
-                try:
-                    rec = fut.result()
-                except BrokenProcessPool as e:  # a worker died (e.g. killed for memory)
-                    rec = {"run_id": spec.run_id, "labels": spec.labels, "seed": spec.seed, "status": "failed",
-                           "error": f"worker process died ({e.__class__.__name__})"}
-                on_done(rec)
-        except BaseException:
-            for f in futs:
-                f.cancel()
-            raise
+        futs = {pool.submit(_compute, spec): spec for spec in todo}
+        _drain(futs, as_completed(futs), root, on_done, (BrokenProcessPool,))
+
+
+def _import_distributed() -> Any:
+    """The ``distributed`` module, or :class:`ExecutorUnavailableError` saying how to install it."""
+    try:
+        import distributed  # optional extra: imported only for --executor dask
+    except ImportError as e:
+        raise ExecutorUnavailableError(f"--executor dask needs Dask distributed ({e}); install it with "
+                                       "pip install -e \".[dask]\"") from None
+    return distributed
+
+
+def _dask_client(scheduler: str, timeout_s: float) -> Any:
+    """A client of the Dask scheduler at ``scheduler`` that has at least one worker."""
+    distributed = _import_distributed()
+    try:
+        client = distributed.Client(scheduler, timeout=timeout_s, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise ExecutorUnavailableError(f"Dask scheduler {scheduler} unreachable within {timeout_s:g} s "
+                                       f"({type(e).__name__}); start it with `dask scheduler` or check the "
+                                       "address") from None
+    try:
+        client.wait_for_workers(1, timeout=timeout_s)
+    except (OSError, TimeoutError):
+        client.close()
+        raise ExecutorUnavailableError(f"Dask scheduler {scheduler} has no workers (waited {timeout_s:g} s); "
+                                       f"start some with `dask worker {scheduler} --nthreads 1`") from None
+    return client
+
+
+def _run_dask(todo: list[RunSpec], root: Path, on_done: Callable[[dict[str, Any]], None], scheduler: str,
+              timeout_s: float) -> None:
+    """Execute ``todo`` on the Dask cluster at ``scheduler``; this process writes every result.
+
+    Each task carries the version and input digests this process sees, so a worker with other
+    files or another version computes nothing and says so. Closing the client (normally, on
+    Ctrl-C, or because this process died) releases the runs still queued on the cluster.
+    """
+    distributed = _import_distributed()
+    client = _dask_client(scheduler, timeout_s)
+    try:
+        token = secrets.token_hex(4)
+        futs = {}
+        for spec in todo:
+            expect = {"version": __version__, "inputs": input_fingerprint(spec.scenario)}
+            futs[client.submit(_compute, spec, None, expect, key=f"memtp_sim-{spec.run_id}-{token}",
+                               retries=0)] = spec
+        with client.as_current():  # as_completed finds the client through the current one
+            _drain(futs, distributed.as_completed(futs), root, on_done, (Exception,))
+    finally:
+        client.close()
 
 
 def run_study(
@@ -256,6 +377,9 @@ def run_study(
     source: str = "<study>",
     on_progress: Callable[[int, int, str], None] | None = None,
     on_run_progress: Callable[[int, int], None] | None = None,
+    executor: str = "local",
+    scheduler: str | None = None,
+    connect_timeout_s: float = 10.0,
 ) -> StudyOutcome:
     """Run (or resume) every run of ``study``; write runs.csv and study.json.
 
@@ -265,11 +389,18 @@ def run_study(
 
     Args:
         out_dir: parent folder; the study writes into ``out_dir/<study.name>``.
-        jobs: worker processes (default: CPU count); 1 runs in this process.
+        jobs: local worker processes (default: CPU count); 1 runs in this process. Only with
+            ``executor="local"``: on Dask the cluster's workers decide.
         force: recompute runs that already have results.
         on_progress: ``on_progress(done, total, run_id)`` after each run.
         on_run_progress: ``on_run_progress(done_requests, total_requests)`` within each run, when
             runs execute in this process (``jobs == 1`` or a single run left).
+        executor: ``"local"`` (processes on this machine) or ``"dask"`` (the Dask distributed
+            cluster at ``scheduler``; needs the ``dask`` extra). Either way this process writes
+            every result file, so workers need no access to ``out_dir``; they need the same input
+            files at the same paths and the same memtp_sim version, or their runs fail saying so.
+        scheduler: the Dask scheduler's address, e.g. ``tcp://10.0.0.5:8786`` (dask only).
+        connect_timeout_s: seconds to wait for the scheduler to answer and to have a worker.
 
     Returns:
         A :class:`StudyOutcome`.
@@ -277,7 +408,12 @@ def run_study(
     Raises:
         ConfigError: the results folder cannot be written (checked before anything runs).
         FolderBusyError: another process is writing this study's results.
+        InvalidArgumentError: an unknown executor, or a scheduler without ``executor="dask"`` (or
+            the reverse), or ``jobs`` with ``executor="dask"``.
+        ExecutorUnavailableError: Dask is not installed, or (when some run is left to compute) the
+            scheduler does not answer, or has no worker, within ``connect_timeout_s``.
     """
+    check_executor(executor, scheduler, jobs)
     root = Path(out_dir) / study.name
     check_writable(root)
     specs = plan_runs(study, source=source)
@@ -299,7 +435,10 @@ def run_study(
             if on_progress is not None:
                 on_progress(len(records), len(specs), rec["run_id"])
 
-        _run_todo(todo, root, max(1, jobs or os.cpu_count() or 1), on_done, on_run_progress)
+        if executor == "dask" and todo:
+            _run_dask(todo, root, on_done, str(scheduler), connect_timeout_s)
+        else:
+            _run_local(todo, root, max(1, jobs or os.cpu_count() or 1), on_done, on_run_progress)
         ordered = [records[s.run_id] for s in specs]
         table = runs_table(ordered)
         atomic_write_text(root / "runs.csv", table.to_csv(index=False))
@@ -308,6 +447,33 @@ def run_study(
     stale = sum(1 for d in (root / "runs").iterdir() if d.is_dir() and d.name not in known)
     failed = {r["run_id"]: r["error"] for r in ordered if r.get("status") == "failed"}
     return StudyOutcome(root, table, len(specs), num_reused, len(todo), failed, stale)
+
+
+def check_executor(executor: str, scheduler: str | None, jobs: int | None) -> None:
+    """Refuse executor settings that cannot work together, before anything runs.
+
+    Args:
+        executor: one of :data:`EXECUTORS`.
+        scheduler: the Dask scheduler address, or None.
+        jobs: local worker processes, or None.
+
+    Raises:
+        InvalidArgumentError: an unknown executor; a scheduler without executor ``dask``; executor
+            ``dask`` without a scheduler, or with ``jobs``.
+        ExecutorUnavailableError: executor ``dask`` and Dask distributed is not installed.
+    """
+    if executor not in EXECUTORS:
+        raise InvalidArgumentError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if executor == "local" and scheduler is not None:
+        raise InvalidArgumentError("--scheduler is only for --executor dask (the local executor needs no scheduler)")
+    if executor == "dask":
+        if not scheduler:
+            raise InvalidArgumentError("--executor dask needs --scheduler ADDRESS (the address `dask scheduler` "
+                                       "prints, e.g. tcp://127.0.0.1:8786)")
+        if jobs is not None:
+            raise InvalidArgumentError("--jobs sets local worker processes; with --executor dask the cluster's "
+                                       "workers decide (leave out --jobs)")
+        _import_distributed()
 
 
 def _study_meta(study: Study, specs: list[RunSpec], source: str) -> dict[str, Any]:
