@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["SPSTable", "AttentionCost", "DrafterCost", "MeasuredDrafterCost", "Overheads", "BELOW_MIN_RULES", "BEYOND_MAX_RULES"]
+__all__ = ["SPSTable", "roofline_extrapolate", "AttentionCost", "DrafterCost", "MeasuredDrafterCost", "Overheads", "BELOW_MIN_RULES", "BEYOND_MAX_RULES"]
 
 
 #: Rules for B outside the measured range (``below_min`` / ``beyond_max``).
@@ -89,6 +89,41 @@ class _Dense:
     factor: np.ndarray  # 1, or the eager factor above the largest captured size
 
 
+def roofline_extrapolate(x: Any, xs: np.ndarray, ts: np.ndarray) -> Any:
+    """Time beyond the largest measured point: a straight line that never falls.
+
+    The slope is the secant through the last two measured points (the compute-bound line). When
+    that secant does not rise (measurement noise at the top of a curve, e.g. H200 decode passes
+    of 16.1 ms at B = 512 after 18.0 ms at 448), the secant from the last point down to the
+    measured point nearest half of it is used instead, and the slope is never below zero: a
+    bigger batch never takes less time than the largest measured one. One point: proportional.
+
+    Args:
+        x: where to evaluate (scalar or array), beyond ``xs[-1]``.
+        xs: measured positions, shape (n,), increasing.
+        ts: measured times, shape (n,), > 0 (any unit; the result has the same).
+
+    Returns:
+        Times of ``x``'s shape, ``>= ts[-1]`` for ``x >= xs[-1]``.
+
+    Raises:
+        Nothing (the callers validate ``xs`` and ``ts`` on construction).
+
+    Source:
+        Roofline model (Williams, Waterman, Patterson, CACM 2009): above the knee, time grows
+        linearly with the work; the noise guard is this project's (a fault report: negative pass
+        times from a falling last secant).
+    """
+    x1, t1 = float(xs[-1]), float(ts[-1])
+    if xs.size < 2:
+        return t1 * (np.asarray(x, dtype=np.float64) / x1)
+    slope = (t1 - float(ts[-2])) / (x1 - float(xs[-2]))
+    if slope <= 0.0:
+        j = int(np.argmin(np.abs(xs[:-1] - x1 / 2.0)))
+        slope = max((t1 - float(ts[j])) / (x1 - float(xs[j])), 0.0)
+    return t1 + (np.asarray(x, dtype=np.float64) - x1) * slope
+
+
 @dataclass(frozen=True)
 class SPSTable:
     """Pass time (and verifier steps per second) of one forward pass over B tokens.
@@ -99,7 +134,7 @@ class SPSTable:
     * **Outside the measured range**: ``below_min`` (``error`` refuses, ``flat`` takes the
       smallest measured pass: the memory-bound floor) and ``beyond_max`` (``error`` refuses,
       ``roofline`` continues linearly through the last two measured points: the compute-bound
-      line). A run reports the fraction of its rounds priced outside the measured range.
+      line, never falling: :func:`roofline_extrapolate`). A run reports the fraction of its rounds priced outside the measured range.
     * **Context**: a pass attends to the KV cache of every request in it, so its time grows with
       the context (:class:`AttentionCost`). Each measured point is first brought to context 0 by
       removing the attention term of its own measured context (``ref_*`` arrays), and a round's
@@ -408,13 +443,7 @@ class SPSTable:
         return (d.zero_ms[idx] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[b_first: b_last + 1] / 1000.0
 
     def _roofline_ms(self, b: np.ndarray, ms: np.ndarray | None = None) -> np.ndarray:
-        # linear in pass time through the last two measured points (one point: proportional to B)
-        ms = self.pass_ms if ms is None else ms
-        if self.batch_tokens.size < 2:
-            return ms[-1] * (b / self.batch_tokens[-1])
-        b0, b1 = self.batch_tokens[-2:]
-        t0, t1 = ms[-2:]
-        return t1 + (b - b1) * (t1 - t0) / (b1 - b0)
+        return roofline_extrapolate(b, self.batch_tokens, self.pass_ms if ms is None else ms)
 
     def sps(self, b: Any) -> Any:
         """Steps per second ``1 / pass_time_s(b)``.
@@ -567,9 +596,7 @@ class MeasuredDrafterCost:
     def _t_ms(self, work: float) -> float:
         if work <= self.x[-1] or self.x.size < 2:
             return float(np.interp(work, self.x, self.ms))
-        x0, x1 = self.x[-2:]
-        t0, t1 = self.ms[-2:]
-        return float(t1 + (work - x1) * (t1 - t0) / (x1 - x0))
+        return float(roofline_extrapolate(np.float64(work), self.x, self.ms))
 
     def round_time_s(self, num_requests: int, gamma: int) -> float:
         """Drafting time of one round, seconds (0 when nothing is drafted).
