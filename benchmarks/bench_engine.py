@@ -1,28 +1,59 @@
-"""Engine speed benchmark (not a test): how fast memtp_sim simulates serving traffic.
+"""Engine speed benchmark (not a test): how fast memtp_sim simulates serving traffic, against the
+targets of issue 13 and against baselines measured in the same run (the machine's speed cancels).
 
-For DSpark at closed-loop concurrency 1, 16 and 64 (gfx1151 default profile, Azure 2023
-conversation trace, disaggregated prefill as in studies/load.yaml) it prints simulated output
-tokens per wall second, engine rounds per wall second and simulated seconds per wall second. The
-baseline, measured in the same run on the same workload, is the no-speculation policy: the ratio
-says what DSpark's per-round work (drafting confidences, Algorithm 1, acceptance sampling) costs on
-top of the bare engine loop.
+Sections:
 
-    python benchmarks/bench_engine.py [--requests 400] [--repeat 3]
+1. Throughput: DSpark and no speculation at closed-loop concurrency 1, 16 and 64 (gfx1151 default
+   profile, Azure 2023 conversation trace, disaggregated prefill as in studies/load.yaml):
+   simulated output tokens per wall second, engine rounds per wall second, microseconds a round.
+   Baselines of the same run: the no-speculation engine loop, and a minimal SimPy server (one
+   timeout per round, nothing else: the floor of any SimPy design).
+2. Targets: DSpark at 64 users >= 3 M simulated output tokens/s, no speculation >= 5 M; each
+   printed with its value, ratio to target and ratio to the SimPy floor.
+3. Scaling: fitted exponent of wall time vs requests (concurrency 16) and of time a round vs
+   batch (concurrency 1..64); 1.0 is linear.
+4. Start-up: ``import memtp_sim`` and a cold what-if point (a fresh ``python -c`` that loads
+   studies/load.yaml and runs one scenario at one load level), each in a subprocess; the warm
+   point (the same run again in this process). Targets 0.3 s, 1 s, 0.2 s.
+5. Memory: round-log bytes per round, peak RSS of this process, and the round log a 100k-request
+   single-user run would hold (target: the run under 1 GB).
+
+    python benchmarks/bench_engine.py [--requests 400] [--repeat 3] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+import numpy as np
+import simpy
 
 from memtp_sim import run
 from memtp_sim.config import Scenario
 
-TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "azure2023_conv.csv"
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "data" / "traces" / "azure2023_conv.csv"
+
+TARGET_DSPARK_TOK_S = 3e6
+TARGET_NOSPEC_TOK_S = 5e6
+TARGET_IMPORT_S, TARGET_COLD_S, TARGET_WARM_S = 0.3, 1.0, 0.2
+TARGET_RSS_GIB = 1.0
+
+COLD_POINT = (
+    "from memtp_sim import run; from memtp_sim.config import load_study; "
+    "s = load_study('studies/load.yaml'); "
+    "sc, seed = next((sc, sd) for lab, sc, sd in s.expand(source='studies/load.yaml') "
+    "if lab.get('workload.concurrency') == 8 and sc.policy.name == 'dspark'); run(sc, seed=seed)"
+)
 
 
 def scenario(policy: dict, concurrency: int, requests: int) -> Scenario:
+    """The benchmark scenario: closed loop on the Azure conversation trace, disaggregated prefill."""
     return Scenario.model_validate({
         "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": concurrency,
                      "num_requests": requests},
@@ -32,6 +63,7 @@ def scenario(policy: dict, concurrency: int, requests: int) -> Scenario:
 
 
 def best_of(scen: Scenario, repeat: int) -> tuple[float, dict]:
+    """Best wall time of ``repeat`` runs (seed 0) and that run's metrics."""
     best, metrics = float("inf"), {}
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -42,22 +74,118 @@ def best_of(scen: Scenario, repeat: int) -> tuple[float, dict]:
     return best, metrics
 
 
+def simpy_floor_us(rounds: int = 20000) -> float:
+    """Microseconds a round of a SimPy server that only waits a timeout each round."""
+    env = simpy.Environment()
+
+    def server():
+        for _ in range(rounds):
+            yield env.timeout(0.01)
+
+    t0 = time.perf_counter()
+    env.process(server())
+    env.run()
+    return (time.perf_counter() - t0) / rounds * 1e6
+
+
+def subprocess_s(code: str, repeat: int) -> float:
+    """Best wall time of a fresh ``python -c code`` in the repository root (interpreter start included)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def fit_exponent(x: list[float], y: list[float]) -> float:
+    """Slope of log y over log x (least squares)."""
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
+def line(name: str, value: float, unit: str, target: float | None = None, higher_better: bool = True,
+         baseline: tuple[str, float] | None = None) -> None:
+    """One target line: value, ratio to target (>= 1 means met), ratio to a same-run baseline."""
+    parts = [f"{name:<44} {value:12.4g} {unit:<10}"]
+    if target is not None:
+        if higher_better:
+            ratio = value / target
+        else:  # lower is better; a value <= 0 (e.g. a flat or falling exponent) meets it outright
+            ratio = target / value if value > 0 else float("inf")
+        parts.append(f"target {target:.3g} -> x{ratio:5.2f} {'MET' if ratio >= 1 else 'not met'}")
+    if baseline is not None:
+        parts.append(f"| vs {baseline[0]}: x{value / baseline[1]:.2f}")
+    print("  ".join(parts))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--repeat", type=int, default=3, help="best of N wall times")
+    ap.add_argument("--quick", action="store_true", help="fewer scaling points, one repeat of the subprocesses")
     args = ap.parse_args()
     run(scenario({"name": "dspark"}, 4, 20), seed=0)  # warm caches (profile, trace, STS fit)
+
+    floor_us = simpy_floor_us()
+    print(f"SimPy floor (one timeout a round, nothing else): {floor_us:.2f} us/round")
     print(f"{'conc':>5} {'policy':>8} {'wall_s':>7} {'sim_s':>8} {'sim_x_real':>10} {'out_tok/wall_s':>15} "
-          f"{'rounds/wall_s':>14} {'us/round':>9} {'cost/round vs no_spec':>22}")
+          f"{'rounds/wall_s':>14} {'us/round':>9} {'vs no_spec':>10} {'vs SimPy floor':>14}")
+    per_round: dict[tuple[str, int], float] = {}
+    tok_s: dict[tuple[str, int], float] = {}
     for conc in (1, 16, 64):
         base_wall, base = best_of(scenario({"name": "no_spec"}, conc, args.requests), args.repeat)
         wall, m = best_of(scenario({"name": "dspark"}, conc, args.requests), args.repeat)
         for name, w, mm in (("no_spec", base_wall, base), ("dspark", wall, m)):
             us = w / mm["num_rounds"] * 1e6
-            ratio = us / (base_wall / base["num_rounds"] * 1e6)
+            per_round[name, conc] = us
+            tok_s[name, conc] = mm["output_tokens_total"] / w
             print(f"{conc:>5} {name:>8} {w:7.2f} {mm['makespan_s']:8.0f} {mm['makespan_s'] / w:10.0f} "
-                  f"{mm['output_tokens_total'] / w:15.0f} {mm['num_rounds'] / w:14.0f} {us:9.0f} {ratio:22.2f}")
+                  f"{tok_s[name, conc]:15.0f} {mm['num_rounds'] / w:14.0f} {us:9.1f} "
+                  f"{us / per_round['no_spec', conc]:10.2f} {us / floor_us:14.1f}")
+
+    print("\nTargets (ratio >= 1 is met; 'vs' columns are same-run baselines)")
+    floor_tok_s = 64 / (floor_us * 1e-6)  # a 64-user round on the SimPy floor, one token each
+    line("DSpark 64 users, simulated out tok/s", tok_s["dspark", 64], "tok/s", TARGET_DSPARK_TOK_S,
+         baseline=("SimPy-floor tok/s", floor_tok_s))
+    line("no_spec 64 users, simulated out tok/s", tok_s["no_spec", 64], "tok/s", TARGET_NOSPEC_TOK_S,
+         baseline=("SimPy-floor tok/s", floor_tok_s))
+
+    sizes = [100, 200, 400] if args.quick else [100, 200, 400, 800]
+    walls = [best_of(scenario({"name": "dspark"}, 16, n), 1)[0] for n in sizes]
+    line("exponent of wall time vs requests (conc 16)", fit_exponent(sizes, walls), "", 1.0, higher_better=False)
+    concs = [1, 16, 64]
+    line("exponent of us/round vs batch (dspark)", fit_exponent(concs, [per_round["dspark", c] for c in concs]),
+         "", 1.0, higher_better=False)
+
+    rep = 1 if args.quick else 3
+    t_py = subprocess_s("pass", rep)
+    t_imp = subprocess_s("import memtp_sim", rep)
+    line("import memtp_sim (subprocess, start included)", t_imp, "s", TARGET_IMPORT_S, higher_better=False,
+         baseline=("bare python", t_py))
+    t_cold = subprocess_s(COLD_POINT, rep)
+    line("cold what-if point (studies/load.yaml, 1 run)", t_cold, "s", TARGET_COLD_S, higher_better=False,
+         baseline=("bare python", t_py))
+    from memtp_sim.config import load_study
+
+    study = load_study(ROOT / "studies" / "load.yaml")
+    sc, seed = next((sc, sd) for lab, sc, sd in study.expand(source="studies/load.yaml")
+                    if lab.get("workload.concurrency") == 8 and sc.policy.name == "dspark")
+    run(sc, seed=seed)
+    t0 = time.perf_counter()
+    res = run(sc, seed=seed)
+    t_warm = time.perf_counter() - t0
+    line("warm what-if point (same run again)", t_warm, "s", TARGET_WARM_S, higher_better=False)
+
+    rounds = res.state.rounds
+    per = sum(a.itemsize for a in rounds.values())
+    one_user = best_of(scenario({"name": "dspark"}, 1, args.requests), 1)[1]
+    rounds_per_request = one_user["num_rounds"] / args.requests
+    proj_gib = per * rounds_per_request * 100_000 / 2**30
+    rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    print(f"round log: {per} bytes a round ({len(rounds)} columns); single-user DSpark: "
+          f"{rounds_per_request:.1f} rounds a request")
+    line("round log of a 100k-request single-user run", proj_gib, "GiB", TARGET_RSS_GIB, higher_better=False)
+    line("peak RSS of this benchmark process", rss_gib, "GiB", TARGET_RSS_GIB, higher_better=False)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
   twice in one mapping (PyYAML silently keeps the last).
 * :func:`file_digest`: content hash of an input file, cached by (path, mtime, size).
 * :func:`json_default`: ``json.dumps`` hook for numpy scalars and arrays.
+* :func:`disk_cached`: a JSON value computed once per machine, keyed by a hash of its inputs
+  and the package version (fits that cost a cold process half a second).
 
 Nothing here knows about scenarios or engines.
 """
@@ -13,6 +15,7 @@ Nothing here knows about scenarios or engines.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 from pathlib import Path
@@ -20,9 +23,11 @@ from typing import Any
 
 import yaml
 
+from ._version import __version__
 from .errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "file_digest", "json_default", "yaml_loader"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "file_digest", "json_default", "yaml_loader",
+           "cache_dir", "disk_cached", "CACHE_ENV"]
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -184,3 +189,52 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
     if not isinstance(doc, dict):
         raise error(f"{path}: expected {what}")
     return doc
+
+
+#: Environment variable naming the disk-cache folder; ``off`` (or ``0``, ``none``) disables it.
+CACHE_ENV = "MEMTP_SIM_CACHE_DIR"
+
+
+def cache_dir() -> Path | None:
+    """The disk-cache folder: ``$MEMTP_SIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/memtp_sim``, else
+    ``~/.cache/memtp_sim``; None when the variable says ``off``, ``0`` or ``none``."""
+    env = os.environ.get(CACHE_ENV, "").strip()
+    if env.lower() in ("off", "0", "none"):
+        return None
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "memtp_sim"
+
+
+def disk_cached(kind: str, inputs: Any, compute: Any) -> Any:
+    """``compute()`` once per machine for the same ``inputs``: the JSON result is kept in
+    :func:`cache_dir` under ``kind-<sha256 of (kind, inputs, package version)>.json``.
+
+    Args:
+        kind: what is cached (a file-name prefix), e.g. ``sts``.
+        inputs: everything the result depends on; its ``repr`` is hashed, so it must be
+            deterministic (tuples of numbers and strings).
+        compute: a function of no arguments returning a JSON-ready value (lists, floats, str).
+
+    Returns:
+        The cached or freshly computed value (floats round-trip exactly through JSON).
+
+    An unreadable, corrupt or unwritable cache never fails a run: the value is computed and,
+    when the folder is writable, written atomically (:func:`atomic_write_text`).
+    """
+    folder = cache_dir()
+    if folder is None:
+        return compute()
+    digest = hashlib.sha256(repr((kind, inputs, __version__)).encode("utf-8")).hexdigest()[:32]
+    path = folder / f"{kind}-{digest}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not cached yet, or unreadable: compute it
+    value = compute()
+    try:
+        atomic_write_text(path, json.dumps({"kind": kind, "inputs": repr(inputs), "value": value}))
+    except OSError:
+        pass  # a read-only home still runs, uncached
+    return value

@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Callable, Any, Mapping, Sequence
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import expit, logit
 
-from ._io import read_yaml
+from ._io import disk_cached, read_yaml
+from ._lazy import brentq, expit, logit
 from .errors import CalibrationError
 from .hardware import calibration_dir
 
@@ -523,11 +522,15 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
         if not 1.0 < target < gamma + 1:
             raise CalibrationError(f"{where}: domains.{dname}: target tau {target} outside (1, {gamma + 1})")
         shape = d.get("slope", "flat")
+        # root finds that cost a cold process a quarter of a second: kept on disk by their inputs
         if shape == "flat":
-            mu, slope = _fit_flat(target, s_req, s_round, gamma, flat_through)
+            args = (target, s_req, s_round, gamma, flat_through)
+            mu, slope = disk_cached("acceptance-fit", ("flat", *args),
+                                    lambda a=args: [float(x) for x in _fit_flat(*a)])
         else:
-            slope = float(shape)
-            mu = _fit_mu(target, slope, s_req, s_round, gamma)
+            args = (target, float(shape), s_req, s_round, gamma)
+            slope = args[1]
+            mu = disk_cached("acceptance-fit", ("mu", *args), lambda a=args: float(_fit_mu(*a)))
         names.append(dname)
         mus.append(mu)
         slopes.append(slope)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._io import disk_cached
 from ._version import __version__
 from .acceptance import AcceptanceModel, load_acceptance
 from .confidence import ConfidenceHead, calibration_stream, sequential_temperature_scaling
@@ -39,12 +40,17 @@ _STS_CACHE: dict[tuple, tuple[float, ...]] = {}
 def _fit_sts(acc: AcceptanceModel, mix: np.ndarray, head: ConfidenceHead, gamma: int, rounds: int,
              seed: int) -> np.ndarray:
     # Cached per process: every policy of a sweep point shares the same held-out fit.
+    # On disk too, keyed by the inputs and numpy's version (its random streams): a cold process
+    # would otherwise pay the fit (about half a second) on its first run.
     key = (acc.fingerprint, tuple(mix), head, gamma, rounds, seed)
     if key not in _STS_CACHE:
-        conf, accepted = calibration_stream(acc, head, np.random.default_rng([seed, 2]), rounds, gamma, mix)
-        # a head far from calibrated (e.g. the drafter lab's under-confident ones) needs a wider grid
-        grid = None if head.overconfidence >= 0.5 else np.geomspace(0.01, 8.0, 241)
-        _STS_CACHE[key] = tuple(float(t) for t in sequential_temperature_scaling(conf, accepted, grid=grid))
+        def fit() -> list[float]:
+            conf, accepted = calibration_stream(acc, head, np.random.default_rng([seed, 2]), rounds, gamma, mix)
+            # a head far from calibrated (e.g. the drafter lab's under-confident ones) needs a wider grid
+            grid = None if head.overconfidence >= 0.5 else np.geomspace(0.01, 8.0, 241)
+            return [float(t) for t in sequential_temperature_scaling(conf, accepted, grid=grid)]
+        disk_key = (repr(acc.fingerprint), [float(x) for x in mix], repr(head), gamma, rounds, seed, np.__version__)
+        _STS_CACHE[key] = tuple(float(t) for t in disk_cached("sts", disk_key, fit))
     return np.array(_STS_CACHE[key])
 
 

@@ -128,6 +128,7 @@ class Drafter:
         self.kind = spec.kind or "dspark_block"
         self._cost, self.weights_gib, self.kv_bytes_per_token, self.cost_source = _cost_model(self.kind, profile, spec)
         self.controller: DepthController | None = None
+        self._uniform: dict[tuple[int, int], float] = {}
         m = spec.memtp
         if m is None:
             self.depth = spec.max_draft_len
@@ -183,7 +184,10 @@ class Drafter:
         k = self.depth if k is None else k
         if k <= 0 or num_requests <= 0:
             return 0.0
-        return self._cost(np.full(num_requests, k, dtype=np.int64), k)
+        t = self._uniform.get((num_requests, k))
+        if t is None:  # a pure function of (R, k): priced once per run, not every round
+            t = self._uniform[num_requests, k] = self._cost(np.full(num_requests, k, dtype=np.int64), k)
+        return t
 
     def ragged_time_s(self, lengths: np.ndarray, k: int) -> float:
         """Drafting time when request r drafted ``lengths[r]`` positions of a ``k``-wide block, seconds."""

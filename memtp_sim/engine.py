@@ -43,8 +43,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from scipy.special import expit
-
+from ._lazy import expit
 from .acceptance import AcceptanceModel
 from .confidence import ConfidenceHead
 from .drafting import Drafter, DraftSpec
@@ -83,28 +82,43 @@ class EngineSettings:
     prefill_gpus: int = 1
 
 
+#: Storage type of each round-log column: exact for the values the engine writes (counts are
+#: whole numbers, depths and gamma <= 64), a third of float64's bytes for the counts.
+ROUND_DTYPES: dict[str, type] = {f: np.int32 for f in ROUND_FIELDS} | {
+    f: np.float64 for f in ("start_s", "duration_s", "draft_s", "verify_s", "theta", "theta_global", "coherence",
+                            "heads_gib", "kv_gib", "free_gib", "head_load_s", "overhead_s")
+} | {"gamma": np.int8, "depth": np.int8, "cost_extrapolated": np.int8}
+# kv_gib and free_gib follow from other columns and the run's constants: computed once at the end
+_LOGGED = tuple(f for f in ROUND_FIELDS if f not in ("kv_gib", "free_gib"))
+
+
 class _RoundLog:
-    """Per-round records as tuples in ``ROUND_FIELDS`` order, packed into float64 blocks every
-    ``FLUSH`` rounds (a tuple costs several times its numbers in memory)."""
+    """Per-round records as tuples in ``_LOGGED`` order, packed every ``FLUSH`` rounds into typed
+    columns (:data:`ROUND_DTYPES`; a tuple costs several times its numbers in memory), about 150
+    bytes a round."""
 
-    FLUSH = 1 << 15
+    FLUSH = 4096
 
-    def __init__(self) -> None:
+    def __init__(self, block_gib: float, fixed_gib: float) -> None:
+        self.block_gib, self.fixed_gib = block_gib, fixed_gib
         self.rows: list[tuple] = []
-        self.blocks: list[np.ndarray] = []
+        self.cols: dict[str, list[np.ndarray]] = {f: [] for f in _LOGGED}
         self.append = self.rows.append
 
     def flush(self) -> None:
         if self.rows:
-            self.blocks.append(np.array(self.rows, dtype=np.float64))
+            table = np.array(self.rows, dtype=np.float64)
             self.rows.clear()
+            for i, f in enumerate(_LOGGED):
+                self.cols[f].append(table[:, i].astype(ROUND_DTYPES[f]))
 
     def arrays(self) -> dict[str, np.ndarray]:
         self.flush()
-        if not self.blocks:
-            return {f: np.empty(0) for f in ROUND_FIELDS}
-        table = np.concatenate(self.blocks)
-        return {f: table[:, i].copy() for i, f in enumerate(ROUND_FIELDS)}
+        cols = {f: (np.concatenate(b) if b else np.empty(0, dtype=ROUND_DTYPES[f])) for f, b in self.cols.items()}
+        self.cols = {f: [] for f in _LOGGED}
+        cols["kv_gib"] = cols["kv_blocks_after"] * self.block_gib  # the same products the rounds used
+        cols["free_gib"] = (self.fixed_gib - cols["heads_gib"]) - cols["kv_gib"]
+        return {f: cols[f] for f in ROUND_FIELDS}
 
 
 @dataclass
@@ -190,8 +204,7 @@ class Engine:
         width = self.drafter.max_draft_len
         self.temps = np.ones(width) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:width]
         self.head_rng = head_rng if head_rng is not None else np.random.default_rng(0)
-        self.diag_raw = np.empty((self.DIAG_ROUNDS, width))
-        self.diag_used = np.empty((self.DIAG_ROUNDS, width))
+        self.diag_raw, self.diag_used = np.empty((self.DIAG_ROUNDS, width)), np.empty((self.DIAG_ROUNDS, width))
         self.diag_ok = np.empty((self.DIAG_ROUNDS, width), dtype=bool)
         self.diag_width = np.empty(self.DIAG_ROUNDS, dtype=np.int64)
         self.diag_n = 0
@@ -253,7 +266,8 @@ class Engine:
         self.in_system_area = 0.0
         self._in_system_since = 0.0
         self.last_arrival = 0.0
-        self.log = _RoundLog()
+        self.log = _RoundLog(self.block_gib, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib)
+        self._tables = None  # this round's (decoding ids, tables) while they still apply
         self._wake: simpy.Event | None = None
         self._done_events: dict[int, simpy.Event] = {}
         self._next_request = 0
@@ -420,9 +434,8 @@ class Engine:
     def _engine(self):
         env = self.env
         drafter = self.drafter
-        positions_all = np.arange(max(1, self.temps.size))[None, :]
-        mem = self.profile.memory
-        fixed_gib = mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib
+        fixed_gib = self.log.fixed_gib
+        listens = self._listens()
         round_index = 0
         while self.num_done < self.n:
             busy = bool(self.running or self.waiting)
@@ -439,6 +452,7 @@ class Engine:
                 continue
 
             dec, pre, num_preempted = self._guarantee_anchors()
+            self._tables = None
             k = self._draft_length(dec, gamma, round_index)
             if k:  # each decoding request reserves 1 + k KV slots (vLLM allocate_slots lookahead)
                 dec, pre, more = self._reserve_lookahead(dec, pre, k)
@@ -458,40 +472,57 @@ class Engine:
             if kv_peak * self.block_gib + drafter.held_gib > fixed_gib + 1e-9:
                 raise EngineInvariantError(f"KV ({kv_peak} blocks) + drafter ({drafter.held_gib:.2f} GiB) exceed "
                                            f"the {fixed_gib:.2f} GiB left after weights and reserve")
-            table = verify_table if verify_tokens else decode_table
-            verify_s = float(table.pass_time_s(batch_tokens))
-            extrapolated = 0 if table.is_measured(batch_tokens) else 1
-            overhead_s = self._overhead_s(probs is not None)
-            if self.control.dynamic and num_dec:  # the dynamic mechanism's tax, and its on/off switches
-                verify_s *= 1.0 + dynamic_tax_frac(self.control.params.tax, num_dec)
-                if (k > 0) != self._spec_on:
-                    overhead_s += self.control.params.switch_s
-            if num_dec:
-                self._spec_on = k > 0
+            verify_s, extrapolated, overhead_s = self._pass_time(
+                verify_table if verify_tokens else decode_table, batch_tokens, num_dec, k, probs is not None)
             duration = head_load_s + draft_s + overhead_s + verify_s
             start = env.now
             num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
-            yield env.timeout(duration)
+            end = start + duration
+            if env.peek() > end:
+                # nothing else happens before the pass ends: move the clock without a SimPy event
+                # (the same time a timeout would reach; private to SimPy, but 10% of a round)
+                env._now = end
+            else:
+                yield env.timeout(duration)
 
-            accepted_total, emitted_total, finished, acc = self._accept(dec, lengths, probs, raw, conf, positions_all)
+            accepted_total, emitted_total, finished, acc = self._accept(dec, lengths, probs, raw, conf)
             num_prefill, emitted_pre = self._advance_prefill(pre, chunks, chunk_total, finished)
             emitted_total += emitted_pre
-            self._finish(finished)
+            if finished:
+                self._finish(finished)
             if probs is not None:
                 self._update_coherence(lengths, acc, accepted_total, verify_tokens)
-                self._observe(lengths, acc, probs.shape[1])
+                if listens:
+                    self._observe(lengths, acc, probs.shape[1])
 
-            kv_gib = self.kv.blocks_used * self.block_gib
             self.log.append((
                 start, duration, draft_s, verify_s, num_dec, num_prefill, chunk_total, batch_tokens,
                 k if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
                 num_running, kv_peak, self.kv.blocks_used, theta, theta_g, num_preempted, num_trimmed,
-                gamma, self.coherence.value, drafter.held_gib, kv_gib, fixed_gib - drafter.held_gib - kv_gib,
+                gamma, self.coherence.value, drafter.held_gib,
                 self.kv.capacity, head_load_s, num_remote, kv_read, overhead_s, extrapolated,
             ))
             round_index += 1
             if round_index % _RoundLog.FLUSH == 0:
                 self.log.flush()
+
+    def _listens(self) -> bool:
+        """Whether the policy or the controller learns from round outcomes (else none is built)."""
+        return type(self.policy).observe is not Policy.observe or type(self.control).observe is not DraftControl.observe
+
+    def _pass_time(self, table, batch_tokens: int, num_dec: int, k: int, drafted: bool):  # noqa: ANN001 - SPSTable view
+        """The pass's time, whether it was priced outside the measured range, and the round's
+        overhead (host, planner, a dynamic controller's tax and switches)."""
+        verify_s = float(table.pass_time_s(batch_tokens))
+        extrapolated = 0 if table.is_measured(batch_tokens) else 1
+        overhead_s = self._overhead_s(drafted)
+        if self.control.dynamic and num_dec:  # the dynamic mechanism's tax, and its on/off switches
+            verify_s *= 1.0 + dynamic_tax_frac(self.control.params.tax, num_dec)
+            if (k > 0) != self._spec_on:
+                overhead_s += self.control.params.switch_s
+        if num_dec:
+            self._spec_on = k > 0
+        return verify_s, extrapolated, overhead_s
 
     def _draft_length(self, dec: np.ndarray, gamma: int, round_index: int) -> int:
         """Positions every decoding request drafts this round: the drafter's depth, capped by the
@@ -539,6 +570,8 @@ class Engine:
         until the anchors fit. Returns (decoding ids, prefilling ids, number preempted)."""
         run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
         decoding_mask = self.prefilled[run] >= self.prefill_target[run]
+        if decoding_mask.all() and self.kv.blocks_used + self.kv.anchor_blocks(run) <= self.kv.capacity:
+            return run, run[:0], 0  # the common round: everyone decodes and the anchors fit
         num_preempted = 0
         while True:
             dec = run[decoding_mask]
@@ -564,19 +597,24 @@ class Engine:
     def _round_tables(self, dec: np.ndarray, pre: np.ndarray, chunks: np.ndarray | None):
         """The KV tokens this round's pass reads, and the verify and decode cost tables priced at
         this round's context (requests, longest context, KV read; docs/model.md section 1 step 4)."""
+        no_prefill = chunks is None or not chunks.any()
+        if no_prefill and self._tables is not None and self._tables[0] is dec:
+            return self._tables[1]  # priced already this round (before drafting), same requests
         kv_dec = self.kv.tokens[dec]
         kv_read = int(kv_dec.sum())
         l_max = int(kv_dec.max()) if dec.size else 0
         num_req = dec.size
-        if chunks is not None:
+        if not no_prefill:
             active = pre[chunks > 0]
             kv_pre = self.kv.tokens[active]
             kv_read += int(kv_pre.sum())
             l_max = max(l_max, int(kv_pre.max()) if active.size else 0)
             num_req += active.size
         prof = self.profile
-        return (kv_read, prof.sps.at_context(num_req, l_max, kv_read),
-                prof.decode_table.at_context(num_req, l_max, kv_read))
+        out = (kv_read, prof.sps.at_context(num_req, l_max, kv_read), prof.decode_table.at_context(num_req, l_max, kv_read))
+        if no_prefill:
+            self._tables = (dec, out)
+        return out
 
     def _overhead_s(self, drafted: bool) -> float:
         """Host time of a round, plus the planner's when the policy ranks confidences in the critical path."""
@@ -623,7 +661,7 @@ class Engine:
                                        f"{num_dec} requests with {gamma} drafted positions each")
         return draft_s, lengths.copy(), probs, raw, conf, plan.theta, plan.theta_global
 
-    def _accept(self, dec: np.ndarray, lengths: np.ndarray, probs, raw, conf, positions_all: np.ndarray):
+    def _accept(self, dec: np.ndarray, lengths: np.ndarray, probs, raw, conf):  # noqa: ANN001 - arrays or None
         """Step 7 for decoding requests: leading accepted drafts plus one bonus token, capped at the
         remaining output. Returns (accepted drafts, tokens emitted, finished ids, accepted per request)."""
         finished: list[int] = []
@@ -631,21 +669,24 @@ class Engine:
             return 0, 0, finished, 0
         accepted_total = 0
         if probs is not None:
-            would = np.cumprod(self.rng.random(probs.shape) < probs, axis=1).astype(bool)
-            self._record_diag(raw, conf, would)
-            acc = (would & (positions_all[:, : probs.shape[1]] < lengths[:, None])).sum(axis=1)
+            would = np.logical_and.accumulate(self.rng.random(probs.shape) < probs, axis=1)
+            if self.diag_n < self.DIAG_ROUNDS:
+                self._record_diag(raw, conf, would)
+            # would is a prefix (accepted run), so the verified part of it is the shorter of the two
+            acc = np.minimum(would.sum(axis=1), lengths)
             accepted_total = int(acc.sum())
         else:
             acc = 0
-        emit = np.minimum(acc + 1, self.output[dec] - self.generated[dec])
-        gen = self.generated[dec] + emit
+        out, gen = self.output[dec], self.generated[dec]
+        emit = np.minimum(acc + 1, out - gen)
+        gen += emit
         self.generated[dec] = gen
         self.kv.append(dec, emit)  # anchor + accepted drafts stored; rejected drafts dropped
         self.num_rounds[dec] += 1
         if probs is not None:
             self.verified[dec] += lengths
             self.accepted[dec] += acc
-        fin = gen >= self.output[dec]
+        fin = gen >= out
         if fin.any():
             finished.extend(dec[fin].tolist())
         return accepted_total, int(emit.sum()), finished, acc

@@ -21,9 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .errors import ConfigError
 
@@ -98,6 +101,7 @@ class Workload:
 
 
 def _rows(p: Path, cols: list[str], path: str) -> pd.DataFrame:
+    import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
     df = pd.read_csv(p, usecols=cols)
     if len(df) == 0:
         raise ConfigError(f"{path}: trace has a header but no rows")
@@ -110,6 +114,7 @@ def _rows(p: Path, cols: list[str], path: str) -> pd.DataFrame:
 
 def _token_counts(df: pd.DataFrame, col: str, path: str) -> np.ndarray:
     """A token-count column as int64: every value a whole number >= 1 (row numbers count the header)."""
+    import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
     v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(v) | (v < 1) | (v != np.round(v))
     if bad.any():
@@ -121,6 +126,7 @@ def _token_counts(df: pd.DataFrame, col: str, path: str) -> np.ndarray:
 
 @lru_cache(maxsize=8)
 def _read_trace(path: str, mtime_ns: int = 0, size: int = 0) -> Trace:  # stat in the key: an edited file reloads
+    import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: trace file not found")

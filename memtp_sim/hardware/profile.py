@@ -131,16 +131,23 @@ def calibration_dir() -> Path:
 
 
 def list_profiles() -> dict[str, Path]:
-    """Shipped profiles by name -> YAML path."""
+    """Shipped profiles by name -> YAML path (cached by the files' paths, modification times and sizes)."""
+    files = sorted(calibration_dir().glob("*/*.yaml"))
+    return dict(_list_profiles(tuple((str(p), *_stat_key(p)) for p in files)))
+
+
+@lru_cache(maxsize=4)
+def _list_profiles(files: tuple) -> tuple[tuple[str, Path], ...]:
+    # a study validates hundreds of scenarios: resolving and matching every file each time cost 2 ms
     out: dict[str, Path] = {}
-    for p in sorted(calibration_dir().glob("*/*.yaml")):
+    for p in (Path(f[0]) for f in files):
         try:
             doc = _read_profile_doc(str(p.resolve()), *_stat_key(p))
         except (OSError, CalibrationError, UnicodeDecodeError):
             continue  # a broken file is reported when loaded by path
         if isinstance(doc, dict) and "name" in doc and "verify" in doc and ("measurements" in doc or "costs" in doc):
             out[str(doc["name"])] = p
-    return out
+    return tuple(out.items())
 
 
 def _select_rows(rows: list[dict[str, str]], select: Mapping[str, Any], where: str) -> list[dict[str, str]]:

@@ -28,10 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from ..errors import CalibrationError
 from .cost import AttentionCost, MeasuredDrafterCost, SPSTable
@@ -66,6 +68,7 @@ def read_cost_table(path: str | Path) -> pd.DataFrame:
 
 @lru_cache(maxsize=32)
 def _read_cost_table(path: str, mtime_ns: int, size: int) -> pd.DataFrame:  # stat in the key: edits reload
+    import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
@@ -110,6 +113,7 @@ def select_rows(df: pd.DataFrame, select: Mapping[str, Any], where: str) -> pd.D
     Raises:
         CalibrationError: ``select`` names a column the table lacks.
     """
+    import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
     mask = np.ones(len(df), dtype=bool)
     for col, want in select.items():
         if col not in df.columns:

@@ -224,6 +224,16 @@ def hardware_aware_prefix_scheduler(
     base_b = num_req + int(prefill_tokens)
     if max_batch_tokens is not None and base_b > max_batch_tokens:
         raise InvalidArgumentError(f"max_batch_tokens: {max_batch_tokens} is below the {base_b} anchor and prefill tokens")
+    return _schedule(vals, mask, table, early_stop, int(prefill_tokens), max_batch_tokens, overhead_s, no_draft_pass_s)
+
+
+def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_stop: bool, prefill_tokens: int,
+              max_batch_tokens: int | None, overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult:
+    """Algorithm 1 on checked inputs (:func:`hardware_aware_prefix_scheduler` checks them once;
+    the engine's rounds pass confidences it built itself). Raises as the public function for an
+    SPS table that cannot price the scan."""
+    num_req = vals.shape[0]
+    base_b = num_req + prefill_tokens
     if num_req == 0:
         return ScheduleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, base_b, 0.0, base_b)
 
@@ -293,6 +303,22 @@ def hardware_aware_prefix_scheduler(
     )
 
 
+def _plan_round(view: RoundView, early_stop: bool) -> ScheduleResult:
+    """Algorithm 1 on an engine round: a float64 (R, L) array in [0, 1] (the engine's own
+    confidences) goes straight to the scan; anything else through the public checks."""
+    c = view.confidences
+    if (type(c) is np.ndarray and c.dtype == np.float64 and c.ndim == 2 and isinstance(view.sps, SPSTable)
+            and type(view.prefill_tokens) is int and type(view.max_batch_tokens) is int
+            and type(view.draft_overhead_s) is float and view.draft_overhead_s >= 0.0
+            and view.num_requests + view.prefill_tokens <= view.max_batch_tokens
+            and (not c.size or (c.min() >= 0.0 and c.max() <= 1.0))):
+        return _schedule(c, None, view.sps, early_stop, view.prefill_tokens, view.max_batch_tokens,
+                         view.draft_overhead_s, view.no_draft_pass_s)
+    return hardware_aware_prefix_scheduler(c, view.sps, early_stop=early_stop, prefill_tokens=view.prefill_tokens,
+                                           max_batch_tokens=view.max_batch_tokens, overhead_s=view.draft_overhead_s,
+                                           no_draft_pass_s=view.no_draft_pass_s)
+
+
 # ------------------------------------------------------------------------------------ policies
 class DSparkParams(PolicyParams):
     """Parameters of ``dspark``.
@@ -355,15 +381,7 @@ class DSparkPolicy(Policy):
         Source:
             DSpark paper (Cheng et al. 2026) Algorithm 1.
         """
-        res = hardware_aware_prefix_scheduler(
-            view.confidences,
-            view.sps,
-            early_stop=self.params.early_stop,
-            prefill_tokens=view.prefill_tokens,
-            max_batch_tokens=view.max_batch_tokens,
-            overhead_s=view.draft_overhead_s,
-            no_draft_pass_s=view.no_draft_pass_s,
-        )
+        res = _plan_round(view, self.params.early_stop)
         best = res.theta_global if np.isfinite(res.theta_global) else res.theta
         self._gate.report(int(view.round_index), best, plain_rate(view))
         return RoundPlan(res.lengths, theta=res.theta, theta_global=res.theta_global)
@@ -486,15 +504,7 @@ class DSparkAsyncPolicy(Policy):
         if self._history and t < self._history[-1][0]:
             self.reset()
 
-        res = hardware_aware_prefix_scheduler(
-            np.asarray(view.confidences, dtype=np.float64),
-            view.sps,
-            early_stop=False,
-            prefill_tokens=view.prefill_tokens,
-            max_batch_tokens=view.max_batch_tokens,
-            overhead_s=view.draft_overhead_s,
-            no_draft_pass_s=view.no_draft_pass_s,
-        )
+        res = _plan_round(view, False)
         k_now = res.num_candidates
 
         k_lag = self._lagged_capacity(t) if self.params.lag_rounds > 0 else k_now
