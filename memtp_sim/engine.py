@@ -475,6 +475,11 @@ class Engine:
             verify_s, extrapolated, overhead_s = self._pass_time(
                 verify_table if verify_tokens else decode_table, batch_tokens, num_dec, k, probs is not None)
             duration = head_load_s + draft_s + overhead_s + verify_s
+            if not (verify_s > 0.0 and duration < float("inf") and min(draft_s, overhead_s, head_load_s) >= 0.0):
+                raise EngineInvariantError(  # checked here: the clock move below would accept any value
+                    f"round {round_index}: pass of {batch_tokens} tokens priced verify {verify_s!r} s, draft "
+                    f"{draft_s!r} s, overhead {overhead_s!r} s, head load {head_load_s!r} s; each must be finite, "
+                    "the pass > 0 (check the hardware profile's tables)")
             start = env.now
             num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
             end = start + duration

@@ -88,3 +88,22 @@ def test_big_prefill_chunks_on_h200_take_positive_time():
         "policy": {"name": "no_spec"}})
     r = memtp_sim.run(sc, seed=0).state.rounds
     assert np.min(r["verify_s"]) > 0 and np.min(r["duration_s"]) > 0
+
+
+def test_a_non_positive_pass_stops_the_run_with_an_engine_invariant_error(monkeypatch):
+    """Defence in depth: the engine may move SimPy's clock without an event, which would accept a
+    negative duration silently; a bad price must stop the run naming the round instead."""
+    from memtp_sim import engine as engine_mod
+    from memtp_sim.errors import EngineInvariantError
+
+    real = engine_mod.Engine._pass_time
+
+    def broken(self, table, batch_tokens, num_dec, k, drafted):
+        v, ext, ov = real(self, table, batch_tokens, num_dec, k, drafted)
+        return -v, ext, ov
+
+    monkeypatch.setattr(engine_mod.Engine, "_pass_time", broken)
+    sc = Scenario.model_validate({"workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 2,
+                                               "num_requests": 4}, "policy": {"name": "no_spec"}})
+    with pytest.raises(EngineInvariantError, match=r"round \d+: pass of \d+ tokens priced verify -"):
+        memtp_sim.run(sc, seed=0)
