@@ -88,14 +88,37 @@ class StrictModel(BaseModel):
 
 
 class HardwareConfig(StrictModel):
-    """YAML ``hardware``: a shipped profile name or a profile YAML path (relative to the study file)."""
+    """YAML ``hardware``: a shipped profile name or a profile YAML path (relative to the study file),
+    or an inline table of measured pass times with the memory figures.
+
+    The inline form ``{table: {B: pass ms}, memory: {...}, name: ...}`` is imported as
+    ``calibrate import --format table`` imports a file (:func:`memtp_sim.hardware.importers.inline_table_profile`),
+    into the disk cache; ``profile`` then holds that profile's path.
+    """
 
     profile: str = Field("gfx1151-llama31-8b-q4km-vulkan", description="shipped profile name or YAML path")
+    table: dict[int, float] | None = Field(None, description="inline {batch_tokens: pass_ms} (instead of profile)")
+    memory: dict[str, float | int | list[int]] | None = Field(
+        None, description="with table: gpu_allocatable_gib, weights_bytes, kv_bytes_per_token (or kv_shape), max_model_len")
+    name: str = Field("inline-table", description="with table: the profile's name in reports")
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
-        return {"profile": v} if isinstance(v, str) else v  # `hardware: <name or path>`
+        if isinstance(v, str):
+            return {"profile": v}  # `hardware: <name or path>`
+        if isinstance(v, dict) and v.get("table") is not None:
+            from .hardware.importers import INLINE_DIR, inline_table_profile  # lazy: pandas, only for tables
+
+            prof = v.get("profile")
+            if prof is not None and INLINE_DIR not in Path(str(prof)).parts:
+                raise ValueError(f"give either profile ({prof!r}) or table, not both")
+            try:
+                path = inline_table_profile(v["table"], v.get("memory") or {}, v.get("name", "inline-table"))
+            except CalibrationError as e:
+                raise ValueError(str(e).removeprefix("hardware.")) from None
+            return {**v, "profile": str(path)}
+        return v
 
     @field_validator("profile")
     @classmethod

@@ -15,9 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memtp_sim.errors import CalibrationError
+import yaml
+
+import memtp_sim
+from memtp_sim.config import Scenario, load_scenario
+from memtp_sim.errors import CalibrationError, ConfigError
 from memtp_sim.hardware import list_profiles, load_profile
-from memtp_sim.hardware.importers import (cli_import, import_measurements, profile_from_table,
+from memtp_sim.hardware.importers import (cli_import, import_measurements,
                                           write_cost_table)
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "calibration"
@@ -213,14 +217,58 @@ def test_gpu_costs_import_of_qwen3_8b_keeps_its_drafters(tmp_path):
     assert p.prefill is not None and int(p.prefill.batch_tokens[-1]) == 4096
 
 
-def test_profile_from_table_in_memory():
-    p = profile_from_table({1: 24.0499, 4: 25.4626, 16: 58.7391},
-                           memory={"gpu_allocatable_gib": 117.1875, "weights_bytes": 4912898304,
-                                   "kv_bytes_per_token": 131072, "max_model_len": 131072}, name="inline")
-    assert p.sps.pass_time_s(4) == pytest.approx(25.4626e-3) and p.sps.pass_time_s(32) > p.sps.pass_time_s(16)
-    assert p.drafter.round_time_s(2, 2) == pytest.approx(0.15 * 25.4626e-3)
-    with pytest.raises(CalibrationError, match="memory needs kv_bytes_per_token"):
-        profile_from_table({1: 10.0}, memory={"gpu_allocatable_gib": 10, "weights_bytes": 1, "max_model_len": 10})
+WORKLOAD = {"trace": str(REPO / "data" / "traces" / "azure2023_conv.csv"), "mode": "closed_loop", "concurrency": 2,
+            "num_requests": 4}
+INLINE_MEM = {"gpu_allocatable_gib": 117.1875, "weights_bytes": 4912898304, "kv_bytes_per_token": 131072,
+       "max_model_len": 131072}
+
+
+def test_inline_table_in_a_scenario_is_the_imported_table(tmp_path, monkeypatch):
+    """A Scenario's ``hardware: {table, memory}`` prices passes exactly as ``calibrate import
+    --format table`` of the same numbers does (hand values: measured points exact, linear between)."""
+    monkeypatch.setenv("MEMTP_SIM_CACHE_DIR", str(tmp_path / "cache"))
+    table = {1: 24.0499, 4: 25.4626, 16: 58.7391}
+    sc = Scenario.model_validate({"hardware": {"table": table, "memory": INLINE_MEM, "name": "mybox"},
+                                  "engine": {"max_batch_tokens": 16, "prefill_chunk_tokens": 8}, "workload": WORKLOAD})
+    p = load_profile(sc.hardware.profile)
+    assert p.name == "mybox" and "inline-profiles" in sc.hardware.profile
+    assert p.sps.pass_time_s(4) == pytest.approx(25.4626e-3)
+    assert p.sps.pass_time_s(10) == pytest.approx((25.4626 + (58.7391 - 25.4626) * 6 / 12) * 1e-3)
+    # the same numbers through the CLI give the same profile
+    (tmp_path / "t.yaml").write_text("1: 24.0499\n4: 25.4626\n16: 58.7391\n")
+    out = tmp_path / "cli.yaml"
+    cli_import(ns(tmp_path / "t.yaml", "table", out, memory=[f"{k}={v}" for k, v in INLINE_MEM.items()]))
+    q = load_profile(out)
+    for b in (1, 3, 4, 9, 16):
+        assert p.sps.pass_time_s(b) == q.sps.pass_time_s(b)
+    assert p.memory == q.memory
+    # a second scenario with the same section reuses the folder; the dump validates back
+    again = Scenario.model_validate(sc.model_dump())
+    assert again.hardware.profile == sc.hardware.profile
+    res = memtp_sim.run(Scenario.model_validate({
+        "hardware": {"table": table, "memory": INLINE_MEM, "name": "mybox"}, "engine": {"max_batch_tokens": 16,
+        "prefill_chunk_tokens": 8, "prefill": "disaggregated"}, "workload": WORKLOAD,
+        "policy": {"name": "static", "k": 3}}), seed=0)
+    assert res.metrics["num_completed"] == 4
+
+
+@pytest.mark.parametrize("hw, says", [
+    ({"table": {1: 10.0}, "memory": {"gpu_allocatable_gib": 10, "weights_bytes": 1, "max_model_len": 10}},
+     "hardware: memory: missing kv_bytes_per_token"),
+    ({"table": {}, "memory": INLINE_MEM}, "hardware: table: expected a non-empty mapping"),
+    ({"table": {1: 10.0}, "memory": {**INLINE_MEM, "vram": 3}}, "hardware: memory.vram: unknown figure; allowed:"),
+    ({"table": {1: 10.0}, "memory": INLINE_MEM, "profile": "h200-llama31-8b-bf16"}, "give either profile"),
+    ({"table": {0: 10.0}, "memory": INLINE_MEM}, "batch_tokens"),
+    ({"table": {1: -3.0}, "memory": INLINE_MEM}, "pass_ms"),
+])
+def test_inline_table_errors_are_one_line_naming_the_field(tmp_path, monkeypatch, hw, says):
+    monkeypatch.setenv("MEMTP_SIM_CACHE_DIR", str(tmp_path / "cache"))
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"hardware": hw, "workload": WORKLOAD}))
+    with pytest.raises(ConfigError) as e:
+        load_scenario(f)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(f)) and says in msg, msg
 
 
 def test_write_cost_table_round_trips(tmp_path):

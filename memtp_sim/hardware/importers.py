@@ -41,8 +41,8 @@ Rules that turn a benchmark row into passes (one documented choice each):
 
 ``python -m memtp_sim calibrate import`` (:func:`cli_import`) writes the cost table next to the
 profile YAML and a format-2 profile whose every number names its source or a stated assumption;
-:func:`profile_from_table` builds the same kind of profile in memory from an inline ``{B: ms}``
-table (a Scenario's ``hardware`` section).
+:func:`import_profile` is the same import as a library call, and :func:`inline_table_profile` imports a
+Scenario's inline ``hardware: {table: {B: ms}, memory: {...}}`` the same way, into the disk cache.
 
 Sources: llama-bench field names from ggml-org/llama.cpp ``tools/llama-bench/README.md`` (JSON /
 CSV schema: ``n_prompt``, ``n_gen``, ``n_depth``, ``n_batch``, ``n_ubatch``, ``avg_ns``,
@@ -59,10 +59,13 @@ verify_num_draft_tokens``, static verify mode).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
 import re
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -70,16 +73,17 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .._io import atomic_write_text
+from .._io import atomic_write_text, cache_dir
+from .._version import __version__
 from ..errors import CalibrationError
-from .cost import MeasuredDrafterCost, Overheads, SPSTable
-from .memory import GIB, MemorySpec
-from .profile import HardwareProfile, load_profile
+from .memory import GIB
+from .profile import load_profile
 from .tables import COST_COLUMNS
 
 __all__ = ["FORMATS", "import_measurements", "write_cost_table", "from_gpu_costs_csv", "from_table",
            "from_llama_bench", "from_batched_bench", "from_sglang_sps", "from_measurements_csv",
-           "select", "cli_import", "profile_from_table", "MEMORY_FIELDS", "ASSUMED_DRAFTER_FRACTION"]
+           "select", "cli_import", "import_profile", "ImportResult", "inline_table_profile", "MEMORY_FIELDS",
+           "ASSUMED_DRAFTER_FRACTION"]
 
 #: Memory figures a profile needs, with what each means (the ``--memory FIELD=VALUE`` names).
 MEMORY_FIELDS = {
@@ -728,102 +732,87 @@ def select(df: pd.DataFrame, pairs: Iterable[str], where: str) -> pd.DataFrame:
 
 
 # =========================================================================== profile from a table
-def profile_from_table(mapping: Mapping[Any, Any], *, memory: Mapping[str, Any], name: str = "inline-table",
-                       chip: str = "", model: str = "", source: str = "inline table",
-                       below_min: str = "flat", beyond_max: str = "roofline",
-                       drafter_fraction: float = ASSUMED_DRAFTER_FRACTION) -> Any:
-    """A hardware profile (format 2 semantics) built in memory from ``{B: pass ms}``.
-
-    For a Scenario's inline ``hardware`` section: the verify / decode / prefill passes all use
-    this one curve (one request of B tokens per measured pass, no context term), the drafter is
-    the stated assumption of :data:`ASSUMED_DRAFTER_FRACTION` (a block drafter costing that
-    fraction of the target's pass over the same tokens, and holding that fraction of its
-    weights), no overheads.
-
-    Args:
-        mapping: ``{B: ms}`` (keys whole numbers >= 1, values > 0 ms); any subset of B.
-        memory: ``gpu_allocatable_gib``, ``weights_bytes`` (or ``weights_gib``),
-            ``kv_bytes_per_token``, ``max_model_len``; optional ``reserve_gib`` (default 2.0),
-            ``kv_block_tokens`` (default 16), ``drafter_weights_gib``.
-        name, chip, model: labels for reports.
-        source: where the numbers come from (kept in the run's provenance).
-        below_min, beyond_max: rules outside the measured B (see :class:`~.cost.SPSTable`).
-        drafter_fraction: the assumed drafter's share of the target (0 < f <= 1).
-
-    Returns:
-        A :class:`~.profile.HardwareProfile`.
-
-    Raises:
-        CalibrationError: an empty or malformed table, a missing memory figure, a budget without
-            room for one KV block, or an unknown rule (one line naming the key).
-    """
-    where = f"hardware table {name!r}"
-    if not isinstance(mapping, Mapping) or not mapping:
-        raise CalibrationError(f"{where}: expected a non-empty mapping {{batch_tokens: pass_ms}}")
-    pts = sorted((_num(k, Path(name), f"key {k}", "batch_tokens", integer=True),
-                  _num(v, Path(name), f"key {k}", "pass_ms")) for k, v in mapping.items())
-    if not 0 < drafter_fraction <= 1:
-        raise CalibrationError(f"{where}: drafter_fraction {drafter_fraction!r} must be in (0, 1]")
-    try:
-        table = SPSTable(np.array([p[0] for p in pts]), np.array([p[1] for p in pts]), source=source,
-                         below_min=below_min, beyond_max=beyond_max)
-    except ValueError as e:
-        raise CalibrationError(f"{where}: {e}") from None
-    mem = _memory_spec(memory, where, drafter_fraction)
-    drafter = MeasuredDrafterCost("block", table.batch_tokens, table.pass_ms, weights_gib=mem.drafter_weights_gib,
-                                  time_scale=drafter_fraction,
-                                  source=f"assumption: {drafter_fraction:g} x the target's pass over the same tokens")
-    return HardwareProfile(name=name, description=f"inline table of {len(pts)} passes ({source})", chip=chip,
-                           sps=table, drafter=drafter, memory=mem, path="<inline>",
-                           sources={"verify": source, "memory": "inline hardware section"},
-                           overheads=Overheads(sources={"host": "not given: 0", "planner": "not given: 0"}),
-                           drafters={"assumed_block": drafter}, model=model, engine="", build="")
-
-
-def _memory_spec(memory: Mapping[str, Any], where: str, fraction: float) -> MemorySpec:
-    missing = [k for k in ("gpu_allocatable_gib", "kv_bytes_per_token", "max_model_len") if k not in memory]
-    if "weights_bytes" not in memory and "weights_gib" not in memory:
-        missing.insert(1, "weights_bytes")
-    if missing:
-        raise CalibrationError(f"{where}: memory needs {', '.join(missing)} ({'; '.join(MEMORY_FIELDS[m] for m in missing)})")
-    p = Path(where)
-    weights_gib = (_num(memory["weights_bytes"], p, "memory", "weights_bytes") / GIB if "weights_bytes" in memory
-                   else _num(memory["weights_gib"], p, "memory", "weights_gib"))
-    spec = MemorySpec(
-        gpu_allocatable_gib=_num(memory["gpu_allocatable_gib"], p, "memory", "gpu_allocatable_gib"),
-        weights_gib=weights_gib,
-        drafter_weights_gib=_num(memory.get("drafter_weights_gib", fraction * weights_gib), p, "memory",
-                                 "drafter_weights_gib", strict=False),
-        reserve_gib=_num(memory.get("reserve_gib", _MEMORY_DEFAULTS["reserve_gib"][0]), p, "memory", "reserve_gib",
-                         strict=False),
-        kv_bytes_per_token=_num(memory["kv_bytes_per_token"], p, "memory", "kv_bytes_per_token", integer=True),
-        kv_block_tokens=_num(memory.get("kv_block_tokens", 16), p, "memory", "kv_block_tokens", integer=True),
-        max_model_len=_num(memory["max_model_len"], p, "memory", "max_model_len", integer=True),
-    )
-    used = spec.weights_gib + spec.reserve_gib + spec.drafter_weights_gib
-    if used + spec.kv_block_gib > spec.gpu_allocatable_gib:
-        raise CalibrationError(f"{where}: memory: weights {spec.weights_gib:.2f} + reserve {spec.reserve_gib:.2f} + "
-                               f"drafter {spec.drafter_weights_gib:.2f} GiB leave no room for one KV block in "
-                               f"gpu_allocatable_gib {spec.gpu_allocatable_gib:.2f}")
-    return spec
-
-
 # ================================================================================ calibrate import
-def cli_import(args: Any) -> int:
-    """``python -m memtp_sim calibrate import FILE --format F [--select COL=VAL ...] -o OUT.yaml``.
+@dataclass(frozen=True)
+class ImportResult:
+    """What :func:`import_profile` wrote.
+
+    Attributes:
+        costs: the cost table CSV.
+        profile: the profile YAML.
+        name: the profile's name.
+        num_passes: measured passes in the cost table.
+        batch_range: smallest and largest measured B of the target's batched passes (None: only
+            prefill passes).
+        assumed: the assumptions the profile states, one line each.
+        notes: rows of the measurement file that were skipped, and why.
+    """
+
+    costs: Path
+    profile: Path
+    name: str
+    num_passes: int
+    batch_range: tuple[int, int] | None
+    assumed: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def import_profile(src: str | Path, fmt: str, out: str | Path, *, select: Iterable[str] = (),
+                   name: str | None = None, memory: Iterable[str] | None = None) -> ImportResult:
+    """Build a format-2 hardware profile from a measurement file (``calibrate import``'s work).
 
     Writes ``<OUT stem>.costs.csv`` (the memtp cost table of the selected passes) next to
-    ``OUT.yaml`` (a format-2 profile selecting them), checks that the profile loads, and prints
-    both paths and the assumptions it stated. A re-import over an existing ``OUT.yaml`` keeps its
-    ``memory``, ``drafters``, ``default_drafter``, ``overheads`` and ``caveats`` sections (edit
-    them once, refresh the measurements any time); every other section is rewritten.
+    ``OUT.yaml`` (a format-2 profile selecting them) and checks that the profile loads. A
+    re-import over an existing ``OUT.yaml`` keeps its ``memory``, ``drafters``,
+    ``default_drafter``, ``overheads`` and ``caveats`` sections (edit them once, refresh the
+    measurements any time); every other section is rewritten.
 
     Memory figures a measurement file cannot give (GPU-allocatable memory, KV bytes per token,
-    context length; weights where the file has no size) come from ``args.memory`` (a list of
-    ``FIELD=VALUE``; ``kv_shape=LAYERS,KV_HEADS,HEAD_DIM[,BYTES]`` computes
-    ``kv_bytes_per_token``), the existing ``OUT.yaml``, or the measurement file (llama-bench's
-    ``model_size``, memtp_sim.measure's ``.meta.json``); if one is still missing the import
-    refuses with one line naming it.
+    context length; weights where the file has no size) come from ``memory`` (``FIELD=VALUE``
+    strings; ``kv_shape=LAYERS,KV_HEADS,HEAD_DIM[,BYTES]`` computes ``kv_bytes_per_token``), the
+    existing ``OUT.yaml``, or the measurement file (llama-bench's ``model_size``,
+    memtp_sim.measure's ``.meta.json``).
+
+    Args:
+        src: the measurement file.
+        fmt: its format (see :func:`import_measurements`).
+        out: the profile YAML to write (``.yaml`` / ``.yml``).
+        select: ``COL=VAL`` filters on the target's passes.
+        name: the profile's name (default: the existing YAML's, else ``out``'s stem).
+        memory: ``FIELD=VALUE`` memory figures; None when the caller has no way to give them
+            (the refusal then does not suggest ``--memory``).
+
+    Returns:
+        An :class:`ImportResult`.
+
+    Raises:
+        CalibrationError: a malformed measurement file, a selection that leaves nothing or
+            several target models, a missing memory figure, or a profile that does not load.
+    """
+    src, out = Path(src), Path(out)
+    if out.suffix not in (".yaml", ".yml"):
+        raise CalibrationError(f"-o {out}: the profile is a YAML file (e.g. calibration/<chip>/<name>.yaml)")
+    select = list(select)
+    df = import_measurements(src, fmt)
+    meta, notes = dict(df.attrs.get("meta", {})), list(df.attrs.get("notes", []))
+    df = _select_target(df, select, src)
+    existing = _existing_doc(out)
+    name = name or (existing.get("name") if existing else None) or out.stem
+    memory_section = _memory_section(meta, list(memory or []), existing, out, src, has_option=memory is not None,
+                                     drafter_rows=_drafter_kinds(df))
+    costs = out.with_name(f"{out.stem}.costs.csv")
+    doc, assumed = _profile_doc(df, meta, memory_section, existing, name=str(name), src=src, fmt=fmt,
+                                select=select, costs=costs.name)
+    _write_checked(df, doc, costs, out)
+    b = sorted(set(df.loc[df["kind"] != "prefill", "batch_tokens"]))
+    return ImportResult(costs=costs, profile=out, name=str(name), num_passes=len(df),
+                        batch_range=(int(b[0]), int(b[-1])) if b else None, assumed=tuple(assumed),
+                        notes=tuple(notes))
+
+
+def cli_import(args: Any) -> int:
+    """``python -m memtp_sim calibrate import FILE --format F [--select COL=VAL ...] -o OUT.yaml``:
+    :func:`import_profile`, then print both paths, the assumptions and the skipped rows.
 
     Args:
         args: ``file``, ``fmt``, ``select`` (list of ``COL=VAL``), ``output``, ``name``; optional
@@ -833,31 +822,79 @@ def cli_import(args: Any) -> int:
         0.
 
     Raises:
-        CalibrationError: a malformed measurement file, a selection that leaves nothing or
-            several target models, a missing memory figure, or a profile that does not load.
+        CalibrationError: as :func:`import_profile`.
     """
-    src, out = Path(args.file), Path(args.output)
-    if out.suffix not in (".yaml", ".yml"):
-        raise CalibrationError(f"-o {out}: the profile is a YAML file (e.g. calibration/<chip>/<name>.yaml)")
-    df = import_measurements(src, args.fmt)
-    meta, notes = dict(df.attrs.get("meta", {})), list(df.attrs.get("notes", []))
-    df = _select_target(df, list(args.select or []), src)
-    existing = _existing_doc(out)
-    name = args.name or (existing.get("name") if existing else None) or out.stem
-    memory = _memory_section(meta, list(getattr(args, "memory", None) or []), existing, out, src,
-                             has_option=hasattr(args, "memory"), drafter_rows=_drafter_kinds(df))
-    costs = out.with_name(f"{out.stem}.costs.csv")
-    doc, assumed = _profile_doc(df, meta, memory, existing, name=str(name), src=src, fmt=args.fmt,
-                                select=list(args.select or []), costs=costs.name)
-    _write_checked(df, doc, costs, out)
-    b = sorted(set(df.loc[df["kind"] != "prefill", "batch_tokens"]))
-    print(f"wrote {costs} ({len(df)} passes, B {b[0]}..{b[-1]})" if b else f"wrote {costs} ({len(df)} passes)")
-    print(f"wrote {out} (profile {name})")
-    for line in assumed:
+    r = import_profile(args.file, args.fmt, args.output, select=args.select or (), name=args.name,
+                       memory=(list(args.memory or []) if hasattr(args, "memory") else None))
+    b = f", B {r.batch_range[0]}..{r.batch_range[1]}" if r.batch_range else ""
+    print(f"wrote {r.costs} ({r.num_passes} passes{b})")
+    print(f"wrote {r.profile} (profile {r.name})")
+    for line in r.assumed:
         print(f"assumed: {line}")
-    if notes:
-        print(f"skipped {len(notes)} row(s) of {src.name}: {notes[0]}" + (" ..." if len(notes) > 1 else ""))
+    if r.notes:
+        print(f"skipped {len(r.notes)} row(s) of {Path(args.file).name}: {r.notes[0]}" + (" ..." if len(r.notes) > 1 else ""))
     return 0
+
+
+#: Folder (under the disk cache) of the profiles built from Scenarios' inline ``hardware.table``.
+INLINE_DIR = "inline-profiles"
+
+
+def inline_table_profile(table: Mapping[Any, Any], memory: Mapping[str, Any], name: str = "inline-table") -> Path:
+    """The profile YAML of a Scenario's inline ``hardware: {table: {B: ms}, memory: {...}}``.
+
+    The table is imported exactly as ``calibrate import --format table`` would import a file
+    holding it (one request of B tokens per measured pass, no context term; the drafter, overheads
+    and memory defaults stated as that import states them), into a folder of the disk cache named
+    by a hash of the table, the memory figures, the name and the package version, so every
+    scenario with the same section shares one profile and worker processes find it by path.
+
+    Args:
+        table: ``{B: pass ms}`` (whole B >= 1, ms > 0); any subset of B.
+        memory: the memory figures (keys of :data:`MEMORY_FIELDS` or ``kv_shape``), e.g.
+            ``{gpu_allocatable_gib: 117, weights_bytes: 4912898304, kv_bytes_per_token: 131072,
+            max_model_len: 131072}``.
+        name: the profile's name in reports.
+
+    Returns:
+        The profile YAML path (loadable by :func:`memtp_sim.hardware.load_profile`).
+
+    Raises:
+        CalibrationError: an empty table, a key or value that is not allowed, a missing memory
+            figure, or a budget without room for one KV block (one line naming the key).
+    """
+    if not isinstance(table, Mapping) or not table:
+        raise CalibrationError("hardware.table: expected a non-empty mapping {batch_tokens: pass_ms}")
+    if not isinstance(memory, Mapping):
+        raise CalibrationError("hardware.memory: expected a mapping of memory figures "
+                               f"({', '.join(MEMORY_FIELDS)}, or kv_shape)")
+    allowed = (*MEMORY_FIELDS, "kv_shape")
+    for k in memory:
+        if k not in allowed:
+            raise CalibrationError(f"hardware.memory.{k}: unknown figure; allowed: {', '.join(allowed)}")
+    missing = [k for k in _REQUIRED_MEMORY if k not in memory and not (k == "kv_bytes_per_token" and "kv_shape" in memory)]
+    if missing:
+        raise CalibrationError(f"hardware.memory: missing {', '.join(missing)} ("
+                               + "; ".join(f"{m} = {MEMORY_FIELDS[m]}" for m in missing) + ")")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise CalibrationError(f"hardware.name: {name!r}; allowed: letters, digits, '_', '.', '-'")
+    doc = {"table": {str(k): v for k, v in table.items()}, "memory": dict(memory), "name": name, "version": __version__}
+    key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    folder = (cache_dir() or Path(tempfile.gettempdir()) / "memtp_sim") / INLINE_DIR / key
+    out = folder / f"{name}.yaml"
+    if out.is_file() and out.with_name(f"{name}.costs.csv").is_file():
+        return out
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / f"{name}.table.yaml"
+    atomic_write_text(src, yaml.safe_dump({int(k) if isinstance(k, (int, np.integer)) else k: v
+                                           for k, v in table.items()}, sort_keys=True))
+    pairs = [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in memory.items()]
+    try:
+        import_profile(src, "table", out, name=name, memory=pairs)
+    except CalibrationError as e:  # name the Scenario's section, not the cache file
+        msg = str(e).replace(f"{src}: ", "").replace(f"{out}: ", "").replace("--memory", "memory")
+        raise CalibrationError(f"hardware.table: {msg}") from None
+    return out
 
 
 def _select_target(df: pd.DataFrame, pairs: list[str], src: Path) -> pd.DataFrame:
