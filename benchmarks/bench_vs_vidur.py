@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_engine import best_of  # same folder: the script's directory is on sys.path
 from memtp_sim import run
 from memtp_sim.config import Scenario
 from memtp_sim.hardware import load_profile
@@ -242,18 +243,6 @@ def scenario(policy: dict, trace: Path, n: int, args: argparse.Namespace) -> Sce
                    "prefill_chunk_tokens": args.token_budget - args.batch_cap},  # room for every decode anchor
         "policy": policy,
     })
-
-
-def best_of(scen: Scenario, repeat: int) -> tuple[float, dict]:
-    """Best wall time of ``repeat`` runs (seed 0) and that run's metrics."""
-    best, metrics = float("inf"), {}
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        res = run(scen, seed=0)
-        wall = time.perf_counter() - t0
-        if wall < best:
-            best, metrics = wall, res.metrics
-    return best, metrics
 
 
 def main() -> None:

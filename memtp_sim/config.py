@@ -118,6 +118,12 @@ class HardwareConfig(StrictModel):
             except CalibrationError as e:
                 raise ValueError(str(e).removeprefix("hardware.")) from None
             return {**v, "profile": str(path)}
+        if isinstance(v, dict):
+            # dumps carry every field: only a value a user set counts
+            idle = [k for k, unset in (("memory", None), ("name", "inline-table")) if v.get(k, unset) != unset]
+            if idle:
+                raise ValueError(f"{idle[0]}: has no effect without table (the profile {v.get('profile', 'default')!r} "
+                                 "has its own)")
         return v
 
     @field_validator("profile")
@@ -442,6 +448,26 @@ class DrafterConfig(StrictModel):
                                       "(stated assumption: a suffix lookup takes microseconds)")
 
 
+def _check_params(cls: Any, params: dict[str, Any], section: str, what: str) -> None:
+    """Validate a policy's or controller's parameters with its own ``Params`` model.
+
+    Raises:
+        ValueError: one line, ``<section>.<field>: ...`` (an unknown parameter lists the allowed
+            ones; a bad value gives the model's message and the value).
+    """
+    try:
+        cls.Params(**params)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(cls.Params.model_fields) or "no parameters"
+            raise ValueError(f"{section}.{field}: unknown parameter of {what}; allowed: {allowed}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        got = f" (got {_show(err.get('input'))})" if field else ""
+        raise ValueError(f"{section}.{field or what}: {msg}{got}") from None
+
+
 class ControlSpec(BaseModel):
     """``{name: <draft-length controller>, **params}``; params validated by the controller's model."""
 
@@ -454,15 +480,7 @@ class ControlSpec(BaseModel):
             cls = control_class(self.name)
         except InvalidArgumentError as e:
             raise ValueError(str(e)) from None  # pydantic turns ValueError into a field error
-        try:
-            cls.Params(**self.params)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])
-            if err["type"] == "extra_forbidden":
-                allowed = ", ".join(cls.Params.model_fields)
-                raise ValueError(f"draft_control.{field}: unknown parameter of {self.name!r}; allowed: {allowed}") from None
-            raise ValueError(f"draft_control.{field or self.name}: {err['msg'].removeprefix('Value error, ')}") from None
+        _check_params(cls, self.params, "draft_control", repr(self.name))
         return self
 
     @property
@@ -483,15 +501,7 @@ class PolicySpec(BaseModel):
             cls = policy_class(self.name)
         except InvalidArgumentError as e:
             raise ValueError(str(e)) from None  # pydantic turns ValueError into a field error
-        try:
-            cls.Params(**self.params)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(x) for x in err["loc"])
-            allowed = ", ".join(cls.Params.model_fields) or "no parameters"
-            if err["type"] == "extra_forbidden":
-                raise ValueError(f"policy.{field}: unknown parameter of policy {self.name!r}; allowed: {allowed}") from None
-            raise ValueError(f"policy.{field}: {err['msg']} (got {_show(err.get('input'))})") from None
+        _check_params(cls, self.params, "policy", f"policy {self.name!r}")
         return self
 
     @property

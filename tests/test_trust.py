@@ -168,7 +168,9 @@ def _other_value(path: str, default: Any) -> Any:
                "draft_control.name": "probing", "drafter.p_min": 0.3, "acceptance.conditional": "0.8/0.7",
                "acceptance.per_position": "0.8/0.6", "acceptance.mean_acceptance_length": 2.5,
                "acceptance.accepted_ratio": 0.5, "acceptance.draft_len": 4, "acceptance.sigma_request": 0.3,
-               "acceptance.sigma_round": 1.0, "memtp.coherence": "tower", "drafter.kind": "mtp"}
+               "acceptance.sigma_round": 1.0, "memtp.coherence": "tower", "drafter.kind": "mtp",
+               "hardware.table": {1: 10.0, 16: 20.0}, "hardware.memory": {"gpu_allocatable_gib": 20.0},
+               "hardware.name": "box"}
     if path in special:
         return special[path]
     if isinstance(default, bool):
