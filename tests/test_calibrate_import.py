@@ -178,6 +178,7 @@ def test_missing_memory_is_refused_in_one_line_and_nothing_is_written(tmp_path):
     assert "\n" not in msg and "kv_bytes_per_token" in msg and "max_model_len" in msg and "--memory" in msg
     assert "weights_bytes" not in msg.split(":")[2]   # llama-bench gave model_size
     assert not out.exists() and not out.with_name("x.costs.csv").exists()
+    assert "write them in the memory section" not in msg  # the file it would name was never written
 
 
 def test_reimport_keeps_the_hand_edited_memory_section(tmp_path):

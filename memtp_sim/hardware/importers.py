@@ -990,10 +990,11 @@ def _memory_section(meta: dict, pairs: list[str], existing: dict, out: Path, src
     if drafter_rows and "_drafter_weights" not in sec and not existing.get("drafters"):
         missing.append("drafter_weights_gib")
     if missing:
-        how = "pass --memory FIELD=VALUE for each (kv_shape=LAYERS,KV_HEADS,HEAD_DIM sets kv_bytes_per_token), or " \
-            if has_option else ""
-        raise CalibrationError(f"{out}: memory figures not in {src.name}: {', '.join(missing)}; {how}write them in the "
-                               f"memory section of {out} (a re-import keeps it): "
+        how = "pass --memory FIELD=VALUE for each (kv_shape=LAYERS,KV_HEADS,HEAD_DIM sets kv_bytes_per_token)" \
+            if has_option else "give them"
+        # only point at the YAML's memory section when the YAML exists (a first import writes nothing on error)
+        edit = f", or write them in the memory section of {out} (a re-import keeps it)" if existing else ""
+        raise CalibrationError(f"{out}: memory figures not in {src.name}: {', '.join(missing)}; {how}{edit}: "
                                + "; ".join(f"{m} = {MEMORY_FIELDS[m]}" for m in missing))
     return sec
 
