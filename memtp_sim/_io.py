@@ -27,7 +27,7 @@ from ._version import __version__
 from .errors import ConfigError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "file_digest", "json_default", "yaml_loader",
-           "cache_dir", "disk_cached", "CACHE_ENV"]
+           "cache_dir", "disk_cached", "CACHE_ENV", "check_writable_dir"]
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -192,6 +192,26 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
 
 
 #: Environment variable naming the disk-cache folder; ``off`` (or ``0``, ``none``) disables it.
+def check_writable_dir(folder: str | os.PathLike[str], flag: str = "--out") -> None:
+    """Check now, before any work, that files can be written in ``folder`` (created if missing).
+
+    Args:
+        folder: the output folder.
+        flag: the option that named it, for the message.
+
+    Raises:
+        ConfigError: the folder cannot be created or written (one line naming it and ``flag``).
+    """
+    folder = Path(folder)
+    probe = folder / f".write-check-{secrets.token_hex(4)}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(probe, b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{folder}: cannot write results here ({e.strerror}); choose another {flag}") from None
+
+
 CACHE_ENV = "MEMTP_SIM_CACHE_DIR"
 
 

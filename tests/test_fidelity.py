@@ -220,3 +220,15 @@ def test_calibrate_check_on_a_bad_profile_is_one_error_line(tmp_path, capsys):
     code = main(["calibrate", "check", "no-such-profile", "--quick", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error:") and "no-such-profile" in err[0]
+
+
+def test_calibrate_check_refuses_an_unwritable_out_before_running(tmp_path, capsys, monkeypatch):
+    """The check runs dozens of simulations: an --out it cannot write must fail first, not last."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    ran = []
+    monkeypatch.setattr(rf, "run_sensitivity", lambda *a, **k: ran.append(1))
+    code = main(["calibrate", "check", DEFAULT_PROFILE, "--quick", "--out", str(blocker)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not ran
+    assert err[-1].startswith("error:") and "cannot write results here" in err[-1] and "--out" in err[-1]

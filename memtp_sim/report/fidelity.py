@@ -34,7 +34,7 @@ from plotly.subplots import make_subplots
 from pydantic import ValidationError
 
 from .._html import HtmlPage, escape
-from .._io import atomic_write_bytes, atomic_write_text
+from .._io import atomic_write_bytes, atomic_write_text, check_writable_dir
 from ..api import run
 from ..config import Scenario, format_validation_error, load_scenario
 from ..errors import CalibrationError, ConfigError, MemtpSimError
@@ -632,13 +632,14 @@ def cli_check(args: Any) -> int:
 
     Raises:
         CalibrationError: the profile does not load (the CLI prints one line and exits 2).
-        ConfigError: the scenario does not load.
+        ConfigError: the scenario does not load, or ``--out`` cannot be written.
     """
     profile = load_profile(args.profile)
     fid = hf.check_profile(profile)
     plan = (plan_from_scenario(args.scenario, profile, quick=args.quick) if args.scenario
             else default_plan(profile, quick=args.quick))
     out = Path(args.out) / _safe(profile.name)
+    check_writable_dir(out)  # before the sensitivity runs, not after them
     n = len(VARIANTS) * len(plan.levels) * len(plan.policies) * len(plan.seeds)
     print(f"sensitivity: {n} runs ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
