@@ -298,22 +298,23 @@ def auc_score(scores: ArrayLike, labels: ArrayLike) -> float:
         raise InvalidArgumentError(
             f"labels: both classes are needed for AUC, got {n_pos} positive and {n_neg} negative"
         )
-    ranks = _average_ranks(s)
-    u_stat = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
+    u_stat = _positive_rank_sum(s, y) - n_pos * (n_pos + 1) / 2.0
     return float(u_stat / (n_pos * n_neg))
 
 
-def _average_ranks(s: NDArray) -> NDArray[np.float64]:
-    """1-based ranks of ``s``, ties sharing their average rank (``scipy.stats.rankdata``'s
-    ``average`` method, the same arithmetic; scipy.stats costs a cold process 0.3 s to import)."""
-    order = np.argsort(s, kind="mergesort")
-    inv = np.empty(s.size, dtype=np.intp)
-    inv[order] = np.arange(s.size, dtype=np.intp)
+def _positive_rank_sum(s: NDArray, y: NDArray) -> float:
+    """Sum of the 1-based ranks of the ``y`` entries of ``s``, ties sharing their average rank
+    (``scipy.stats.rankdata``'s ``average`` method; scipy.stats costs a cold process 0.3 s to import).
+
+    Summed in sorted order: ranks are half-integers, so every order of summation gives the same
+    float, and an unstable sort (6x faster than mergesort) gives tied entries the same rank anyway."""
+    order = np.argsort(s)
     srt = s[order]
     first = np.r_[True, srt[1:] != srt[:-1]]
-    dense = first.cumsum()[inv]
+    dense = first.cumsum()
     count = np.r_[np.nonzero(first)[0], len(first)]
-    return 0.5 * (count[dense] + count[dense - 1] + 1)
+    ranks = 0.5 * (count[dense] + count[dense - 1] + 1)  # in sorted order
+    return ranks[y[order]].sum()
 
 
 def brier_score(probs: ArrayLike, outcomes: ArrayLike) -> float:

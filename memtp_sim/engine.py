@@ -57,6 +57,11 @@ from .workload import Workload
 
 __all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
 
+# ufunc reductions called directly: ndarray.sum/max/any go through a Python frame each (a few us
+# a round on the small per-round arrays); integer and bool results are the same
+_sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
+_any, _all_true = np.logical_or.reduce, np.logical_and.reduce
+
 # request status codes
 PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
 REJECT_REASONS = ("exceeds_max_model_len", "exceeds_kv_capacity")
@@ -267,7 +272,7 @@ class Engine:
         self._in_system_since = 0.0
         self.last_arrival = 0.0
         self.log = _RoundLog(self.block_gib, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib)
-        self._tables = None  # this round's (decoding ids, tables) while they still apply
+        self._tables = self._run_ids = None  # caches: see _round_tables and _guarantee_anchors
         self._wake: simpy.Event | None = None
         self._done_events: dict[int, simpy.Event] = {}
         self._next_request = 0
@@ -407,6 +412,7 @@ class Engine:
         self.kv_transferred[i] = False
         self.status[i] = WAITING
         self.running.remove(i)
+        self._run_ids = None
         self.waiting.appendleft(i)
 
     def _admit(self) -> None:
@@ -429,6 +435,7 @@ class Engine:
             self.prefilled[i] = target if transferred else 0
             kv.allocate(i, target, target if transferred else 0)
             self.running.append(i)
+            self._run_ids = None
 
     # ----------------------------------------------------------------- rounds
     def _engine(self):
@@ -464,7 +471,7 @@ class Engine:
                 dec, k, chunk_total, round_index, verify_table, decode_table)
             draft_s += drafter.prefill_time_s(chunk_total)  # a draft model prefills its own cache too
             kv_peak, num_trimmed = self.kv.fit_lookahead(dec, lengths)
-            verify_tokens = int(lengths.sum())
+            verify_tokens = int(_sum(lengths))
             batch_tokens = num_dec + verify_tokens + chunk_total
             if batch_tokens > self.cfg.max_batch_tokens:
                 raise EngineInvariantError(f"pass of {batch_tokens} tokens exceeds max_batch_tokens "
@@ -573,10 +580,13 @@ class Engine:
     def _guarantee_anchors(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Step 2: every decoding request's anchor needs a KV slot; preempt the newest admissions
         until the anchors fit. Returns (decoding ids, prefilling ids, number preempted)."""
-        run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
-        decoding_mask = self.prefilled[run] >= self.prefill_target[run]
-        if decoding_mask.all() and self.kv.blocks_used + self.kv.anchor_blocks(run) <= self.kv.capacity:
+        if self._run_ids is None:  # (running ids, all decode), kept until admission, completion or preemption
+            run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+            self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
+        run, all_decode = self._run_ids
+        if all_decode and self.kv.blocks_used + self.kv.anchor_blocks(run) <= self.kv.capacity:
             return run, run[:0], 0  # the common round: everyone decodes and the anchors fit
+        decoding_mask = self.prefilled[run] >= self.prefill_target[run]
         num_preempted = 0
         while True:
             dec = run[decoding_mask]
@@ -606,8 +616,8 @@ class Engine:
         if no_prefill and self._tables is not None and self._tables[0] is dec:
             return self._tables[1]  # priced already this round (before drafting), same requests
         kv_dec = self.kv.tokens[dec]
-        kv_read = int(kv_dec.sum())
-        l_max = int(kv_dec.max()) if dec.size else 0
+        kv_read = int(_sum(kv_dec))
+        l_max = int(_max(kv_dec)) if dec.size else 0
         num_req = dec.size
         if not no_prefill:
             active = pre[chunks > 0]
@@ -661,7 +671,7 @@ class Engine:
             max_batch_tokens=self.cfg.max_batch_tokens, draft_overhead_s=draft_s, round_index=round_index,
             no_draft_pass_s=float(decode_table.pass_time_s(no_draft_b)) if decode_table is not verify_table else None))
         lengths = np.asarray(plan.lengths, dtype=np.int64)
-        if lengths.shape != (num_dec,) or (num_dec and (lengths.min() < 0 or lengths.max() > gamma)):
+        if lengths.shape != (num_dec,) or (num_dec and (_min(lengths) < 0 or _max(lengths) > gamma)):
             raise EngineInvariantError(f"policy {self.policy.name} returned lengths {lengths.tolist()} for "
                                        f"{num_dec} requests with {gamma} drafted positions each")
         return draft_s, lengths.copy(), probs, raw, conf, plan.theta, plan.theta_global
@@ -692,9 +702,9 @@ class Engine:
             self.verified[dec] += lengths
             self.accepted[dec] += acc
         fin = gen >= out
-        if fin.any():
+        if _any(fin):
             finished.extend(dec[fin].tolist())
-        return accepted_total, int(emit.sum()), finished, acc
+        return accepted_total, int(_sum(emit)), finished, acc
 
     def _advance_prefill(self, pre: np.ndarray, chunks: np.ndarray | None, chunk_total: int,
                          finished: list[int]) -> tuple[int, int]:
@@ -703,6 +713,7 @@ class Engine:
         if not chunk_total:
             return 0, 0
         self.prefilled[pre] += chunks
+        self._run_ids = None  # a stale "not all decode" is only slower; rebuilt, rounds take the shortcut again
         self.kv.append_prefill(pre, chunks)
         done_pre = pre[self.prefilled[pre] >= self.prefill_target[pre]]
         if done_pre.size:
@@ -719,6 +730,7 @@ class Engine:
             self.status[i] = FINISHED
             self.kv.free(i, drop_tokens=False)
             self.running.remove(i)
+            self._run_ids = None
             self._complete(i)
         self.kv.check("finish")
 

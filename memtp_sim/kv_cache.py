@@ -26,6 +26,8 @@ from .errors import EngineInvariantError, InvalidArgumentError
 
 __all__ = ["KVCacheManager"]
 
+_sum = np.add.reduce  # ndarray.sum goes through a Python frame: a few us on every round's small arrays
+
 
 class KVCacheManager:
     """Paged KV blocks of one GPU (see module docstring).
@@ -208,7 +210,7 @@ class KVCacheManager:
         """
         num_trimmed = 0
         extra = self.lookahead_blocks(reqs, 1 + lengths)
-        peak = self.blocks_used + int(extra.sum())
+        peak = self.blocks_used + int(_sum(extra))
         while peak > self.capacity and lengths.any():
             j = int(np.argmax(lengths))
             lengths[j] -= 1
@@ -238,7 +240,7 @@ class KVCacheManager:
         new_tokens = self.tokens[reqs] + num_tokens
         self.tokens[reqs] = new_tokens
         new_blocks = self.blocks_for(new_tokens)
-        self.blocks_used += int((new_blocks - self.blocks[reqs]).sum())
+        self.blocks_used += int(_sum(new_blocks - self.blocks[reqs]))
         self.blocks[reqs] = new_blocks
         self.check("append")
 

@@ -243,6 +243,7 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
     ece_raw, ece, auc, brier_raw, brier, counts = [], [], [], [], [], []
     curves = {}
     full = bool((width == raw.shape[1]).all())
+    cum_raw, cum_used = np.cumprod(raw, axis=1), np.cumprod(used, axis=1)
     if full:  # every round drafted every position: one pass over all positions
         m_raw_all, m_used_all = per_position_metrics(raw, ok), per_position_metrics(used, ok)
     for k in range(1, raw.shape[1] + 1):
@@ -261,8 +262,8 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         brier_raw.append(m_raw.brier[j])
         brier.append(m_used.brier[j])
         counts.append(int(rows.sum()))
-        for name, c in (("raw", raw), ("used", used)):
-            a_k = np.prod(c[rows, :k], axis=1)
+        for name, c in (("raw", cum_raw), ("used", cum_used)):
+            a_k = c[rows, k - 1]  # = prod(conf[rows, :k]): the same left-to-right products
             rc = reliability_curve(a_k, ok[rows, k - 1], n_bins=10)
             curves[f"{name}_{k}"] = {"mean_prob": np.round(rc.mean_prob, 4).tolist(),
                                      "frac_positive": np.round(rc.frac_positive, 4).tolist(),

@@ -311,7 +311,7 @@ def _plan_round(view: RoundView, early_stop: bool) -> ScheduleResult:
             and type(view.prefill_tokens) is int and type(view.max_batch_tokens) is int
             and type(view.draft_overhead_s) is float and view.draft_overhead_s >= 0.0
             and view.num_requests + view.prefill_tokens <= view.max_batch_tokens
-            and (not c.size or (c.min() >= 0.0 and c.max() <= 1.0))):
+            and (not c.size or (np.minimum.reduce(c, axis=None) >= 0.0 and np.maximum.reduce(c, axis=None) <= 1.0))):
         return _schedule(c, None, view.sps, early_stop, view.prefill_tokens, view.max_batch_tokens,
                          view.draft_overhead_s, view.no_draft_pass_s)
     return hardware_aware_prefix_scheduler(c, view.sps, early_stop=early_stop, prefill_tokens=view.prefill_tokens,
