@@ -10,6 +10,12 @@ workload built from the scenario's trace lengths (see :func:`poisson_scenario`):
 
 1. **Unloaded run.** One closed-loop run with a single user (:data:`UNLOADED_REQUESTS` requests,
    the first seed) gives ``W0``, the mean end-to-end time of a request served alone, seconds.
+   Terms on metrics that can only get worse with load (:data:`LOAD_MONOTONE`: TTFT, TPOT,
+   end-to-end and queueing time ``<= bound``; per-user tok/s ``>= bound``) are judged on it
+   first: one that fails there fails at every rate, so the search stops at once with status
+   ``no_passing_rate`` and a note such as ``ttft_s_p90 = 6.64 > 2 even unloaded``. (The unloaded
+   percentiles rest on its :data:`UNLOADED_REQUESTS` requests: a bound within their sampling
+   noise of the unloaded value may be judged either way.)
 2. **Start rate** ``sqrt(N) / W0`` req/s, ``N`` the engine's running-request limit: the geometric
    middle between the one-request-at-a-time bound ``1 / W0`` and the perfect-batching bound
    ``N / W0``.
@@ -68,9 +74,16 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
-from ._io import read_yaml
 from .api import run
-from .config import MAX_REQUESTS_PER_RUN, Scenario, Study, WorkloadConfig, format_validation_error, load_scenario
+from .config import (
+    MAX_REQUESTS_PER_RUN,
+    Scenario,
+    Study,
+    WorkloadConfig,
+    format_validation_error,
+    load_scenario,
+    read_config_yaml,
+)
 from .errors import ConfigError, InvalidArgumentError
 from .metrics import METRIC_NAMES, OVERLOAD_RATIO
 
@@ -80,6 +93,7 @@ __all__ = [
     "CapacityPoint",
     "CapacityResult",
     "sla_capacity",
+    "check_capacity_args",
     "capacity_objective",
     "poisson_scenario",
     "parse_policies",
@@ -89,6 +103,7 @@ __all__ = [
     "REQUESTS_PER_IN_SYSTEM",
     "MAX_DOUBLINGS",
     "MAX_HALVINGS",
+    "LOAD_MONOTONE",
 ]
 
 #: Requests of the unloaded (one-user, closed-loop) run that estimates the start rate.
@@ -98,6 +113,15 @@ REQUESTS_PER_IN_SYSTEM = 20.0
 #: Doublings / halvings of the rate at most while bracketing (2**20: a factor of a million).
 MAX_DOUBLINGS = 20
 MAX_HALVINGS = 20
+#: Metrics that can only get worse as load grows (latency up: TTFT, TPOT, end-to-end and queueing
+#: time, percentiles and means; per-user decode speed down), each with the op of a bound the unloaded
+#: run can already refute: a term ``ttft_s_p90 <= 2`` that fails with one request at a time fails at
+#: every rate, so :func:`sla_capacity` stops after the unloaded run (status ``no_passing_rate``).
+LOAD_MONOTONE: dict[str, str] = {
+    **{m: "<=" for m in ("ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99",
+                         "e2e_s_p50", "e2e_s_p90", "e2e_s_p99", "mean_e2e_s", "queue_s_p50", "queue_s_p90")},
+    **{m: ">=" for m in ("tok_per_s_user_p10", "tok_per_s_user_p50", "tok_per_s_user_p90", "tok_per_s_user_mean")},
+}
 #: Extra metrics every point records besides the SLO's own.
 _ALWAYS = ("offered_load_ratio", "mean_in_system", "mean_e2e_s", "num_completed")
 
@@ -154,7 +178,18 @@ def _parse_term(text: str, whole: str) -> SLOTerm:
                                    "(any name of memtp_sim.metrics.METRIC_NAMES)")
     if not math.isfinite(bound):
         raise InvalidArgumentError(f"SLO {whole!r}: bound of {metric} must be a finite number")
+    if op == "<=" and bound < 0:
+        raise InvalidArgumentError(f"SLO {whole!r}: {metric} <= {bound:g} can never hold ({metric} is never "
+                                   "negative); give a bound >= 0")
+    if op == ">=" and bound > 1 and _is_fraction(metric):
+        raise InvalidArgumentError(f"SLO {whole!r}: {metric} >= {bound:g} can never hold ({metric} is a fraction "
+                                   "in [0, 1]); give a bound <= 1")
     return SLOTerm(metric, op, bound)
+
+
+def _is_fraction(metric: str) -> bool:
+    """Whether ``metric`` is a fraction in [0, 1] (``*_frac``, ``acceptance_rate``, ``auc_mean``)."""
+    return metric.endswith("_frac") or metric in ("acceptance_rate", "auc_mean")
 
 
 @dataclass(frozen=True)
@@ -249,8 +284,8 @@ def poisson_scenario(scenario: Scenario, rate_per_s: float, num_requests: int) -
     Raises:
         InvalidArgumentError: ``rate_per_s`` is not a finite number > 0.
     """
-    if not (isinstance(rate_per_s, (int, float)) and math.isfinite(rate_per_s) and rate_per_s > 0):
-        raise InvalidArgumentError(f"rate_per_s: must be a finite number > 0 (got {rate_per_s!r})")
+    if not (_is_real(rate_per_s) and math.isfinite(rate_per_s) and rate_per_s > 0):
+        raise InvalidArgumentError(f"rate_per_s: must be a finite number > 0 (got {_show(rate_per_s)})")
     wl = WorkloadConfig.model_validate({"trace": scenario.workload.trace, "mode": "poisson",
                                         "num_requests": int(min(max(1, num_requests), MAX_REQUESTS_PER_RUN)),
                                         "rate_per_s": float(rate_per_s)})
@@ -313,7 +348,7 @@ def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = N
     """
     if not policies:
         return [load_scenario(path)]
-    doc = read_yaml(path, what="a mapping at the top level (hardware, acceptance, workload, engine, policy...)")
+    doc = read_config_yaml(path, "scenario")
     context = {"base_dir": str(Path(path).parent)}
     try:
         Scenario.model_validate(doc, context=context)  # the file's own errors, named as in a scenario
@@ -382,15 +417,19 @@ class CapacityResult:
         points: every evaluated rate, in evaluation order.
         num_runs: simulation runs in all (the unloaded run included).
         status: ``converged`` (``hi / lo <= 1 + rel_tol``), ``max_runs`` (the run budget ended
-            first; the interval is the bracket so far), ``no_passing_rate`` (the SLO failed at
-            every rate down to the start / 2**MAX_HALVINGS), ``no_failing_rate`` (it held at
-            every rate up to the start x 2**MAX_DOUBLINGS).
+            first; the interval is the bracket so far), ``no_passing_rate`` (a term on a
+            :data:`LOAD_MONOTONE` metric failed on the unloaded run already: no rate was tried
+            and the interval is ``(0, 0)``; or the SLO failed at every rate down to the start /
+            2**MAX_HALVINGS), ``no_failing_rate`` (it held at every rate up to the start x
+            2**MAX_DOUBLINGS).
         slo: the SLO.
         policy: the scenario's policy label.
         seeds: the seeds every rate ran.
         rel_tol: the relative width the bisection stops at.
         unloaded_e2e_s: ``W0``, mean end-to-end seconds of a request served alone.
         note: one line on why the search stopped when it did not converge (else empty).
+        unloaded_metrics: the unloaded run's scalar metrics (one user, :data:`UNLOADED_REQUESTS`
+            requests, the first seed).
     """
 
     capacity_per_s: float
@@ -404,6 +443,12 @@ class CapacityResult:
     rel_tol: float
     unloaded_e2e_s: float
     note: str = ""
+    unloaded_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def unreachable(self) -> bool:
+        """True when the SLO failed on the unloaded run already (no rate was tried)."""
+        return self.status == "no_passing_rate" and not self.points
 
     @property
     def converged(self) -> bool:
@@ -422,7 +467,9 @@ class CapacityResult:
         return {"policy": self.policy, "slo": self.slo.label, "capacity_per_s": self.capacity_per_s,
                 "interval_per_s": list(self.interval_per_s), "status": self.status, "note": self.note,
                 "num_runs": self.num_runs, "seeds": list(self.seeds), "rel_tol": self.rel_tol,
-                "unloaded_e2e_s": self.unloaded_e2e_s, "points": [p.to_dict() for p in self.points]}
+                "unloaded_e2e_s": self.unloaded_e2e_s,
+                "unloaded": {m: self.unloaded_metrics.get(m, float("nan")) for m in self.slo.metrics},
+                "points": [p.to_dict() for p in self.points]}
 
 
 # ------------------------------------------------------------------------------------ search
@@ -441,6 +488,7 @@ class _Search:
     max_runs: int
     progress: Callable[[CapacityPoint], None] | None
     unloaded_e2e_s: float = float("nan")
+    unloaded_metrics: dict[str, float] = field(default_factory=dict)
     num_runs: int = 0
     points: list[CapacityPoint] = field(default_factory=list)
 
@@ -453,7 +501,21 @@ class _Search:
             raise ConfigError(f"sla_capacity: the unloaded run (1 user, {UNLOADED_REQUESTS} requests) completed no "
                               f"request ({res.metrics.get('rejected_by_reason')}); no rate can meet an SLO")
         self.unloaded_e2e_s = w0
+        self.unloaded_metrics = {k: float(v) for k, v in res.metrics.items()
+                                 if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)}
         return w0
+
+    def unreachable(self) -> list[str]:
+        """The SLO terms on :data:`LOAD_MONOTONE` metrics that the unloaded run already fails, each as
+        ``"ttft_s_p90 = 6.64 > 2 even unloaded (one request at a time)"`` (empty when none does; a
+        metric the unloaded run did not report as a finite number is not judged)."""
+        out = []
+        for t in self.slo.terms:
+            v = self.unloaded_metrics.get(t.metric, float("nan"))
+            if LOAD_MONOTONE.get(t.metric) == t.op and math.isfinite(v) and not t.holds(v):
+                out.append(f"{t.metric} = {v:.3g} {'>' if t.op == '<=' else '<'} {t.bound:g} even unloaded "
+                           f"(one request at a time, {UNLOADED_REQUESTS} requests)")
+        return out
 
     def requests_for(self, rate: float) -> int:
         """Requests per run at ``rate`` (see the module docstring, run length)."""
@@ -512,26 +574,57 @@ def _nanmean(values: Sequence[float]) -> float:
     return float(arr.mean()) if arr.size else float("nan")
 
 
-def _check_args(seeds: Sequence[int], rate_lo: float | None, rate_hi: float | None, rel_tol: float, max_runs: int,
-                min_requests: int) -> tuple[int, ...]:
-    """Validate :func:`sla_capacity`'s arguments; returns the seeds as a tuple of ints."""
+def _is_real(v: Any) -> bool:
+    """A Python or numpy real number, not a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _show(v: Any) -> str:
+    """A value for a message as the user wrote it: numpy scalars as plain numbers (never ``np.float64(1.5)``)."""
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    if isinstance(v, np.generic):
+        v = v.item()
+    return repr(v)
+
+
+def check_capacity_args(seeds: Sequence[int], rate_lo: float | None = None, rate_hi: float | None = None,
+                        rel_tol: float = 0.05, max_runs: int = 60, min_requests: int = 1000) -> tuple[int, ...]:
+    """Validate :func:`sla_capacity`'s search arguments (it calls this first; the CLI calls it before
+    any output, so a bad flag is one line).
+
+    Args:
+        seeds, rate_lo, rate_hi, rel_tol, max_runs, min_requests: as :func:`sla_capacity` takes them.
+
+    Returns:
+        The seeds as a tuple of ints.
+
+    Raises:
+        InvalidArgumentError: one line naming the argument (values written plainly, never as
+            numpy reprs): no seed, a seed < 0 or repeated, a rate not finite and > 0,
+            ``rate_lo >= rate_hi``, ``rel_tol`` outside (0, 1], ``max_runs`` below the unloaded
+            run plus two rates, ``min_requests < 1``.
+    """
     seeds_t = tuple(seeds)
-    if not seeds_t or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in seeds_t):
-        raise InvalidArgumentError(f"seeds: expected one or more integers >= 0 (got {list(seeds_t)})")
+    if not seeds_t:
+        raise InvalidArgumentError("seeds: give at least one seed (an integer >= 0)")
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)) and s >= 0 for s in seeds_t):
+        raise InvalidArgumentError(f"seeds: expected integers >= 0 (got {_show(list(seeds_t))})")
     if len(set(seeds_t)) != len(seeds_t):
-        raise InvalidArgumentError(f"seeds: each seed at most once (got {list(seeds_t)})")
+        raise InvalidArgumentError(f"seeds: each seed at most once (got {_show(list(seeds_t))})")
     for name, v in (("rate_lo", rate_lo), ("rate_hi", rate_hi)):
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise InvalidArgumentError(f"{name}: must be a finite number of requests per second > 0 (got {v!r})")
+        if v is not None and not (_is_real(v) and math.isfinite(v) and v > 0):
+            raise InvalidArgumentError(f"{name}: must be a finite number of requests per second > 0 (got {_show(v)})")
     if rate_lo is not None and rate_hi is not None and not rate_lo < rate_hi:
         raise InvalidArgumentError(f"rate_lo ({rate_lo:g}) must be below rate_hi ({rate_hi:g})")
-    if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol <= 1):
-        raise InvalidArgumentError(f"rel_tol: must be in (0, 1] (got {rel_tol!r}); e.g. 0.05 for 5%")
-    if not (isinstance(max_runs, int) and max_runs >= 1 + 2 * len(seeds_t)):
+    if not (_is_real(rel_tol) and 0 < rel_tol <= 1):
+        raise InvalidArgumentError(f"rel_tol: must be in (0, 1] (got {_show(rel_tol)}); e.g. 0.05 for 5%")
+    if not (isinstance(max_runs, (int, np.integer)) and not isinstance(max_runs, bool)
+            and max_runs >= 1 + 2 * len(seeds_t)):
         raise InvalidArgumentError(f"max_runs: must be an integer >= {1 + 2 * len(seeds_t)} (the unloaded run and two "
-                                   f"rates of {len(seeds_t)} seed(s)); got {max_runs!r}")
-    if not (isinstance(min_requests, int) and min_requests >= 1):
-        raise InvalidArgumentError(f"min_requests: must be an integer >= 1 (got {min_requests!r})")
+                                   f"rates of {len(seeds_t)} seed(s)); got {_show(max_runs)}")
+    if not (isinstance(min_requests, (int, np.integer)) and not isinstance(min_requests, bool) and min_requests >= 1):
+        raise InvalidArgumentError(f"min_requests: must be an integer >= 1 (got {_show(min_requests)})")
     return tuple(int(s) for s in seeds_t)
 
 
@@ -591,9 +684,15 @@ def sla_capacity(scenario: Scenario, slo: "SLO | str | Iterable[str]", *, seeds:
             cache).
     """
     slo = SLO.parse(slo)
-    seeds_t = _check_args(seeds, rate_lo, rate_hi, rel_tol, max_runs, min_requests)
+    seeds_t = check_capacity_args(seeds, rate_lo, rate_hi, rel_tol, max_runs, min_requests)
     search = _Search(scenario, slo, seeds_t, min_requests, max_runs, progress)
     w0 = search.unloaded()
+    unreachable = search.unreachable()
+    if unreachable:  # fails at every rate: no search
+        return CapacityResult(capacity_per_s=0.0, interval_per_s=(0.0, 0.0), points=(), num_runs=search.num_runs,
+                              status="no_passing_rate", slo=slo, policy=scenario.policy_label(), seeds=seeds_t,
+                              rel_tol=float(rel_tol), unloaded_e2e_s=w0, note="; ".join(unreachable),
+                              unloaded_metrics=dict(search.unloaded_metrics))
     start = math.sqrt(scenario.engine.num_seqs_limit) / w0
     status, note = "converged", ""
     lo = hi = None
@@ -616,7 +715,8 @@ def sla_capacity(scenario: Scenario, slo: "SLO | str | Iterable[str]", *, seeds:
     interval = (lo.rate_per_s if lo is not None else 0.0, hi.rate_per_s if hi is not None else float("inf"))
     return CapacityResult(capacity_per_s=interval[0], interval_per_s=interval, points=tuple(search.points),
                           num_runs=search.num_runs, status=status, slo=slo, policy=scenario.policy_label(),
-                          seeds=seeds_t, rel_tol=float(rel_tol), unloaded_e2e_s=w0, note=note)
+                          seeds=seeds_t, rel_tol=float(rel_tol), unloaded_e2e_s=w0, note=note,
+                          unloaded_metrics=dict(search.unloaded_metrics))
 
 
 def capacity_objective(scenario: Scenario, slo: "SLO | str | Iterable[str]", seeds: Sequence[int] = (0, 1, 2),

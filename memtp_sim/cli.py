@@ -1,4 +1,5 @@
-"""Command line: ``python -m memtp_sim <command>``. The only module that exits the process.
+"""Command line: ``python -m memtp_sim <command>`` (or the ``memtp-sim`` console script). The only
+module that exits the process.
 
 Commands:
     run STUDY.yaml      run (or resume) a study, write results/<study>/ and report.html
@@ -21,17 +22,37 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from .errors import MemtpSimError
+from .errors import InvalidArgumentError, MemtpSimError
 from .memtp import MEMTP_DEFAULTS
 from .tuning import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
 from .tuning.export import export_config
 
 __all__ = ["main"]
+
+
+#: What ``--help`` says the program is (the module docstring is for developers).
+DESCRIPTION = ("memtp_sim: a discrete-event simulator of LLM serving with speculative decoding (DSpark's "
+               "confidence-scheduled verification, MEMTP's memory-elastic draft heads) on measured hardware profiles. "
+               "Bad input prints one line to stderr and exits with code 2.")
+
+
+def _prog() -> str:
+    """The name the user invoked: ``memtp-sim`` (the console script) or ``python -m memtp_sim``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name.startswith(("memtp-sim", "memtp_sim")) and not name.endswith(".py") else "python -m memtp_sim"
+
+
+def _name_flags(msg: str, flags: dict[str, str]) -> str:
+    """``msg`` with each library argument name (``rate_lo``) replaced by the flag the user typed (``--rate-lo``)."""
+    for name, flag in flags.items():
+        msg = re.sub(rf"(?<![\w-]){re.escape(name)}(?!\w)", flag, msg)
+    return msg
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -44,7 +65,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .config import load_study  # lazy: a subcommand loads only what it uses
-    from .report import headline_table, load_results, overload_notes, write_report  # lazy: pandas + plotly; keep --help fast
+    from .report import load_results, overload_notes, rejection_notes, terminal_table, write_report  # lazy: pandas + plotly; keep --help fast
     from .study import check_executor, check_writable, plan_runs, run_study  # lazy: a subcommand loads only what it uses
 
     check_executor(args.executor, args.scheduler, args.jobs)  # before anything else: one line, exit 2
@@ -73,19 +94,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
                         scheduler=args.scheduler, connect_timeout_s=args.scheduler_timeout)
     root = out.root
     elapsed = time.perf_counter() - t0
-    if not args.quiet and out.num_reused:
-        print(f"resume: reused {out.num_reused} finished run(s) with the same scenario, seed and inputs; "
-              f"ran {out.num_ran}", file=sys.stderr)
+    if not args.quiet and (out.num_reused or out.recomputed):
+        print(f"resume: {out.ran_note()}", file=sys.stderr)
     if out.num_stale and not args.quiet:
         print(f"note: {out.num_stale} folder(s) under {root}/runs belong to no run of this study (left untouched)",
               file=sys.stderr)
     if len(out.table):
         report = write_report(root)
         res = load_results(root)
-        _print_table(headline_table(res))
-        for note in overload_notes(res):
+        summary = terminal_table(res)
+        _print_table(summary.table)
+        for line in summary.legend:
+            print(f"  {line}")
+        for note in rejection_notes(res) + overload_notes(res):
             print(f"warning: {note}", file=sys.stderr)
-        print(f"\n{n_runs} runs in {elapsed:.1f} s; results in {root}/; report: {report}")
+        print(f"\n{n_runs} runs in {elapsed:.1f} s; results in {root}/ (every metric: runs.csv); report: {report}")
     if out.failed:
         print(f"\n{len(out.failed)} of {n_runs} run(s) failed (the report says which); run the same command "
               "again to retry them:", file=sys.stderr)
@@ -213,7 +236,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         r = hardware_aware_prefix_scheduler(conf, sps, early_stop=not args.global_search,
                                             max_batch_tokens=args.max_batch_tokens)
     except ValueError as e:
-        return _fail(str(e))
+        return _fail(_name_flags(str(e), {"max_batch_tokens": "--max-batch-tokens"}))
     print(f"lengths={r.lengths.tolist()} batch_tokens={r.batch_tokens} tau={r.tau:.4f} theta={r.theta:.4f}")
     return 0
 
@@ -239,11 +262,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(f"{spec.name}: {out.complete}/{out.requested} complete trials ({out.ran} started now, "
           f"{out.elapsed_s:.1f} s) in {out.storage_url}")
     if out.short:
+        for message in out.warnings:
+            print(f"warning: {message}", file=sys.stderr)
         dead = [c for c in out.worker_exit_codes if c != 0]
         why = f"worker exit codes {out.worker_exit_codes}" if dead else "some trials failed"
         print(f"incomplete ({why}); run the same command again to resume", file=sys.stderr)
         return 1
-    storage = open_storage(args.storage or default_storage_url(spec.name, args.out))
+    storage = open_storage(args.storage or default_storage_url(spec.name, args.out),
+                           flag="--storage" if args.storage else "--out")
     study = optuna.load_study(study_name=spec.name, storage=storage)
     best = top_trials(study, spec, 1)
     for num, rec in sorted(out.validation.items()):
@@ -256,6 +282,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
               + (f" [fails on fresh seeds: {'; '.join(fails)}]" if fails else ""))
     if out.report is not None:
         print(f"report: {out.report}")
+    for message in out.warnings:  # under the validation lines, where the 0.00 scores are
+        print(f"warning: {message}", file=sys.stderr)
     if not best:
         why = (f"meets the constraints ({'; '.join(c.label for c in spec.constraints)})" if spec.constraints
                else "has finite objective values")
@@ -286,9 +314,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_drafter_lab(args: argparse.Namespace) -> int:
+    from .config import read_config_yaml  # lazy: a subcommand loads only what it uses
     from .lab import LabConfig, run_lab  # lazy: the lab (numpy, scipy) loads only for this command
     from .lab.report import summary_lines  # lazy: pandas + plotly; keep --help fast
 
+    read_config_yaml(args.config, "drafter-lab spec")  # a study or tune spec given here: say which command takes it
     cfg = LabConfig.load(args.config)
     out = Path(args.out) if args.out else Path("results") / cfg["name"]
     say = None if args.quiet else (lambda msg: print(msg, file=sys.stderr))
@@ -315,7 +345,9 @@ def _cmd_depth(args: argparse.Namespace) -> int:
             tel = {"source": "--free-gib", "free_gib": args.free_gib, "coherence": args.coherence,
                    "max_depth": args.max_depth, **kw, "depth": depth}
     except ValueError as e:
-        return _fail(str(e))
+        flags = {"coherence": "--coherence", "max_depth": "--max-depth", "head_cost_gib": "--head-cost-gib",
+                 "r_low": "--r-low", "r_high": "--r-high", "reserve_gib": "--reserve-gib"}
+        return _fail(_name_flags(str(e), flags | ({} if args.live else {"free_gib": "--free-gib"})))
     if args.json:
         print(json.dumps(tel, indent=2, default=str))
     else:
@@ -336,9 +368,13 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     # lazy: a subcommand loads only what it uses
     from ._io import atomic_write_text, json_default
     # lazy: a subcommand loads only what it uses (capacity imports the simulator)
-    from .capacity import SLO, CapacityPoint, load_capacity_scenarios, sla_capacity
+    from .capacity import SLO, CapacityPoint, check_capacity_args, load_capacity_scenarios, sla_capacity
 
     slo = SLO.parse(args.slo)
+    try:  # before any output: a bad flag is one line, named as typed
+        check_capacity_args(args.seeds, args.rate_lo, args.rate_hi, args.rel_tol, args.max_runs, args.min_requests)
+    except InvalidArgumentError as e:
+        return _fail(_name_flags(str(e), _CAPACITY_FLAGS))
     scenarios = load_capacity_scenarios(args.scenario, args.policies)
 
     def on_point(p: CapacityPoint) -> None:
@@ -367,6 +403,11 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+#: sla_capacity's arguments and the ``capacity`` flags that give them.
+_CAPACITY_FLAGS = {"seeds": "--seeds", "rate_lo": "--rate-lo", "rate_hi": "--rate-hi", "rel_tol": "--rel-tol",
+                   "max_runs": "--max-runs", "min_requests": "--min-requests"}
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -388,7 +429,7 @@ def _positive_float(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m memtp_sim", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=_prog(), description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run (or resume) a study YAML")
@@ -406,7 +447,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="recompute runs that already have results")
     r.add_argument("--quiet", action="store_true", help="no progress output")
     r.add_argument("--progress", action="store_true", help="show the progress bar even when not a terminal")
-    r.set_defaults(func=_cmd_run)
+    r.set_defaults(func=_cmd_run, on_interrupt="finished runs are kept; run the same command again to resume")
 
     rp = sub.add_parser("report", help="rebuild report.html of a finished study")
     rp.add_argument("study_dir", help="results/<study>")
@@ -482,12 +523,14 @@ def _add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     tu.add_argument("spec", help="tune YAML, e.g. studies/tune.yaml")
     tu.add_argument("--storage", help="Optuna storage URL (default: sqlite:///results/<study>/optuna.db); "
                     "postgresql+psycopg2://user:pass@host/db or journal:///path/file.log for many workers")
-    tu.add_argument("--n-trials", type=int, default=None, help="COMPLETE trials wanted in total (default: the YAML's)")
-    tu.add_argument("--workers", type=int, default=1, help="local worker processes sharing the storage (default 1)")
+    tu.add_argument("--n-trials", type=_positive_int, default=None,
+                    help="COMPLETE trials wanted in total (default: the YAML's)")
+    tu.add_argument("--workers", type=_positive_int, default=1,
+                    help="local worker processes sharing the storage (default 1)")
     tu.add_argument("--out", default="results", help="results folder (default: results)")
     tu.add_argument("--no-validate", action="store_true", help="skip the fresh-seed re-runs of the top trials")
     tu.add_argument("--quiet", action="store_true", help="no progress output")
-    tu.set_defaults(func=_cmd_tune)
+    tu.set_defaults(func=_cmd_tune, on_interrupt="finished trials are kept; run the same command again to resume")
 
     ex = sub.add_parser("export", help="write a production config from a tuned study")
     ex.add_argument("--study", required=True, help="study name (the tune YAML's name)")
@@ -556,7 +599,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         return _fail(f"{where}{e.strerror or e}")
     except KeyboardInterrupt:
-        print("\ninterrupted: finished runs are kept; run the same command again to resume", file=sys.stderr)
+        kept = getattr(args, "on_interrupt", "")
+        print(f"\ninterrupted{': ' + kept if kept else ''}", file=sys.stderr)
         return 130
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +71,8 @@ __all__ = [
     "Study",
     "load_study",
     "load_scenario",
+    "read_config_yaml",
+    "yaml_kind",
     "format_validation_error",
     "check_no_ignored_fields",
 ]
@@ -81,10 +84,11 @@ MAX_REQUESTS_PER_RUN = 10_000_000
 
 class StrictModel(BaseModel):
     """Base of every YAML-facing model (scenarios, studies, tune specs): unknown keys are errors,
-    models are frozen, and types are strict (YAML ``true`` is not the integer 1, ``"1.5"`` is not a
-    number)."""
+    models are frozen, types are strict (YAML ``true`` is not the integer 1, ``"1.5"`` is not a
+    number), and every float is finite (YAML ``.inf``, ``-.inf`` and ``.nan`` are refused, naming
+    the field)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class HardwareConfig(StrictModel):
@@ -293,10 +297,10 @@ class ConfidenceConfig(StrictModel):
     def _sts_form(cls, v: Any) -> Any:
         if v in ("fit", "none"):
             return v
-        if isinstance(v, list) and v and all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
-                                             for t in v):
+        if isinstance(v, list) and v and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                             and math.isfinite(t) and t > 0 for t in v):
             return [float(t) for t in v]
-        raise ValueError(f"allowed: 'fit', 'none', or a non-empty list of positive temperatures, one per "
+        raise ValueError(f"allowed: 'fit', 'none', or a non-empty list of finite positive temperatures, one per "
                          f"position (got {_show(v)})")
     sts_rounds: PositiveInt = Field(20000, description="held-out rounds for the STS fit")
 
@@ -455,6 +459,7 @@ def _check_params(cls: Any, params: dict[str, Any], section: str, what: str) -> 
         ValueError: one line, ``<section>.<field>: ...`` (an unknown parameter lists the allowed
             ones; a bad value gives the model's message and the value).
     """
+    _check_finite(params, section)
     try:
         cls.Params(**params)
     except ValidationError as e:
@@ -466,6 +471,22 @@ def _check_params(cls: Any, params: dict[str, Any], section: str, what: str) -> 
         msg = err["msg"].removeprefix("Value error, ")
         got = f" (got {_show(err.get('input'))})" if field else ""
         raise ValueError(f"{section}.{field or what}: {msg}{got}") from None
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Refuse ``inf``, ``-inf`` and ``nan`` anywhere in a parameter value (lists and mappings too).
+
+    Raises:
+        ValueError: one line, ``<where>.<field>: must be a finite number (got inf)``.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: must be a finite number (got {value})")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{where}.{i}")
 
 
 class ControlSpec(BaseModel):
@@ -721,7 +742,7 @@ class Study(StrictModel):
                     try:
                         scen = Scenario.model_validate(doc, context=context)
                     except ValidationError as e:
-                        where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={v!r}" for k, v in zip(keys, values)])
+                        where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={_show(v)}" for k, v in zip(keys, values)])
                         raise ConfigError(format_validation_error(e, f"{source} ({where})")) from None
                     reasons = scen.ignored_fields()
                     for path in set_paths | set(overrides):
@@ -809,6 +830,18 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | N
     return sorted(getattr(cur, "model_fields", {})) if cur is not None else None
 
 
+#: What one item of a list or mapping field is called in "give at least one ..." messages.
+_ITEM_NAMES = {"seeds": "seed", "policies": "policy", "search_space": "entry", "objectives": "objective",
+               "choices": "choice", "sweep": "value"}
+
+
+def _too_short(loc: tuple[Any, ...], min_length: int) -> str:
+    """``give at least one seed`` for an empty ``seeds`` (the item named after the field)."""
+    name = next((str(p) for p in reversed(loc) if isinstance(p, str)), "")
+    item = _ITEM_NAMES.get(name, "item")
+    return f"give at least one {item}" if min_length == 1 else f"give at least {min_length} {item}s"
+
+
 def format_validation_error(e: ValidationError, source: str, model: type[BaseModel] | None = None) -> str:
     """One line: ``<source>: <field>: <what is wrong> (got <value>)``, plus a count of other errors."""
     errs = e.errors()
@@ -822,14 +855,101 @@ def format_validation_error(e: ValidationError, source: str, model: type[BaseMod
         line = f"{source}: {field}: {msg}"
     elif err["type"] == "missing":
         line = f"{source}: {field}: required field is missing"
+    elif err["type"] == "too_short":
+        line = f"{source}: {field}: {_too_short(loc, (err.get('ctx') or {}).get('min_length', 1))}"
     elif err["type"] == "value_error" or "input" not in err:
         # a model-level check names its own field(s) in the message
-        line = f"{source}: {msg}" if not loc else f"{source}: {field}: {msg}"
+        named = not loc or msg.startswith((f"{field}.", f"{field}:"))  # e.g. "policy.gamma: ..." under policy
+        line = f"{source}: {msg}" if named else f"{source}: {field}: {msg}"
     else:
         line = f"{source}: {field}: {msg} (got {_show(err['input'])})"
     if len(errs) > 1:
         line += f" [+{len(errs) - 1} more error(s)]"
     return line
+
+
+#: The kinds of YAML file the commands read: what the top level holds, an example, and how to use one.
+_KINDS: dict[str, tuple[str, str, str]] = {
+    "scenario": ("hardware, acceptance, workload, engine, policy...", "scenarios/h200-colocated.yaml",
+                 "a scenario is one run: search its SLA capacity with `python -m memtp_sim capacity {path} --slo "
+                 "'ttft_s_p90 <= 2'`, or run it as the `base:` of a study (name, base, sweep)"),
+    "study": ("name, base, sweep, policies, seeds", "studies/load.yaml",
+              "run it with `python -m memtp_sim run {path}`"),
+    "tune spec": ("name, base, search_space, objectives, constraints, seeds", "studies/tune.yaml",
+                  "run it with `python -m memtp_sim tune {path}`"),
+    "drafter-lab spec": ("name, seed, gamma, source, training, evaluation, drafters", "studies/drafter_lab.yaml",
+                         "run it with `python -m memtp_sim drafter-lab {path}`"),
+    "hardware profile": ("name, chip, model, verify, memory...", "calibration/h200/llama31-8b-bf16.yaml",
+                         "name it in a scenario's `hardware: {{profile: {path}}}`, or check it with "
+                         "`python -m memtp_sim calibrate check {path}`"),
+    "acceptance profile": ("name, source, domains...", "calibration/acceptance/dspark-qwen3.yaml",
+                           "name it in a scenario's `acceptance: {{profile: {path}}}`"),
+}
+
+
+def yaml_kind(doc: Any) -> str | None:
+    """Which kind of file a parsed YAML is, told by its top-level keys.
+
+    Args:
+        doc: the parsed top level.
+
+    Returns:
+        ``"tune spec"`` (``search_space``, ``objectives``, ``n_trials``, ``sampler`` or
+        ``pair_constraints``), ``"study"`` (``base``), ``"drafter-lab spec"`` (``training``,
+        ``evaluation`` or a top-level ``gamma``), ``"hardware profile"`` (``chip``,
+        ``measurements``, ``verify`` or ``caveats``), ``"acceptance profile"`` (``domains``,
+        ``fit_gamma`` or ``sigma_note``), ``"scenario"`` (only scenario sections), or None when
+        the keys say nothing (then the expected model's own error names the problem).
+    """
+    if not isinstance(doc, dict):
+        return None
+    keys = {str(k) for k in doc}
+    if keys & {"search_space", "objectives", "n_trials", "sampler", "pair_constraints"}:
+        return "tune spec"
+    if "base" in keys:
+        return "study"
+    if keys & {"training", "evaluation", "gamma"}:
+        return "drafter-lab spec"
+    if keys & {"chip", "measurements", "verify", "caveats"}:
+        return "hardware profile"
+    if keys & {"domains", "fit_gamma", "sigma_note"}:
+        return "acceptance profile"
+    if keys and keys <= set(Scenario.model_fields):
+        return "scenario"
+    return None
+
+
+def _a(noun: str) -> str:
+    """The indefinite article of ``noun``."""
+    return "an" if noun[:1] in "aeiou" else "a"
+
+
+def read_config_yaml(path: str | Path, expected: str) -> dict[str, Any]:
+    """Read a YAML a command takes, refusing a folder or a file of another kind in one line.
+
+    Args:
+        path: the file.
+        expected: the kind the command takes, a key of the kinds :func:`yaml_kind` tells apart
+            (``"scenario"``, ``"study"``, ``"tune spec"``, ``"drafter-lab spec"``).
+
+    Returns:
+        The top-level mapping.
+
+    Raises:
+        ConfigError: ``path`` is a folder, unreadable or not a YAML mapping
+            (:func:`memtp_sim._io.read_yaml`), or its top-level keys show another kind of file
+            (the message says which, and the command that takes it).
+    """
+    keys, example, _ = _KINDS[expected]
+    if Path(path).is_dir():
+        raise ConfigError(f"{path}: is a directory, not a {expected} file; give the YAML file, e.g. {example}")
+    doc = read_yaml(path, what=f"a mapping at the top level ({keys})")
+    kind = yaml_kind(doc)
+    if kind is not None and kind != expected:
+        advice = _KINDS[kind][2].format(path=path)
+        raise ConfigError(f"{path}: this is {_a(kind)} {kind}, not {_a(expected)} {expected} (whose top level has "
+                          f"{keys}, e.g. {example}); {advice}")
+    return doc
 
 
 def load_study(path: str | Path) -> Study:
@@ -838,7 +958,7 @@ def load_study(path: str | Path) -> Study:
     Raises:
         ConfigError: unreadable file, unknown key, wrong type, bad value, missing file.
     """
-    doc = read_yaml(path, what="a mapping at the top level (name, base, sweep, policies, seeds)")
+    doc = read_config_yaml(path, "study")
     p = Path(path)
     try:
         study = Study.model_validate(doc, context={"base_dir": str(p.parent)})
@@ -853,7 +973,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
     Raises:
         ConfigError: unreadable file, unknown key, wrong type, bad value, a setting with no effect."""
-    doc = read_yaml(path, what="a mapping at the top level (hardware, acceptance, workload, engine, policy...)")
+    doc = read_config_yaml(path, "scenario")
     p = Path(path)
     try:
         scen = Scenario.model_validate(doc, context={"base_dir": str(p.parent)})

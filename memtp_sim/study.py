@@ -30,7 +30,7 @@ import secrets
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -213,19 +213,35 @@ def verify_run_files(run_dir: Path, summary: dict[str, Any]) -> str | None:
     return None
 
 
-def _load_done(run_dir: Path, spec: RunSpec) -> dict[str, Any] | None:
-    """The run's summary if the run finished with these inputs and its files verify, else None."""
+def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str | None]:
+    """``(summary, None)`` if the run finished with these inputs and its files verify, else
+    ``(None, why)``: why it must be computed (again), in words, or None for a run never tried."""
     f = run_dir / "summary.json"
     if not f.is_file():
-        return None
+        failed = run_dir / "failed.json"
+        if not failed.is_file():
+            left = run_dir.is_dir() and any(run_dir.iterdir())
+            return None, ("interrupted: summary.json missing" if left else None)
+        try:
+            error = json.loads(failed.read_text()).get("error", "reason not recorded")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            error = "failed.json unreadable"
+        return None, f"failed before: {error}"
     try:
         s = json.loads(f.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    same = (isinstance(s, dict) and s.get("seed") == spec.seed
-            and s.get("scenario") == spec.scenario.model_dump(mode="json")
-            and s.get("inputs") == input_fingerprint(spec.scenario))
-    return s if same and verify_run_files(run_dir, s) is None else None
+        return None, "damaged: summary.json unreadable"
+    if not isinstance(s, dict):
+        return None, "damaged: summary.json unreadable"
+    if s.get("seed") != spec.seed or s.get("scenario") != spec.scenario.model_dump(mode="json"):
+        return None, "damaged: summary.json records another scenario or seed"
+    inputs = input_fingerprint(spec.scenario)
+    if s.get("inputs") != inputs:
+        recorded = s.get("inputs") if isinstance(s.get("inputs"), dict) else {}
+        changed = sorted(k for k in set(inputs) | set(recorded) if inputs.get(k) != recorded.get(k))
+        return None, f"input changed: {', '.join(changed)}"
+    why = verify_run_files(run_dir, s)
+    return (s, None) if why is None else (None, f"damaged: {why}")
 
 
 def check_writable(root: Path) -> None:
@@ -267,6 +283,11 @@ class StudyOutcome:
         num_ran: runs computed now.
         failed: ``run_id -> reason`` for runs that could not complete (retried by the next ``run``).
         num_stale: run folders under ``runs/`` that belong to no run of this study (left untouched).
+        recomputed: ``run_id -> why`` for runs computed now although their folder held something:
+            ``"forced (--force)"``, ``"failed before: <error>"``, ``"interrupted: summary.json
+            missing"``, ``"damaged: <what>"`` (e.g. ``"damaged: requests.csv is damaged (size or
+            digest differs from summary.json)"``) or ``"input changed: trace, ..."``. Runs never
+            tried before are not listed.
     """
 
     root: Path
@@ -276,6 +297,33 @@ class StudyOutcome:
     num_ran: int
     failed: dict[str, str]
     num_stale: int
+    recomputed: dict[str, str] = field(default_factory=dict)
+
+    def ran_note(self) -> str:
+        """What the study computed now and why, in one line, e.g. ``"reused 3 finished run(s) with
+        the same scenario, seed and inputs; ran 1: recomputed 1 (damaged: requests.csv is damaged
+        (size or digest differs from summary.json))"``.
+
+        Returns:
+            The line (no trailing newline). Reasons shared by several runs are counted once
+            (``"recomputed 4 (2 x failed before: ...; 2 x damaged: ...)"``).
+        """
+        parts = [f"ran {self.num_ran}"]
+        new = self.num_ran - len(self.recomputed)
+        details = []
+        if self.recomputed:
+            counts: dict[str, int] = {}
+            for why in self.recomputed.values():
+                counts[why] = counts.get(why, 0) + 1
+            why = "; ".join(w if n == 1 else f"{n} x {w}" for w, n in counts.items())
+            details.append(f"recomputed {len(self.recomputed)} ({why})")
+        if new and self.recomputed:
+            details.append(f"{new} new")
+        if details:
+            parts[0] += ": " + ", ".join(details)
+        head = (f"reused {self.num_reused} finished run(s) with the same scenario, seed and inputs; "
+                if self.num_reused else "")
+        return head + parts[0]
 
 
 def _worker_init() -> None:
@@ -420,12 +468,19 @@ def run_study(
     with FolderLock(root, what=f"memtp_sim run {source}"):
         records: dict[str, dict[str, Any]] = {}
         todo: list[RunSpec] = []
+        recomputed: dict[str, str] = {}
         for spec in specs:
-            done = None if force else _load_done(root / "runs" / spec.run_id, spec)
+            run_dir = root / "runs" / spec.run_id
+            if force:
+                done, why = None, ("forced (--force)" if run_dir.is_dir() and any(run_dir.iterdir()) else None)
+            else:
+                done, why = _load_done(run_dir, spec)
             if done is not None:
                 records[spec.run_id] = done
             else:
                 todo.append(spec)
+                if why is not None:
+                    recomputed[spec.run_id] = why
         num_reused = len(records)
         if on_progress is not None:
             on_progress(len(records), len(specs), "")
@@ -446,7 +501,7 @@ def run_study(
     known = {s.run_id for s in specs}
     stale = sum(1 for d in (root / "runs").iterdir() if d.is_dir() and d.name not in known)
     failed = {r["run_id"]: r["error"] for r in ordered if r.get("status") == "failed"}
-    return StudyOutcome(root, table, len(specs), num_reused, len(todo), failed, stale)
+    return StudyOutcome(root, table, len(specs), num_reused, len(todo), failed, stale, recomputed)
 
 
 def check_executor(executor: str, scheduler: str | None, jobs: int | None) -> None:

@@ -29,7 +29,9 @@ import optuna
 import pytest
 import yaml
 
+from memtp_sim.api import run
 from memtp_sim.capacity import (
+    LOAD_MONOTONE,
     SLO,
     SLOTerm,
     capacity_objective,
@@ -41,7 +43,7 @@ from memtp_sim.capacity import (
 from memtp_sim.cli import main
 from memtp_sim.config import Scenario
 from memtp_sim.errors import ConfigError, InvalidArgumentError
-from memtp_sim.metrics import OVERLOAD_RATIO
+from memtp_sim.metrics import METRIC_NAMES, OVERLOAD_RATIO
 from memtp_sim.tuning import evaluate, parse_tune_spec, run_tune, scenario_for
 
 PASS_S = 0.1  # every pass, seconds: the deterministic service time S of one request
@@ -241,8 +243,9 @@ def test_an_overloaded_rate_fails_whatever_the_percentiles_say(md1):
 
 
 def test_an_unmeetable_slo_gives_zero(md1):
-    res = sla_capacity(md1, f"mean_e2e_s <= {0.5 * PASS_S}", seeds=(0,), min_requests=200, max_runs=30)
-    assert res.status == "no_passing_rate" and res.capacity_per_s == 0.0
+    # offered_load_ratio is not a load-monotone latency (no unloaded shortcut): the search halves down
+    res = sla_capacity(md1, "offered_load_ratio <= 0.5", seeds=(0,), min_requests=200, max_runs=30)
+    assert res.status == "no_passing_rate" and res.capacity_per_s == 0.0 and not res.unreachable
     assert res.interval_per_s[0] == 0.0 and res.interval_per_s[1] == min(p.rate_per_s for p in res.points)
     assert "fails at every rate" in res.note
 
@@ -347,3 +350,97 @@ def test_tune_maximises_sla_capacity_against_pollaczek_khinchine(md1_dir, tmp_pa
     trials = optuna.load_study(study_name="cap", storage=url).get_trials(deepcopy=False)
     for t in trials:
         assert t.value == value[t.params["engine.max_num_seqs"]]  # same seed, same search
+    assert out.warnings == []  # some trial found a passing rate
+
+
+# ------------------------------------------------------------------------------ unmeetable even unloaded
+def test_a_latency_bound_missed_unloaded_stops_after_the_unloaded_run(md1, md1_dir, capsys):
+    # unloaded, each request takes exactly PASS_S: a bound below it fails at every rate, so no rate
+    # is tried (before: 21 halvings down to a millionth of the start rate)
+    res = sla_capacity(md1, f"mean_e2e_s <= {0.5 * PASS_S}", seeds=(0, 1), min_requests=200)
+    assert res.status == "no_passing_rate" and res.unreachable and res.capacity_per_s == 0.0
+    assert res.num_runs == 1 and res.points == () and res.interval_per_s == (0.0, 0.0)
+    assert f"mean_e2e_s = {PASS_S:g} > {0.5 * PASS_S:g} even unloaded (one request at a time" in res.note
+    assert res.to_dict()["unloaded"] == {"mean_e2e_s": pytest.approx(PASS_S)}
+    rc = main(["capacity", str(md1_dir / "md1.yaml"), "--slo", f"mean_e2e_s <= {0.5 * PASS_S}", "--seeds", "0"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "no_passing_rate: mean_e2e_s = 0.1 > 0.05 even unloaded" in out and "req/s  FAIL" not in err
+
+
+@pytest.fixture(scope="module")
+def flat_batch(md1_dir):
+    """The flat profile with 8-token outputs and up to 4 requests a pass (every load-monotone metric defined)."""
+    (md1_dir / "trace8.csv").write_text("timestamp,input_length,output_length\n0,16,8\n0,48,8\n")
+    doc = yaml.safe_load(SCENARIO) | {"engine": {"max_num_seqs": 4}}
+    doc["workload"]["trace"] = "trace8.csv"
+    (md1_dir / "flat8.yaml").write_text(yaml.safe_dump(doc))
+    return load_capacity_scenarios(md1_dir / "flat8.yaml")[0]
+
+
+def test_load_monotone_metrics_only_get_worse_with_load(flat_batch):
+    # the premise of the shortcut: every metric of LOAD_MONOTONE is no better under load than with
+    # one request at a time (a throughput-like metric put in the list would fail here)
+    assert set(LOAD_MONOTONE) <= set(METRIC_NAMES) and set(LOAD_MONOTONE.values()) <= {"<=", ">="}
+    closed1 = flat_batch.workload.model_copy(update={"concurrency": 1, "num_requests": 32})
+    alone = run(flat_batch.model_copy(update={"workload": closed1}), seed=0).metrics
+    loaded = run(poisson_scenario(flat_batch, 3.0, 300), seed=0).metrics
+    assert loaded["mean_in_system"] > 1.5  # really loaded
+    for m, op in LOAD_MONOTONE.items():
+        a, b = float(alone[m]), float(loaded[m])
+        assert math.isfinite(a) and math.isfinite(b), m
+        assert (b >= a * 0.999) if op == "<=" else (b <= a * 1.001), (m, a, b)
+
+
+@pytest.mark.parametrize("metric", sorted(LOAD_MONOTONE))
+def test_every_load_monotone_term_is_judged_on_the_unloaded_run(flat_batch, metric):
+    # each metric, each side of its unloaded value: just past it in the failing direction stops after
+    # the unloaded run; just inside it does not (the search goes on to try rates)
+    closed1 = flat_batch.workload.model_copy(update={"concurrency": 1, "num_requests": 32})
+    v = float(run(flat_batch.model_copy(update={"workload": closed1}), seed=0).metrics[metric])
+    op = LOAD_MONOTONE[metric]
+    failing, passing = (v * 0.9, v * 1.1) if op == "<=" else (v * 1.1, v * 0.9)
+    if v == 0.0:  # no queueing with one request at a time: only a negative bound fails, refused at parse
+        with pytest.raises(InvalidArgumentError, match="can never hold"):
+            SLO.parse(f"{metric} <= -0.001")
+        failing, passing = None, 0.001
+    if failing is not None:
+        stop = sla_capacity(flat_batch, f"{metric} {op} {failing!r}", seeds=(0,), min_requests=50, max_runs=3)
+        assert stop.unreachable and stop.num_runs == 1 and f"{metric} = " in stop.note and "even unloaded" in stop.note
+    go = sla_capacity(flat_batch, f"{metric} {op} {passing!r}", seeds=(0,), min_requests=50, max_runs=3)
+    assert not go.unreachable and go.num_runs > 1 and go.points
+
+
+@pytest.mark.parametrize("metric", METRIC_NAMES)
+def test_a_bound_no_value_can_meet_is_refused_at_parse_time(metric):
+    # every metric is a count, a time, a rate, a size or a fraction: never negative
+    with pytest.raises(InvalidArgumentError, match=rf"{metric} <= -1 can never hold \({metric} is never negative\)"):
+        SLO.parse(f"{metric} <= -1")
+    assert SLO.parse(f"{metric} <= 0").terms[0].bound == 0.0
+    if metric.endswith("_frac") or metric in ("acceptance_rate", "auc_mean"):
+        with pytest.raises(InvalidArgumentError, match="can never hold.*fraction in \\[0, 1\\]"):
+            SLO.parse(f"{metric} >= 1.5")
+
+
+def test_cli_refuses_a_never_holding_bound_in_one_line(md1_dir, capsys):
+    rc = main(["capacity", str(md1_dir / "md1.yaml"), "--slo", "ttft_s_p90 <= -1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "ttft_s_p90 <= -1 can never hold" in err
+
+
+def test_tune_warns_when_every_trial_scores_zero_because_the_slo_fails_unloaded(md1_dir, tmp_path, capsys):
+    doc = _tune_doc(capacity={"slo": f"mean_e2e_s <= {0.5 * PASS_S}", "min_requests": 200})
+    doc["base"]["hardware"]["profile"] = str(md1_dir / "flat.yaml")
+    doc["base"]["workload"]["trace"] = str(md1_dir / "trace.csv")
+    spec = parse_tune_spec(doc, source="cap.yaml")
+    out = run_tune(spec, storage_url=f"sqlite:///{tmp_path / 'z.db'}", n_trials=2, out_dir=tmp_path,
+                   validate=False, report=False)
+    assert out.complete == 2 and len(out.warnings) == 1
+    assert "every trial scored sla_capacity_per_s 0" in out.warnings[0]
+    assert "cannot be met with no load at all: mean_e2e_s = 0.1 > 0.05 even unloaded" in out.warnings[0]
+    for t in optuna.load_study(study_name="cap", storage=f"sqlite:///{tmp_path / 'z.db'}").trials:
+        assert t.value == 0.0 and "even unloaded" in t.user_attrs["capacity_unreachable"][0]
+    # the command says it too, on stderr, after the trial lines
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(doc | {"name": "cap2"}))
+    rc = main(["tune", str(tmp_path / "cap.yaml"), "--out", str(tmp_path), "--no-validate", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "warning: every trial scored sla_capacity_per_s 0: the SLO" in err

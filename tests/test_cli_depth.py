@@ -26,9 +26,10 @@ def test_live_names_its_memory_source(capsys):
 
 
 @pytest.mark.parametrize("argv, field", [
-    (["depth", "--free-gib", "10", "--r-low", "0.9", "--r-high", "0.3"], "r_low"),
-    (["depth", "--free-gib", "-1"], "free_gib"),
-    (["depth", "--free-gib", "10", "--head-cost-gib", "0"], "head_cost_gib"),
+    # named as the flag the user typed, not as the library argument (r_low)
+    (["depth", "--free-gib", "10", "--r-low", "0.9", "--r-high", "0.3"], "--r-low"),
+    (["depth", "--free-gib", "-1"], "--free-gib"),
+    (["depth", "--free-gib", "10", "--head-cost-gib", "0"], "--head-cost-gib"),
     (["depth"], "--free-gib"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, field, capsys):

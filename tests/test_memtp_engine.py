@@ -130,16 +130,18 @@ def test_memtp_config_errors_name_the_field(tmp_path):
     specs = plan_runs(load_study(ok))
     assert {s.labels["policy"] for s in specs} == {
         "dspark(early_stop=False, fallback=True, probe_every=16)", "dspark_async(lag_rounds=2)"}
-    gammas = {(s.labels["memtp.depth"], s.scenario.draft_spec().policy_params["gamma"]) for s in specs}
+    gammas = {(s.scenario.memtp.depth, s.scenario.draft_spec().policy_params["gamma"]) for s in specs}
     assert gammas == {(1, 1), (5, 5), (16, 16), ("elastic", 16)}
+    # each setup once: coherence steers only the elastic controller, so no fixed depth runs twice
+    # with another coherence (it would give identical results)
+    setups = [(s.scenario.memtp.depth, s.scenario.memtp.coherence, s.labels["policy"], s.seed) for s in specs]
+    assert len(setups) == len(set(setups)) == 20
+    assert {(d, c) for d, c, _, _ in setups if d == "elastic"} == {("elastic", "ewma"), ("elastic", "tower")}
 
 
-@pytest.mark.slow
-def test_ramp_study_breathes_and_hysteresis_bounds_changes():
-    study = load_study(REPO / "studies" / "memtp.yaml")
-    specs = {(s.labels["memtp.depth"], s.labels["policy"].split("(")[0]): s
-             for s in plan_runs(study) if s.seed == 0}
-    res = run(specs[("elastic", "dspark")].scenario, seed=0)
+def _check_breathing(res) -> None:  # noqa: ANN001 - a RunResult
+    """The elastic ensemble is shallower while load is high, within the hysteresis bound, and
+    rejects nothing."""
     r = res.rounds_frame()
     sched = res.scenario["workload"]["rate_schedule"]
     ends = np.cumsum([seg["duration_s"] for seg in sched])
@@ -156,6 +158,28 @@ def test_ramp_study_breathes_and_hysteresis_bounds_changes():
     assert 0 < res.metrics["num_depth_changes"] <= bound
     assert res.metrics["num_rejected"] == 0
 
-    fixed16 = run(specs[(16, "dspark")].scenario, seed=0)
+
+def _ramp_specs() -> dict:
+    study = load_study(REPO / "studies" / "memtp.yaml")
+    return {(s.labels["variant"], s.labels["policy"].split("(")[0]): s for s in plan_runs(study) if s.seed == 0}
+
+
+# Until the study was restructured, this test looked its run up by (memtp.depth, policy), a key the
+# EWMA and tower variants shared, so it silently checked the tower variant only. Checked
+# explicitly, the EWMA ensemble does not breathe on seed 0 (time-weighted depth 5.37 -> 5.64 ->
+# 5.46 over the three phases; seed 1: 6.74 -> 3.24 -> 3.60): a known finding, kept visible here.
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [
+    "elastic_tower",
+    pytest.param("elastic_ewma", marks=pytest.mark.xfail(
+        strict=True, reason="EWMA coherence, seed 0: the depth does not fall while load is high")),
+])
+def test_ramp_study_breathes_and_hysteresis_bounds_changes(variant):
+    _check_breathing(run(_ramp_specs()[(variant, "dspark")].scenario, seed=0))
+
+
+@pytest.mark.slow
+def test_sixteen_fixed_heads_reject_the_longest_prompts():
+    fixed16 = run(_ramp_specs()[("depth16", "dspark")].scenario, seed=0)
     # 64 GiB of heads leave ~18 GiB of KV: the longest Mooncake prompts cannot be admitted at all
     assert fixed16.metrics["rejected_by_reason"].get("exceeds_kv_capacity", 0) > 0

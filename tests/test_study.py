@@ -104,3 +104,50 @@ def test_study_writes_resumes_and_recomputes_only_missing(tmp_path):
     assert (victim.relative_to(root / "runs") / "requests.csv") in changed
     # same scenario + seed: recomputed numbers are identical
     pd.testing.assert_frame_equal(pd.read_csv(root / "runs.csv"), runs)
+
+
+def test_a_recomputed_run_says_why(tmp_path):
+    # fault: a re-run after a results file was damaged said only "ran 1", never why
+    from memtp_sim.config import load_study
+    from memtp_sim.study import run_study
+
+    trace = tmp_path / "trace.csv"
+    trace.write_bytes(TRACE.read_bytes())
+    doc = _study_doc()
+    doc["base"]["workload"].update(trace=str(trace), num_requests=4)
+    doc["sweep"] = {"workload.concurrency": [1, 2, 3, 4, 5, 6]}
+    doc["policies"] = [{"name": "mtp1"}]
+    f = tmp_path / "tiny.yaml"
+    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    study = load_study(f)
+    out = tmp_path / "results"
+    first = run_study(study, out_dir=out, jobs=1, source=str(f))
+    assert first.num_ran == 6 and first.recomputed == {} and first.ran_note() == "ran 6"
+    runs = [out / "tiny" / "runs" / rid for rid in first.table["run_id"]]
+    good = (runs[0] / "requests.csv").read_bytes()
+    (runs[0] / "requests.csv").write_bytes(good[: len(good) // 2])
+    (runs[1] / "rounds.parquet").unlink()
+    (runs[2] / "summary.json").write_text("{not json")
+    (runs[3] / "summary.json").unlink()
+    (runs[4] / "summary.json").unlink()
+    (runs[4] / "failed.json").write_text(json.dumps({"status": "failed", "error": "MemoryError: boom"}))
+    again = run_study(study, out_dir=out, jobs=1, source=str(f))
+    assert again.num_ran == 5 and again.num_reused == 1
+    assert again.recomputed == {
+        runs[0].name: "damaged: requests.csv is damaged (size or digest differs from summary.json)",
+        runs[1].name: "damaged: rounds.parquet is missing",
+        runs[2].name: "damaged: summary.json unreadable",
+        runs[3].name: "interrupted: summary.json missing",
+        runs[4].name: "failed before: MemoryError: boom",
+    }
+    note = again.ran_note()
+    assert note.startswith("reused 1 finished run(s) with the same scenario, seed and inputs; ran 5: recomputed 5 (")
+    assert "damaged: requests.csv is damaged" in note and "failed before: MemoryError: boom" in note
+    # changed input files, and --force, say so too; reasons shared by several runs are counted once
+    lines = trace.read_text().splitlines()
+    trace.write_text("\n".join(lines + lines[-1:]) + "\n")
+    changed = run_study(study, out_dir=out, jobs=1, source=str(f))
+    assert set(changed.recomputed.values()) == {"input changed: trace"}
+    assert changed.ran_note() == "ran 6: recomputed 6 (6 x input changed: trace)"
+    forced = run_study(study, out_dir=out, jobs=1, source=str(f), force=True)
+    assert forced.ran_note() == "ran 6: recomputed 6 (6 x forced (--force))"

@@ -136,7 +136,7 @@ def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray | None]:
         vals = confidences.astype(np.float64, copy=False)
         if vals.size and not (vals.min() >= 0.0 and vals.max() <= 1.0):  # NaN fails both
             bad = vals[~((vals >= 0) & (vals <= 1))]
-            raise InvalidArgumentError(f"confidences: values must lie in [0, 1], got {bad[0]!r}")
+            raise InvalidArgumentError(f"confidences: values must lie in [0, 1], got {float(bad[0]):g}")
         return vals, None
     if isinstance(confidences, np.ndarray) and confidences.ndim != 2:
         raise InvalidArgumentError(f"confidences: expected a 2-D array (requests x positions), got {confidences.ndim}-D")
@@ -154,8 +154,13 @@ def pad_confidences(confidences: Any) -> tuple[np.ndarray, np.ndarray | None]:
         mask[i, : arr.size] = True
     inside = (vals >= 0) & (vals <= 1)
     if not inside[mask].all():
-        raise InvalidArgumentError(f"confidences: values must lie in [0, 1], got {vals[mask & ~inside][0]!r}")
+        raise InvalidArgumentError(f"confidences: values must lie in [0, 1], got {float(vals[mask & ~inside][0]):g}")
     return vals, (None if mask.all() else mask)
+
+
+def _plain(v: Any) -> str:
+    """A value for a message: numpy scalars as plain numbers (``1.5``, never ``np.float64(1.5)``)."""
+    return repr(v.item()) if isinstance(v, np.generic) else repr(v)
 
 
 def _is_count(v: Any) -> bool:
@@ -215,12 +220,12 @@ def hardware_aware_prefix_scheduler(
     vals, mask = pad_confidences(confidences)
     num_req = vals.shape[0]
     if not _is_count(prefill_tokens) or prefill_tokens < 0:
-        raise InvalidArgumentError(f"prefill_tokens: must be a whole number of tokens >= 0, got {prefill_tokens!r}")
+        raise InvalidArgumentError(f"prefill_tokens: must be a whole number of tokens >= 0, got {_plain(prefill_tokens)}")
     if max_batch_tokens is not None and (not _is_count(max_batch_tokens) or max_batch_tokens < 0):
-        raise InvalidArgumentError(f"max_batch_tokens: must be a whole number of tokens >= 0, got {max_batch_tokens!r}")
+        raise InvalidArgumentError(f"max_batch_tokens: must be a whole number of tokens >= 0, got {_plain(max_batch_tokens)}")
     if not (isinstance(overhead_s, (int, float, np.integer, np.floating)) and np.isfinite(overhead_s)
             and overhead_s >= 0):
-        raise InvalidArgumentError(f"overhead_s: must be a finite number of seconds >= 0, got {overhead_s!r}")
+        raise InvalidArgumentError(f"overhead_s: must be a finite number of seconds >= 0, got {_plain(overhead_s)}")
     base_b = num_req + int(prefill_tokens)
     if max_batch_tokens is not None and base_b > max_batch_tokens:
         raise InvalidArgumentError(f"max_batch_tokens: {max_batch_tokens} is below the {base_b} anchor and prefill tokens")

@@ -13,15 +13,25 @@ Figures (one set per combination of the sweep keys other than the load axis):
 4. Reliability of the confidence per draft position; the MEMTP timeline (when the study runs it).
 5. The hardware profile's measured SPS(B) with its lookup rule.
 
-The page also lists, in words, which policy wins where and every load point where DSpark loses to
-a static policy and why.
+The page also lists, in words, which policy wins where, every load point where DSpark loses to a
+static policy and why, and every run that rejected requests (with the reasons) or completed none.
 """
 
 from __future__ import annotations
 
 from ._page import write_report
 from ._results import StudyResults, load_results
-from .numbers import aggregate, dspark_losses, headline_table, overload_notes, phase_table, winners_notes
+from .numbers import (
+    aggregate,
+    dspark_losses,
+    headline_table,
+    overload_notes,
+    phase_table,
+    rejection_notes,
+    rejections,
+    terminal_table,
+    winners_notes,
+)
 
 __all__ = [
     "StudyResults",
@@ -31,6 +41,9 @@ __all__ = [
     "load_results",
     "overload_notes",
     "phase_table",
+    "rejection_notes",
+    "rejections",
+    "terminal_table",
     "winners_notes",
     "write_report",
 ]

@@ -153,6 +153,30 @@ def _missing_runs(page: HtmlPage, res: StudyResults) -> None:
                   + "</ul></div>")
 
 
+def _nothing_measured(page: HtmlPage, res: StudyResults) -> None:
+    """A warning at the top for runs that completed no request (every request rejected, or none
+    arrived): their throughput is 0 and their latencies empty, and no policy is ranked on them."""
+    loud = [n for n in numbers.rejection_notes(res) if n.startswith(("every request rejected", "no request completed"))]
+    if loud:
+        page.add_html("<div class='warn'><b>Runs that measured nothing</b>:<ul>"
+                      + "".join(f"<li>{escape(n)}</li>" for n in loud) + "</ul>Their rows in the tables below read "
+                      "0 tok/s and nan; the reasons per run are under Rejected requests.</div>")
+
+
+def _rejections_section(page: HtmlPage, res: StudyResults) -> None:
+    """Every run that rejected requests or completed none, with the reasons."""
+    rj = numbers.rejections(res)
+    if rj.empty:
+        return
+    page.add_heading("Rejected requests")
+    page.add_paragraph("Requests turned away at arrival, per run, with the reason: exceeds_max_model_len (prompt "
+                       "plus output longer than the model's context), exceeds_kv_capacity (the KV of its prompt "
+                       "plus output needs more blocks than the KV cache can hold next to the weights and "
+                       "heads). " + " ".join(n[0].upper() + n[1:] + "." for n in
+                                                             numbers.rejection_notes(res)))
+    page.add_table(rj)
+
+
 def _overload(page: HtmlPage, res: StudyResults) -> None:
     """A warning at the top for load points whose offered load exceeds capacity."""
     notes = numbers.overload_notes(res)
@@ -164,10 +188,11 @@ def _overload(page: HtmlPage, res: StudyResults) -> None:
 def write_report(root: str | Path) -> Path:
     """Build ``report.html`` for the study in ``root`` (written atomically) and return its path.
 
-    Sections: overview and how to read it; which policy wins where; where DSpark loses to a static
-    policy and why; per facet the frontier, load-sweep and latency figures; confidence calibration;
-    the MEMTP timeline and load phases (when the study runs the ensemble); the hardware profile and
-    acceptance model; all headline results.
+    Sections: warnings (runs missing, runs that completed no request, overload); overview and how
+    to read it; rejected requests with their reasons (when any run rejected some or completed none);
+    which policy wins where; where DSpark loses to a static policy and why; per facet the frontier,
+    load-sweep and latency figures; confidence calibration; the MEMTP timeline and load phases (when
+    the study runs the ensemble); the hardware profile and acceptance model; all headline results.
 
     Args:
         root: the study folder (``results/<study>/``: runs.csv, study.json, runs/<id>/...).
@@ -189,8 +214,10 @@ def write_report(root: str | Path) -> Path:
     res = load_results(root)
     page = HtmlPage(f"memtp_sim study: {res.meta['name']}")
     _missing_runs(page, res)
+    _nothing_measured(page, res)
     _overload(page, res)
     _overview(page, res)
+    _rejections_section(page, res)
     _winners_and_losses(page, res)
     _facet_figures(page, res, figures.color_map(res.policies))
     _calibration_section(page, res)

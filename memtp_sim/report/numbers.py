@@ -28,6 +28,8 @@ __all__ = [
     "LatencySamples",
     "Reliability",
     "SpsCurve",
+    "TERMINAL_HEADLINE",
+    "TerminalTable",
     "Timeline",
     "aggregate",
     "overload_notes",
@@ -44,8 +46,12 @@ __all__ = [
     "load_curves",
     "phase_notes",
     "phase_table",
+    "rejection_notes",
+    "rejections",
     "reliability_curves",
+    "short_policy_labels",
     "sps_curve",
+    "terminal_table",
     "time_weighted_bins",
     "timeline",
     "winners",
@@ -96,6 +102,50 @@ def _as_tuple(key: Any) -> tuple:
 
 def _where(keys: list[str], values: tuple) -> str:
     return ", ".join(f"{k} = {v}" for k, v in zip(keys, values))
+
+
+def _ratio(num: Any, den: Any) -> float:
+    """``num / den``, or NaN when either is not a finite number or ``den`` is not above 0: every
+    ratio this module states goes through here, so none divides by zero or reads ``nan%``."""
+    try:
+        n, d = float(num), float(den)
+    except (TypeError, ValueError):
+        return float("nan")
+    if not (np.isfinite(n) and np.isfinite(d)) or d <= 0:
+        return float("nan")
+    return n / d
+
+
+def _join(items: list[Any]) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (never ``a-b``, which reads like one name)."""
+    words = [str(i) for i in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _span_label(x: str | None, xs: list[Any], numeric: bool) -> str:
+    """A span of the sweep axis in words: ``x 1-8`` for a run of ascending numbers, else every
+    value listed (``variant ewma and tower``)."""
+    if not x:
+        return ""
+    if len(xs) == 1:
+        return f"{x} {xs[0]}"
+    if numeric and list(xs) == sorted(xs):
+        return f"{x} {xs[0]}-{xs[-1]}"
+    return f"{x} {_join(xs)}"
+
+
+def _completed(frame: pd.DataFrame) -> np.ndarray:
+    """Per row, whether it completed any request (``num_completed_mean`` or ``num_completed`` above
+    0); every row counts as completed when the frame has neither column (older results)."""
+    for col in ("num_completed_mean", "num_completed"):
+        if col in frame:
+            return pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float) > 0
+    return np.ones(len(frame), dtype=bool)
+
+
+def _with_completed(table: pd.DataFrame, metrics: list[str]) -> list[str]:
+    """``metrics`` plus ``num_completed`` when the runs table records it."""
+    return metrics + (["num_completed"] if "num_completed" in table and "num_completed" not in metrics else [])
 
 
 def aggregate(table: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -174,6 +224,103 @@ def headline_table(res: StudyResults) -> pd.DataFrame:
     return agg[cols].rename(columns={f"{m}_mean": label for m, label in cols_spec})
 
 
+#: The terminal summary's columns (the rest are in runs.csv and the report's table).
+TERMINAL_HEADLINE = [
+    ("throughput_tok_per_s", "total tok/s"),
+    ("tok_per_s_user_p50", "user tok/s p50"),
+    ("ttft_s_p50", "TTFT p50 s"),
+    ("tpot_ms_p50", "TPOT p50 ms"),
+    ("tau", "tau"),
+    ("num_rejected", "rejected"),
+]
+_TERMINAL_MEMORY = [("mean_depth", "mean depth"), ("queue_s_p90", "queue p90 s")]
+
+
+class TerminalTable(NamedTuple):
+    """The terminal summary of a study (see :func:`terminal_table`).
+
+    Attributes:
+        table: one row per facet / load point / policy (mean over seeds), short policy labels.
+        legend: one line per shortened label, ``"dspark = dspark(gamma=7, early_stop=False, ...)"``.
+    """
+
+    table: pd.DataFrame
+    legend: list[str]
+
+
+def short_policy_labels(policies: list[str], *, max_len: int = 16) -> dict[str, str]:
+    """A short label per policy: the label itself when it has at most ``max_len`` characters
+    (``static(k=5)``), else its name without parameters (``dspark`` for ``dspark(gamma=7, ...)``),
+    numbered (``dspark#1``, ``dspark#2``) where two would read the same.
+
+    Args:
+        policies: full policy labels in study order.
+        max_len: labels up to this length are kept whole.
+
+    Returns:
+        ``full label -> short label``; the short labels are unique (a label that cannot be
+        shortened uniquely is kept whole).
+    """
+    short = {p: str(p) if len(str(p)) <= max_len else (str(p).split("(", 1)[0].strip() or str(p))
+             for p in policies}
+    values = list(short.values())
+    seen: dict[str, int] = {}
+    for p in policies:
+        s = short[p]
+        if values.count(s) > 1 and s != p:
+            seen[s] = seen.get(s, 0) + 1
+            short[p] = f"{s}#{seen[s]}"
+    taken: set[str] = set()
+    for p in policies:  # a numbered or cut label that equals another policy's label: keep it whole
+        if short[p] in taken or (short[p] != p and short[p] in short):
+            short[p] = str(p)
+        taken.add(short[p])
+    return short
+
+
+def terminal_table(res: StudyResults) -> TerminalTable:
+    """The headline results narrowed for a terminal of 100-120 columns: short policy labels (with a
+    legend) and the metrics of :data:`TERMINAL_HEADLINE` (plus mean depth and queue p90 when the
+    study runs the MEMTP ensemble); everything else stays in runs.csv and the report's table.
+
+    Args:
+        res: the study (runs.csv columns of :data:`TERMINAL_HEADLINE`).
+
+    Returns:
+        ``table``: columns the facet keys and the x key (by their last dotted part, e.g.
+        ``concurrency``, where that stays unique), ``policy`` (short label), then the labels of
+        :data:`TERMINAL_HEADLINE` (``total tok/s`` = throughput, ``user tok/s p50``,
+        ``TTFT p50 s``, ``TPOT p50 ms``, ``tau``, ``rejected``) and, with MEMTP, ``mean depth`` and
+        ``queue p90 s``; means over seeds. ``legend``: ``"short = full"`` for each policy label and
+        key shortened.
+
+    Raises:
+        KeyError: runs.csv lacks a metric of :data:`TERMINAL_HEADLINE`.
+
+    Source:
+        :func:`aggregate`; labels from :func:`short_policy_labels`.
+    """
+    keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
+    spec = TERMINAL_HEADLINE + (_TERMINAL_MEMORY if res.uses_memtp else [])
+    missing = [m for m, _ in spec if m not in res.table]
+    if missing:
+        raise KeyError(f"runs.csv lacks {', '.join(missing)}")
+    agg = aggregate(res.table, keys, [m for m, _ in spec])
+    table = agg[keys + [f"{m}_mean" for m, _ in spec]].rename(columns={f"{m}_mean": lab for m, lab in spec})
+    rej = pd.to_numeric(table["rejected"], errors="coerce").to_numpy(dtype=float)
+    if np.isfinite(rej).all() and (rej == np.round(rej)).all():
+        table["rejected"] = rej.astype(np.int64)  # a count: no decimals unless seeds differ
+    short = short_policy_labels(res.policies)
+    table["policy"] = table["policy"].map(lambda p: short.get(p, p))
+    legend = [f"{s} = {p}" for p, s in short.items() if s != p]
+    # sweep keys by their last part (workload.concurrency -> concurrency) where that stays unique
+    tails = {k: k.rsplit(".", 1)[-1] for k in keys[:-1]}
+    if len(set(tails.values())) == len(tails) and not set(tails.values()) & (set(table.columns) - set(tails)):
+        table = table.rename(columns=tails)
+        legend += [f"{t} = {k}" for k, t in tails.items() if t != k]
+    return TerminalTable(table, legend)
+
+
 def overload_notes(res: StudyResults) -> list[str]:
     """One line per (facet, load point, policy) whose offered load exceeds capacity.
 
@@ -199,9 +346,10 @@ def overload_notes(res: StudyResults) -> list[str]:
     out = []
     for _, row in agg[agg["offered_load_ratio_mean"] > OVERLOAD_RATIO].iterrows():
         where = ", ".join(f"{k} = {row[k]}" for k in keys)
+        ttft = row["ttft_s_p50_mean"]
         out.append(f"{where}: offered load above capacity ({row['offered_load_ratio_mean']:.2f} arrivals per "
                    f"completion while load was offered): the queue grows without bound, so TTFT "
-                   f"(p50 {row['ttft_s_p50_mean']:.1f} s) measures the backlog")
+                   + (f"(p50 {ttft:.1f} s) " if np.isfinite(ttft) else "") + "measures the backlog")
     return out
 
 
@@ -209,40 +357,69 @@ def overload_notes(res: StudyResults) -> list[str]:
 # who wins where
 
 
+def _rank_point(pt: pd.DataFrame, metric: str) -> tuple[str, str, float, tuple[str, ...]]:
+    """``(leader, runner_up, lead, left_out)`` at one point of the sweep axis.
+
+    Only policies with a finite value that completed at least one request are ranked; the others
+    are ``left_out`` (``"<policy> completed no request"`` / ``"<policy> has no value"``). ``lead``
+    is NaN when there is no runner-up or the runner-up measured 0 (no percentage is meaningful)."""
+    col = f"{metric}_mean"
+    vals = pd.to_numeric(pt[col], errors="coerce").to_numpy(dtype=float)
+    done = _completed(pt)
+    ok = np.isfinite(vals) & done
+    left_out = tuple(f"{p} {'completed no request' if not d else 'has no value'}"
+                     for p, d, k in zip(pt["policy"], done, ok) if not k)
+    ranked = pt[ok].sort_values(col, ascending=False, kind="stable")
+    if ranked.empty:
+        return "", "", float("nan"), left_out
+    best = ranked.iloc[0]
+    if len(ranked) == 1:
+        return str(best["policy"]), "", float("nan"), left_out
+    second = ranked.iloc[1]
+    return str(best["policy"]), str(second["policy"]), _ratio(best[col], second[col]) - 1, left_out
+
+
 def _winner_spans(points: list[tuple[Any, pd.DataFrame]], metric: str) -> list[dict[str, Any]]:
-    """Neighbouring points with the same leader (and the same presence of a rival) merged."""
+    """Neighbouring points with the same verdict (leader, presence of a rival, whether a lead can be
+    stated, policies left out) merged."""
     spans: list[dict[str, Any]] = []
     for xv, pt in points:
-        ranked = pt.sort_values(f"{metric}_mean", ascending=False)
-        best = ranked.iloc[0]
-        second = ranked.iloc[1] if len(ranked) > 1 else None
-        lead = best[f"{metric}_mean"] / second[f"{metric}_mean"] - 1 if second is not None else np.nan
-        runner_up = second["policy"] if second is not None else ""
+        policy, runner_up, lead, left_out = _rank_point(pt, metric)
+        kind = (policy, bool(runner_up), bool(np.isfinite(lead)), left_out)
         last = spans[-1] if spans else None
-        if last is not None and last["policy"] == best["policy"] and bool(last["runner_up"]) == bool(runner_up):
+        if last is not None and last["kind"] == kind:
             last["xs"].append(xv)
-            if lead > last["lead"]:
+            if np.isfinite(lead) and lead > last["lead"]:
                 last.update(lead=lead, runner_up=runner_up)
         else:
-            spans.append({"xs": [xv], "policy": best["policy"], "lead": lead, "runner_up": runner_up})
+            spans.append({"kind": kind, "xs": [xv], "policy": policy, "lead": lead, "runner_up": runner_up,
+                          "left_out": list(left_out)})
+    for span in spans:
+        del span["kind"]
     return spans
 
 
 def winners(res: StudyResults) -> pd.DataFrame:
     """Per facet and metric, which policy leads at each point of the sweep axis (mean over seeds),
-    with neighbouring points that share a leader merged into one span.
+    with neighbouring points that share a verdict merged into one span.
 
     Metrics: ``throughput_tok_per_s`` (tok/s) and ``tok_per_s_user_p50`` (tok/s per user, median).
+    A policy is ranked at a point only where its mean is a finite number and (when runs.csv has
+    ``num_completed``) it completed at least one request: a run whose every request was rejected
+    measures nothing, so it neither wins nor loses.
 
     Args:
-        res: the study (runs.csv columns ``throughput_tok_per_s``, ``tok_per_s_user_p50``).
+        res: the study (runs.csv columns ``throughput_tok_per_s``, ``tok_per_s_user_p50``, and
+            ``num_completed`` when recorded).
 
     Returns:
         One row per span, in study order: ``facet`` (``"key = value, ..."``, ``""`` without facets),
         ``metric``, ``xs`` (list of x values in the span; ``["all"]`` without an x axis),
-        ``policy`` (the leader), ``lead`` (largest fraction by which the leader beats the runner-up
-        within the span, e.g. 0.08 = 8%; NaN where only one policy ran), ``runner_up`` (the policy
-        second at that point; ``""`` where only one ran).
+        ``policy`` (the leader; ``""`` where no policy could be ranked), ``lead`` (largest fraction
+        by which the leader beats the runner-up within the span, e.g. 0.08 = 8%; NaN where only one
+        policy could be ranked or the runner-up measured 0), ``runner_up`` (the policy second at
+        that point; ``""`` where none), ``left_out`` (list of ``"<policy> completed no request"`` /
+        ``"<policy> has no value"`` for the policies not ranked).
 
     Raises:
         KeyError: runs.csv lacks one of the metrics.
@@ -252,16 +429,32 @@ def winners(res: StudyResults) -> pd.DataFrame:
     """
     x = res.x_key
     keys = res.facet_keys + ([x] if x else []) + ["policy"]
-    agg = aggregate(res.table, keys, ["throughput_tok_per_s", "tok_per_s_user_p50"])
+    agg = aggregate(res.table, keys, _with_completed(res.table, ["throughput_tok_per_s", "tok_per_s_user_p50"]))
     groups = agg.groupby(res.facet_keys, dropna=False, sort=False) if res.facet_keys else [((), agg)]
     rows = []
     for facet, sub in groups:
         where = _where(res.facet_keys, _as_tuple(facet))
-        points = list(sub.groupby(x, sort=False)) if x else [("all", sub)]
+        points = list(sub.groupby(x, sort=False, dropna=False)) if x else [("all", sub)]
         for metric in ("throughput_tok_per_s", "tok_per_s_user_p50"):
             for span in _winner_spans(points, metric):
                 rows.append({"facet": where, "metric": metric, **span})
-    return pd.DataFrame(rows, columns=["facet", "metric", "xs", "policy", "lead", "runner_up"])
+    return pd.DataFrame(rows, columns=["facet", "metric", "xs", "policy", "lead", "runner_up", "left_out"])
+
+
+def _verdict(r: pd.Series, tie: float) -> str:
+    """One span of :func:`winners` in words; never a percentage from NaN or a zero denominator."""
+    left = list(r["left_out"])
+    if not r["policy"]:
+        return "no winner: " + _join(left) if left else "no winner: nothing to rank"
+    if not r["runner_up"]:
+        verdict = f"only {r['policy']} can be ranked" if left else f"only {r['policy']} was run"
+    elif not np.isfinite(r["lead"]):
+        verdict = f"{r['policy']}, ahead of {r['runner_up']}, which measured 0 (no percentage to state)"
+    elif r["lead"] < tie:
+        verdict = f"near tie, {r['policy']} and {r['runner_up']} within {tie:.0%}"
+    else:
+        verdict = f"{r['policy']}, up to {r['lead']:.0%} ahead of {r['runner_up']}"
+    return verdict + (f" (not ranked: {_join(left)})" if left else "")
 
 
 def winners_notes(res: StudyResults, *, tie: float = 0.01) -> list[str]:
@@ -274,27 +467,28 @@ def winners_notes(res: StudyResults, *, tie: float = 0.01) -> list[str]:
 
     Returns:
         One sentence per facet and metric, e.g. ``"highest throughput: workload.concurrency 1-8:
-        dspark(...), up to 12% ahead of mtp1; ..."``. A study that ran a single policy gets one
-        sentence saying so (there is no rival to rank it against).
+        dspark(...), up to 12% ahead of mtp1; ..."`` (a categorical axis lists its values:
+        ``"variant ewma and tower"``). A study that ran a single policy gets one sentence saying so
+        (there is no rival to rank it against), and a study in which no run completed a request
+        one sentence saying that nothing can be ranked. Points where a policy completed nothing or
+        has no value name it as not ranked instead of letting it win or lose.
     """
     if len(res.policies) == 1:
         return [(f"Only {res.policies[0]} was run in this study, so there is no rival policy to rank it "
                  "against; the figures below compare the sweep settings instead.")]
+    if not _completed(res.table).any():
+        return [(f"No policy is ranked: none of the study's {len(res.table)} runs completed a request (see "
+                 "the rejected requests above), so there is no throughput or per-user speed to compare.")]
     x = res.x_key
+    numeric = bool(x) and is_numeric(res.table[x])
     what = {"throughput_tok_per_s": "highest throughput", "tok_per_s_user_p50": "fastest per user (p50)"}
     w = winners(res)
     notes = []
     for (facet, metric), spans in w.groupby(["facet", "metric"], sort=False):
         parts = []
         for _, r in spans.iterrows():
-            xs = r["xs"]
-            span = (f"{x} {xs[0]}" if len(xs) == 1 else f"{x} {xs[0]}-{xs[-1]}") if x else ""
-            if not r["runner_up"]:
-                verdict = f"only {r['policy']} was run"
-            elif r["lead"] < tie:
-                verdict = f"near tie, {r['policy']} and {r['runner_up']} within {tie:.0%}"
-            else:
-                verdict = f"{r['policy']}, up to {r['lead']:.0%} ahead of {r['runner_up']}"
+            span = _span_label(x, r["xs"], numeric)
+            verdict = _verdict(r, tie)
             parts.append(f"{span}: {verdict}" if span else verdict)
         notes.append(f"{facet + ': ' if facet else ''}{what[metric]}: " + "; ".join(parts) + ".")
     return notes
@@ -330,6 +524,8 @@ def dspark_gaps(res: StudyResults, *, margin: float = 0.02) -> DsparkGaps:
 
     The gap is ``1 - dspark_mean / static_mean``; the spread is ``(dspark_sd + static_sd) /
     static_mean`` (throughput over seeds, tok/s). A point is listed when the gap exceeds both.
+    Points without a measurement are not compared: a policy whose runs completed no request (every
+    request rejected) or whose throughput is not a number, and a static baseline of 0 tok/s.
 
     Args:
         res: the study.
@@ -360,7 +556,10 @@ def dspark_gaps(res: StudyResults, *, margin: float = 0.02) -> DsparkGaps:
     x = res.x_key
     keys = res.facet_keys + ([x] if x else []) + ["policy"]
     m = ["throughput_tok_per_s", "early_stop_gap_frac", "mean_verify_len", "draft_time_frac"]
-    agg = aggregate(res.table, keys, m)
+    agg = aggregate(res.table, keys, _with_completed(res.table, m))
+    # only points that measured something compare: a finite throughput from runs that completed requests
+    thr = pd.to_numeric(agg["throughput_tok_per_s_mean"], errors="coerce").to_numpy(dtype=float)
+    agg = agg[np.isfinite(thr) & _completed(agg)]
     groups = agg.groupby(res.facet_keys, dropna=False) if res.facet_keys else [((), agg)]
     rows = []
     for facet, sub in groups:
@@ -368,13 +567,15 @@ def dspark_gaps(res: StudyResults, *, margin: float = 0.02) -> DsparkGaps:
         for xv, pt in (sub.groupby(x) if x else [(None, sub)]):
             ds = pt[pt["policy"].str.startswith(_DSPARK)]
             st = pt[pt["policy"].str.startswith(_STATIC)]
+            st = st[st["throughput_tok_per_s_mean"] > 0]  # a zero baseline gives no fraction to state
             if ds.empty or st.empty:
                 continue
             best = st.loc[st["throughput_tok_per_s_mean"].idxmax()]
             for _, d in ds.iterrows():
-                gap = 1 - d["throughput_tok_per_s_mean"] / best["throughput_tok_per_s_mean"]
-                noise = (d["throughput_tok_per_s_sd"] + best["throughput_tok_per_s_sd"]) / best["throughput_tok_per_s_mean"]
-                if gap <= max(margin, noise):
+                gap = 1 - _ratio(d["throughput_tok_per_s_mean"], best["throughput_tok_per_s_mean"])
+                noise = _ratio(d["throughput_tok_per_s_sd"] + best["throughput_tok_per_s_sd"],
+                               best["throughput_tok_per_s_mean"])
+                if not np.isfinite(gap) or gap <= max(margin, noise if np.isfinite(noise) else 0.0):
                     continue
                 rows.append({"facet": where, "x": xv, "policy": d["policy"],
                              **{c: d[f"{c}_mean"] for c in m}, "static_policy": best["policy"],
@@ -512,7 +713,8 @@ def latency_samples(res: StudyResults, table: pd.DataFrame, x: str | None) -> La
 
     Returns:
         ``samples``: one row per finished request: ``policy``, ``x_value`` (the run's ``x`` as
-        text; the policy without an x axis), ``ttft_s``, ``tpot_ms`` (1000 / tok/s/user), ``e2e_s``;
+        text; the policy without an x axis), ``ttft_s``, ``tpot_ms`` (1000 / tok/s/user; NaN where
+        tok/s/user is not above 0), ``e2e_s``;
         policies in study order, runs in table order; runs without requests.csv are skipped.
         ``seed``: the seed used (the lowest in ``table``).
 
@@ -530,9 +732,11 @@ def latency_samples(res: StudyResults, table: pd.DataFrame, x: str | None) -> La
                 continue
             rq = pd.read_csv(f, usecols=["status", "ttft_s", "e2e_s", "tok_per_s_user"])
             rq = rq[rq["status"] == "finished"]
+            tps = pd.to_numeric(rq["tok_per_s_user"], errors="coerce").to_numpy(dtype=float)
+            tpot = np.divide(1000.0, tps, out=np.full_like(tps, np.nan), where=tps > 0)  # NaN, not inf, at 0
             frames.append(pd.DataFrame({
                 "policy": pol, "x_value": str(row[x]) if x else pol, "ttft_s": rq["ttft_s"].to_numpy(),
-                "tpot_ms": 1000.0 / rq["tok_per_s_user"].to_numpy(), "e2e_s": rq["e2e_s"].to_numpy()}))
+                "tpot_ms": tpot, "e2e_s": rq["e2e_s"].to_numpy()}))
     cols = ["policy", "x_value", "ttft_s", "tpot_ms", "e2e_s"]
     return LatencySamples(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols), seed)
 
@@ -585,7 +789,8 @@ def sps_curve(res: StudyResults) -> SpsCurve | None:
     t_dense = np.interp(dense, b, t)
 
     def frame(bb: np.ndarray, tt: np.ndarray) -> pd.DataFrame:
-        return pd.DataFrame({"batch_tokens": bb, "pass_ms": tt, "verify_tok_per_s": bb / tt * 1000})
+        rate = np.divide(bb * 1000.0, tt, out=np.full(tt.shape, np.nan), where=tt > 0)  # NaN, not inf, at 0 ms
+        return pd.DataFrame({"batch_tokens": bb, "pass_ms": tt, "verify_tok_per_s": rate})
 
     return SpsCurve(str(hw.get("name", "")), frame(b, t), frame(dense, t_dense))
 
@@ -615,10 +820,10 @@ def cliffs(res: StudyResults) -> pd.DataFrame:
     b, t = np.array(sps["batch_tokens"]), np.array(sps["pass_ms"])
     rows = []
     for i in range(1, b.size):
-        kind = ("rate_drop" if b[i] / t[i] < b[i - 1] / t[i - 1] * 0.95
-                else "pass_jump" if t[i] / t[i - 1] > 1.6 else None)
+        r0, r1 = _ratio(b[i - 1], t[i - 1]), _ratio(b[i], t[i])  # NaN where a pass time is not above 0
+        kind = ("rate_drop" if r1 < r0 * 0.95 else "pass_jump" if _ratio(t[i], t[i - 1]) > 1.6 else None)
         if kind:
-            rows.append((b[i - 1], b[i], t[i - 1], t[i], b[i - 1] / t[i - 1] * 1000, b[i] / t[i] * 1000, kind))
+            rows.append((b[i - 1], b[i], t[i - 1], t[i], r0 * 1000, r1 * 1000, kind))
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -640,7 +845,7 @@ def cliff_notes(cl: pd.DataFrame) -> list[str]:
                        f"({c['verify_tok_per_s_from']:.0f} to {c['verify_tok_per_s_to']:.0f} verify tok/s)")
         else:
             out.append(f"B={b0} to {b1}: pass time jumps {c['pass_ms_from']:.1f} to {c['pass_ms_to']:.1f} ms "
-                       f"(x{c['pass_ms_to'] / c['pass_ms_from']:.2f})")
+                       f"(x{_ratio(c['pass_ms_to'], c['pass_ms_from']):.2f})")
     return out
 
 
@@ -854,11 +1059,22 @@ def timeline(res: StudyResults, bin_s: float = 60.0) -> Timeline | None:
     return Timeline(bins, phases, policy, seed, bin_s)
 
 
-def _phase_rows(res: StudyResults, run: pd.Series, phases: list[tuple[float, float, float]]) -> list[dict]:
+_DEPTH = "memtp.depth"
+
+
+def _depth_setting(summary: dict[str, Any]) -> Any:
+    """The run's MEMTP depth setting (``1``, ``16``, ``elastic``; None without MEMTP)."""
+    return (summary.get("scenario", {}).get("memtp", {}) or {}).get("depth")
+
+
+def _phase_rows(res: StudyResults, run: pd.Series, phases: list[tuple[float, float, float]],
+                keys: list[str]) -> list[dict]:
     rq = pd.read_csv(res.run_file(run["run_id"], "requests.csv"),
                      usecols=["status", "arrival_at_s", "queue_s", "ttft_s", "tok_per_s_user"])
     rd = pd.read_parquet(res.run_file(run["run_id"], "rounds.parquet"),
                          columns=["start_s", "duration_s", "depth", "kv_gib"])
+    labels = {key: run[key] if key in run else _depth_setting(res.summaries.get(run["run_id"]) or {})
+              for key in keys}
     rows = []
     for k, (start, end, rate) in enumerate(phases):
         sel = rq[(rq["arrival_at_s"] >= start) & (rq["arrival_at_s"] < end)]
@@ -866,13 +1082,13 @@ def _phase_rows(res: StudyResults, run: pd.Series, phases: list[tuple[float, flo
         rr = rd[(rd["start_s"] >= start) & (rd["start_s"] < end)]
         w = rr["duration_s"].sum()
         rows.append({
-            **{key: run[key] for key in res.sweep_keys}, "policy": run["policy"], "seed": run["seed"],
+            **labels, "policy": run["policy"], "seed": run["seed"],
             "phase": f"{k + 1}: {rate:g} req/s",
             "requests": len(sel), "rejected": int((sel["status"] == "rejected").sum()),
             "tok/s/user p50": done["tok_per_s_user"].median(),
             "TTFT p50 s": done["ttft_s"].median(),
             "queue p90 s": done["queue_s"].quantile(0.9),
-            "mean depth": (rr["depth"] * rr["duration_s"]).sum() / w if w > 0 else np.nan,
+            "mean depth": _ratio((rr["depth"] * rr["duration_s"]).sum(), w),
             "peak KV GiB": rr["kv_gib"].max() if len(rr) else np.nan,
         })
     return rows
@@ -888,11 +1104,13 @@ def phase_table(res: StudyResults) -> pd.DataFrame | None:
             its requests.csv and rounds.parquet the rest.
 
     Returns:
-        One row per sweep setting, policy and phase (study order): the sweep keys, ``policy``,
-        ``phase`` (``"<n>: <rate> req/s"``), ``requests`` (arrived), ``rejected``,
-        ``tok/s/user p50``, ``TTFT p50 s`` and ``queue p90 s`` (finished requests),
-        ``mean depth`` (time-weighted over rounds, heads), ``peak KV GiB``. None when a run has no
-        load ramp (or no summary), or the study is empty.
+        One row per sweep setting, policy and phase (study order): the sweep keys, then
+        ``memtp.depth`` (the run's depth setting, from its summary) when the study runs the MEMTP
+        ensemble and does not sweep it (variants that set the depth then still show it),
+        ``policy``, ``phase`` (``"<n>: <rate> req/s"``), ``requests`` (arrived), ``rejected``,
+        ``tok/s/user p50``, ``TTFT p50 s`` and ``queue p90 s`` (finished requests; NaN where none
+        finished), ``mean depth`` (time-weighted over rounds, heads; NaN without rounds),
+        ``peak KV GiB``. None when a run has no load ramp (or no summary), or the study is empty.
 
     Raises:
         FileNotFoundError: a run's requests.csv or rounds.parquet is missing.
@@ -901,43 +1119,188 @@ def phase_table(res: StudyResults) -> pd.DataFrame | None:
         docs/model.md section 2 (more heads leave less KV for admitting requests: the trade-off
         the MEMTP study measures).
     """
+    keys = res.sweep_keys + ([_DEPTH] if res.uses_memtp and _DEPTH not in res.sweep_keys else [])
     rows = []
     for _, run in res.table.iterrows():
         phases = load_phases(res.summaries.get(run["run_id"]) or {})
         if not phases:
             return None
-        rows += _phase_rows(res, run, phases)
+        rows += _phase_rows(res, run, phases, keys)
     if not rows:
         return None
     df = pd.DataFrame(rows)
-    keys = res.sweep_keys + ["policy", "phase"]
-    return df.drop(columns="seed").groupby(keys, sort=False).mean(numeric_only=True).reset_index()
+    return (df.drop(columns="seed").groupby(keys + ["policy", "phase"], sort=False, dropna=False)
+            .mean(numeric_only=True).reset_index())
 
 
-def phase_notes(ph: pd.DataFrame, x: str | None) -> list[str]:
-    """One sentence per (policy, phase) of :func:`phase_table`: which setting of ``x`` gives the best
-    median per-user speed, where the ``elastic`` setting stands, and who rejected requests.
+def _keys_of(ph: pd.DataFrame) -> list[str]:
+    """The setting columns of a :func:`phase_table` (those before ``policy``)."""
+    return list(ph.columns[: ph.columns.get_loc("policy")])
+
+
+def _name(row: pd.Series, keys: list[str]) -> str:
+    return ", ".join(f"{k} = {row[k]}" for k in keys)
+
+
+def _phase_note(pol: str, phase: str, g: pd.DataFrame, keys: list[str], depth_col: str, tie: float) -> str:
+    """One sentence of :func:`phase_notes` for one (policy, phase) group."""
+    differ = [k for k in keys if g[k].astype(str).nunique() > 1] or keys[:1]
+    speed = pd.to_numeric(g["tok/s/user p50"], errors="coerce")
+    ranked = g[np.isfinite(speed.to_numpy(dtype=float))].sort_values("tok/s/user p50", ascending=False, kind="stable")
+    head = f"{pol}, phase {phase}: "
+    if ranked.empty:
+        msg = head + "no request that arrived in this phase finished"
+        best = None
+    else:
+        best = ranked.iloc[0]
+        second = ranked.iloc[1] if len(ranked) > 1 else None
+        lead = _ratio(best["tok/s/user p50"], second["tok/s/user p50"]) - 1 if second is not None else np.nan
+        if second is not None and np.isfinite(lead) and lead < tie:
+            msg = (head + f"fastest per user: near tie, {_name(best, differ)} and {_name(second, differ)} within "
+                   f"{tie:.0%} ({best['tok/s/user p50']:.1f} tok/s/user p50)")
+        else:
+            msg = head + f"fastest per user with {_name(best, differ)} ({best['tok/s/user p50']:.1f} tok/s/user p50)"
+    if depth_col in g:
+        el_all = g[g[depth_col].astype(str) == "elastic"]
+        el_keys = [k for k in differ if k != depth_col and el_all[k].astype(str).nunique() > 1]
+        el = el_all[el_all.index != (best.name if best is not None else None)]
+        parts = []
+        for _, e in el.iterrows():
+            who = f"elastic ({_name(e, el_keys)})" if el_keys else "elastic"
+            v, d = e["tok/s/user p50"], e["mean depth"]
+            parts.append(f"{who} " + (f"{v:.1f}" if np.isfinite(v) else "no request finished")
+                         + (f" at mean depth {d:.1f}" if np.isfinite(d) else ""))
+        if parts:
+            msg += "; " + ", ".join(parts)
+    rej = g[g["rejected"] > 0]
+    if not rej.empty:
+        msg += "; rejected: " + ", ".join(f"{_name(r, differ)}: {r['rejected']:g}" for _, r in rej.iterrows())
+    return msg
+
+
+def phase_notes(ph: pd.DataFrame, x: str | None, *, tie: float = 0.01) -> list[str]:
+    """One sentence per (policy, phase) of :func:`phase_table`: which setting gives the best median
+    per-user speed, where each ``elastic`` setting stands, and who rejected requests.
+
+    Every setting is named by all the keys that differ between the rows compared (e.g. ``variant =
+    depth16, memtp.depth = 16``), so a winner never hides the depth behind a variant name. Rows
+    where no request finished are not ranked.
 
     Args:
         ph: :func:`phase_table`.
-        x: the sweep key to compare along (e.g. ``memtp.depth``), or None.
+        x: the sweep key to compare along (e.g. ``memtp.depth`` or ``variant``), or None.
+        tie: a lead under this fraction (default 0.01 = 1%) is called a near tie.
 
     Returns:
         Sentences sorted by policy and phase; empty when ``x`` is None or not a column of ``ph``.
+        The reasons for rejections are in each run's summary (:func:`rejections`).
     """
     if x is None or x not in ph:
         return []
+    keys = _keys_of(ph)
+    depth_col = _DEPTH if _DEPTH in ph else x
+    return [_phase_note(pol, phase, g, keys, depth_col, tie)
+            for (pol, phase), g in ph.groupby(["policy", "phase"], sort=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# rejected requests, runs that completed nothing
+
+
+def _count(row: pd.Series, col: str) -> float:
+    v = pd.to_numeric(pd.Series([row.get(col, np.nan)]), errors="coerce").iloc[0]
+    return float(v)
+
+
+def _rejection_rows(res: StudyResults) -> pd.DataFrame:
+    """:func:`rejections` with the ``run_id`` of each row kept."""
+    cols = res.sweep_keys + ["policy", "seed", "requests", "completed", "rejected", "never arrived", "reasons"]
+    done = _completed(res.table)
+    rows = []
+    for i, (_, row) in enumerate(res.table.iterrows()):
+        rejected = _count(row, "num_rejected")
+        if not (rejected > 0 or not done[i]):
+            continue
+        by = (res.summaries.get(row["run_id"], {}).get("metrics", {}) or {}).get("rejected_by_reason") or {}
+        reasons = ", ".join(f"{k}: {int(v)}" for k, v in by.items()) or ("not recorded" if rejected > 0 else "")
+        rows.append({"run_id": row["run_id"], **{k: row[k] for k in res.sweep_keys if k in row},
+                     "policy": row["policy"], "seed": row["seed"], "requests": _count(row, "num_requests"),
+                     "completed": _count(row, "num_completed"), "rejected": rejected,
+                     "never arrived": _count(row, "num_not_arrived"), "reasons": reasons})
+    return pd.DataFrame(rows, columns=["run_id"] + cols)
+
+
+def rejections(res: StudyResults) -> pd.DataFrame:
+    """One row per run that rejected requests or completed none, with the reasons.
+
+    Args:
+        res: the study (runs.csv ``num_requests``, ``num_completed``, ``num_rejected``,
+            ``num_not_arrived`` where recorded; each summary's ``metrics.rejected_by_reason``).
+
+    Returns:
+        Columns: the sweep keys, ``policy``, ``seed``, ``requests`` (arrived), ``completed``,
+        ``rejected``, ``never arrived`` (whole counts, pandas ``Int64``; ``<NA>`` where runs.csv
+        lacks them) and ``reasons``
+        (``"exceeds_max_model_len: 20, ..."``; ``"not recorded"`` when the summary has no
+        breakdown). Study order; empty when every run completed requests and rejected none.
+
+    Source:
+        The reject reasons counted by :mod:`memtp_sim.engine` (``exceeds_max_model_len``,
+        ``exceeds_kv_capacity``) and summed per run by :mod:`memtp_sim.metrics`.
+    """
+    out = _rejection_rows(res).drop(columns="run_id")
+    for col in ("requests", "completed", "rejected", "never arrived"):
+        out[col] = out[col].round().astype("Int64")  # counts (NaN shows as <NA>, '-' on the page)
+    return out
+
+
+def _reason_totals(res: StudyResults, run_ids: list[str], rejected: float) -> str:
+    """``"exceeds_max_model_len (20), ..."`` summed over ``run_ids``."""
+    totals: dict[str, int] = {}
+    for rid in run_ids:
+        by = (res.summaries.get(rid, {}).get("metrics", {}) or {}).get("rejected_by_reason") or {}
+        for k, v in by.items():
+            totals[k] = totals.get(k, 0) + int(v)
+    unknown = int(rejected) - sum(totals.values())
+    if unknown > 0:
+        totals["reason not recorded"] = unknown
+    return ", ".join(f"{k} ({v})" for k, v in totals.items()) or "no reason recorded"
+
+
+def rejection_notes(res: StudyResults) -> list[str]:
+    """Warnings, in words, about runs that measured nothing or turned requests away.
+
+    Args:
+        res: the study (see :func:`rejections` for the columns read).
+
+    Returns:
+        Up to three lines, loudest first: ``"every request rejected in 4 of 4 runs:
+        exceeds_max_model_len (40); ..."`` for runs whose every request was rejected; ``"no request
+        completed in N of M runs ..."`` for other runs that completed nothing; ``"K request(s)
+        rejected in N of M runs: <reason> (count), ..."`` for runs that completed others. Empty when
+        every run completed requests and rejected none.
+
+    Source:
+        :func:`rejections`.
+    """
+    rj = _rejection_rows(res)
+    if rj.empty:
+        return []
+    m = len(res.table)
+    none = rj[~(rj["completed"] > 0)]
+    all_rej = none[(none["rejected"] > 0) & (none["rejected"] >= none["requests"])]
+    other = none.drop(all_rej.index)
+    some = rj[rj["completed"] > 0]
     notes = []
-    for (pol, phase), g in ph.groupby(["policy", "phase"], sort=True):
-        best = g.loc[g["tok/s/user p50"].idxmax()]
-        msg = f"{pol}, phase {phase}: fastest per user with {x} = {best[x]} ({best['tok/s/user p50']:.1f} tok/s/user p50)"
-        el = g[g[x].astype(str) == "elastic"]
-        if not el.empty and str(best[x]) != "elastic":
-            e = el.iloc[0]
-            msg += f"; elastic {e['tok/s/user p50']:.1f} at mean depth {e['mean depth']:.1f}"
-        rej = g[g["rejected"] > 0]
-        if not rej.empty:
-            msg += "; rejected (KV cannot fit next to the heads): " + ", ".join(
-                f"{x} = {r[x]}: {r['rejected']:g}" for _, r in rej.iterrows())
-        notes.append(msg)
+    if len(all_rej):
+        notes.append(f"every request rejected in {len(all_rej)} of {m} run(s): "
+                     f"{_reason_totals(res, all_rej['run_id'].tolist(), all_rej['rejected'].sum())}; those runs "
+                     "measured nothing (throughput 0, no latencies), so no policy is ranked on them")
+    if len(other):
+        notes.append(f"no request completed in {len(other)} of {m} run(s) ({other['rejected'].sum():g} rejected, "
+                     f"{other['never arrived'].sum():g} never arrived); those runs measured nothing, so no policy "
+                     "is ranked on them")
+    if len(some):
+        notes.append(f"{some['rejected'].sum():g} request(s) rejected in {len(some)} of {m} run(s) that completed "
+                     f"others: {_reason_totals(res, some['run_id'].tolist(), some['rejected'].sum())}")
     return notes

@@ -43,6 +43,7 @@ __all__ = [
     "has_set_constraint",
     "make_objective",
     "stop_callback",
+    "zero_capacity_warning",
 ]
 
 
@@ -71,10 +72,14 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *
             alone), and its ``capacity_per_s`` (req/s; the highest rate seen to pass, 0.0 when
             none did) is that seed's replicate.
 
+            A search whose SLO fails on its unloaded run already (a latency bound that one
+            request at a time misses) stops after that run and scores 0.0 at once.
+
     Returns:
         ``{"replicates": {metric: [value per seed]}, "means": {metric: nanmean},
-        "applied_temperatures": [per-position temperatures of the first seed]}``; a metric is kept
-        only when every seed reported it as a number.
+        "applied_temperatures": [per-position temperatures of the first seed],
+        "capacity_unreachable": [why the SLO fails even unloaded, one line per distinct reason]}``;
+        a metric is kept only when every seed reported it as a number.
 
     Raises:
         Stopped: ``should_stop()`` returned True before a seed run.
@@ -85,6 +90,7 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *
     """
     reps: dict[str, list[float]] = {m: [] for m in metrics}
     temps: list[float] = []
+    unreachable: list[str] = []
     for i, seed in enumerate(seeds):
         if should_stop is not None and should_stop():
             raise Stopped(f"interrupted before seed {seed}")
@@ -101,12 +107,14 @@ def evaluate(scenario: Scenario, seeds: Sequence[int], metrics: Sequence[str], *
             found = sla_capacity(scenario, capacity.slo, seeds=(int(seed),), rel_tol=capacity.rel_tol,
                                  max_runs=capacity.max_runs, min_requests=capacity.min_requests)
             reps[CAPACITY_METRIC].append(float(found.capacity_per_s))
+            if found.unreachable and found.note not in unreachable:  # one unloaded run, no rate tried
+                unreachable.append(found.note)
     reps = {m: v for m, v in reps.items() if len(v) == len(seeds)}
     means = {}
     for m, v in reps.items():
         arr = np.asarray(v, dtype=np.float64)
         means[m] = float(np.nanmean(arr)) if np.isfinite(arr).any() else float("nan")
-    return {"replicates": reps, "means": means, "applied_temperatures": temps}
+    return {"replicates": reps, "means": means, "applied_temperatures": temps, "capacity_unreachable": unreachable}
 
 
 def has_set_constraint() -> bool:
@@ -143,7 +151,8 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
     """The Optuna objective: sample a point, run every tuning seed, record the trial.
 
     The trial records the user attributes ``worker``, ``seeds``, ``replicates``, ``metrics`` (seed
-    means), ``applied_temperatures``, ``constraint_values`` and ``feasible``; with Optuna >= 5 the
+    means), ``applied_temperatures``, ``constraint_values``, ``feasible`` and, when the capacity
+    SLO fails even unloaded, ``capacity_unreachable`` (the reasons); with Optuna >= 5 the
     constraint values also go through ``Trial.set_constraint``.
 
     Args:
@@ -176,6 +185,8 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
         trial.set_user_attr("metrics", ev["means"])
         trial.set_user_attr("applied_temperatures", ev["applied_temperatures"])
         trial.set_user_attr("constraint_values", cons)
+        if ev["capacity_unreachable"]:
+            trial.set_user_attr("capacity_unreachable", ev["capacity_unreachable"])
         trial.set_user_attr("feasible", bool(all(v <= 0 for v in cons)))
         if use_set_constraint:
             for c, v in zip(spec.constraints, cons):
@@ -184,6 +195,34 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
         return out[0] if len(out) == 1 else out
 
     return objective
+
+
+def zero_capacity_warning(spec: TuneSpec, trials: Sequence[Any]) -> str | None:
+    """One line when every complete trial scored :data:`CAPACITY_METRIC` 0, saying why.
+
+    Args:
+        spec: the tune spec.
+        trials: the study's trials (FrozenTrials; only COMPLETE ones count).
+
+    Returns:
+        None when the spec does not use the capacity metric, no trial completed, or some trial
+        found a passing rate; else the warning, quoting the reason the trials recorded when the
+        SLO failed even unloaded (``capacity_unreachable``).
+    """
+    if spec.capacity is None or CAPACITY_METRIC not in spec.tracked_metrics:
+        return None
+    done = [t for t in trials if getattr(t.state, "name", "") == "COMPLETE"]
+    values = [t.user_attrs.get("metrics", {}).get(CAPACITY_METRIC) for t in done]
+    if not done or any(v is None or not v == 0.0 for v in values):
+        return None
+    reasons = list(dict.fromkeys(r for t in done for r in t.user_attrs.get("capacity_unreachable", [])))
+    where = f"capacity.slo in {spec.source}"
+    if reasons and all(t.user_attrs.get("capacity_unreachable") for t in done):
+        return (f"every trial scored {CAPACITY_METRIC} 0: the SLO {spec.capacity.slo!r} cannot be met with no load "
+                f"at all: {reasons[0]}{' (and others)' if len(reasons) > 1 else ''}; loosen {where} or change the "
+                "base scenario (e.g. engine.prefill, hardware)")
+    return (f"every trial scored {CAPACITY_METRIC} 0: no Poisson rate met the SLO {spec.capacity.slo!r} in any trial; "
+            f"loosen {where} or change the search space")
 
 
 def stop_callback(should_stop: Callable[[], bool]) -> Callable[[optuna.Study, Any], None]:

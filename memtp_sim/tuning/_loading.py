@@ -16,8 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .._io import read_yaml
-from ..config import Scenario, format_validation_error
+from ..config import Scenario, format_validation_error, read_config_yaml
 from ..errors import ConfigError
 from ._space import (
     base_doc,
@@ -99,13 +98,15 @@ def load_tune_spec(path: str | Path) -> TuneSpec:
         The validated :class:`TuneSpec`.
 
     Raises:
-        ConfigError: unreadable file or invalid YAML (from :func:`memtp_sim._io.read_yaml`), or
-            any error :func:`parse_tune_spec` raises.
+        ConfigError: a folder, an unreadable file or invalid YAML, a file of another kind (a study,
+            a scenario, a drafter-lab spec: the message names the command that takes it; from
+            :func:`memtp_sim.config.read_config_yaml`), or any error :func:`parse_tune_spec` raises.
 
     Source:
-        :func:`memtp_sim._io.read_yaml` (safe loader, unique keys), then :func:`parse_tune_spec`.
+        :func:`memtp_sim.config.read_config_yaml` (safe loader, unique keys, kind check), then
+        :func:`parse_tune_spec`.
     """
-    doc = read_yaml(path)
+    doc = read_config_yaml(path, "tune spec")
     return parse_tune_spec(doc, source=str(path), base_dir=Path(path).parent)
 
 
@@ -174,6 +175,8 @@ def _check_paths(spec: TuneSpec, source: str) -> None:
             if len(parts) != 2 or parts[1] not in allowed:
                 raise ConfigError(f"{source}: search_space.{key}: unknown policy parameter; allowed: "
                                   f"{', '.join(sorted(allowed))}")
+            if parts[1] != "name":
+                _check_policy_param(spec, key, policy_names, source)
             continue
         node: Any = base
         for j, part in enumerate(parts):
@@ -186,6 +189,26 @@ def _check_paths(spec: TuneSpec, source: str) -> None:
     if isinstance(mem, dict) and mem.get("depth") is not None and "policy.gamma" in space:
         raise ConfigError(f"{source}: search_space.policy.gamma: has no effect while base memtp.depth is set "
                           "(the ensemble's max_depth is the draft length); tune memtp.max_depth instead")
+
+
+def _check_policy_param(spec: TuneSpec, key: str, policy_names: list[str], source: str) -> None:
+    """A tuned ``policy.<param>`` is sampled only when ``policy.name`` is a policy that takes it.
+
+    Raises:
+        ConfigError: one line naming a policy it would be sampled for that lacks the parameter,
+            and the ``when: {policy.name: ...}`` that samples it only for the policies that take it.
+    """
+    param = key.split(".", 1)[1]
+    when = (spec.search_space[key].when or {}).get("policy.name")
+    sampled_for = policy_names if when is None else [str(w) for w in (when if isinstance(when, list) else [when])]
+    lacking = [n for n in sampled_for if param not in policy_fields(n)]
+    if not lacking:
+        return
+    takers = [n for n in policy_names if param in policy_fields(n)]
+    cond = takers[0] if len(takers) == 1 else "[" + ", ".join(takers) + "]"
+    raise ConfigError(f"{source}: search_space.{key}: unknown parameter of policy {lacking[0]!r} (a choice of "
+                      f"policy.name); sample it only for the policies that take it: add `when: {{policy.name: "
+                      f"{cond}}}` to search_space.{key}")
 
 
 def _check_corners(spec: TuneSpec, source: str) -> None:

@@ -34,6 +34,7 @@ from ._evaluation import (
     has_set_constraint,
     make_objective,
     stop_callback,
+    zero_capacity_warning,
 )
 from ._report import write_tune_report
 from ._selection import top_trials
@@ -71,6 +72,8 @@ class TuneOutcome:
             :func:`memtp_sim.tuning.validate_trials`).
         report: path of report.html, or None.
         elapsed_s: wall-clock seconds of the optimisation.
+        warnings: one line each about the study as a whole (e.g. every trial scored the capacity
+            objective 0 because the SLO fails even unloaded).
 
     Source:
         Optuna trial states (``TrialState.COMPLETE``, ``RUNNING``, ``FAIL``) as in the Optuna
@@ -87,6 +90,7 @@ class TuneOutcome:
     validation: dict[int, dict[str, Any]]
     report: Path | None
     elapsed_s: float
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def short(self) -> bool:
@@ -165,10 +169,11 @@ def run_tune(
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1 (got {workers})")
     url = storage_url or default_storage_url(spec.name, out_dir)
-    n_trials = int(n_trials or spec.n_trials)
+    n_trials = spec.n_trials if n_trials is None else int(n_trials)
     if n_trials < 1:
         raise ConfigError(f"--n-trials: must be >= 1 (got {n_trials})")
-    storage = open_storage(url, heartbeat_interval_s=heartbeat_interval_s, grace_period_s=grace_period_s)
+    storage = open_storage(url, heartbeat_interval_s=heartbeat_interval_s, grace_period_s=grace_period_s,
+                           flag="--storage" if storage_url else "--out")
     study = open_study(spec, storage)
     stale = fail_dead_worker_trials(study)
     if storage_kind(url) == "rdb":
@@ -190,6 +195,9 @@ def run_tune(
     elapsed = time.perf_counter() - t0
     complete = count_trials(study, TrialState.COMPLETE)
     outcome = TuneOutcome(spec.name, mask_url(url), n_trials, complete, remaining, stale, codes, {}, None, elapsed)
+    zero = zero_capacity_warning(spec, study.get_trials(deepcopy=False))
+    if zero is not None:
+        outcome.warnings.append(zero)
     if outcome.short:
         return outcome
     if validate and spec.validation.top_k > 0:

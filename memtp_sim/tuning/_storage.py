@@ -100,8 +100,8 @@ def storage_kind(url: str) -> str:
                       "postgresql+psycopg2://user:pass@host:port/db (or another SQLAlchemy URL), journal:///path.log")
 
 
-def open_storage(url: str, *, heartbeat_interval_s: int = 10,
-                 grace_period_s: int = 30) -> optuna.storages.BaseStorage:
+def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: int = 30,
+                 flag: str = "--storage") -> optuna.storages.BaseStorage:
     """Open an Optuna storage from a URL.
 
     ``sqlite:///`` gives an RDBStorage with a 60 s lock timeout (several local processes);
@@ -113,6 +113,8 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10,
         url: storage URL.
         heartbeat_interval_s: RDB (non-SQLite) heartbeat period, seconds.
         grace_period_s: RDB (non-SQLite) silence after which a RUNNING trial is stale, seconds.
+        flag: the command-line flag the URL came from, named in errors: ``--storage`` (given), or
+            ``--out`` (the default storage under the results folder, :func:`default_storage_url`).
 
     Returns:
         The storage.
@@ -130,13 +132,15 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10,
 
     kind = storage_kind(url)
     shown = mask_url(url)
+    if flag != "--storage":
+        shown += f" (the default storage under {flag})"
     try:
         if kind == "journal":
             from optuna.storages.journal import JournalFileBackend
 
             path = Path(url[len("journal://"):])
             if not path.name:
-                raise ConfigError(f"--storage: {shown}: name a file, e.g. journal:///tmp/study.log")
+                raise ConfigError(f"{flag}: {shown}: name a file, e.g. journal:///tmp/study.log")
             path.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
         if kind == "sqlite":
@@ -148,7 +152,7 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10,
             try:
                 import psycopg  # noqa: F401  (SQLAlchemy 2 maps postgresql:// to psycopg 3)
             except ImportError:
-                raise ConfigError(f"--storage: {shown}: name the driver, e.g. postgresql+psycopg2://... "
+                raise ConfigError(f"{flag}: {shown}: name the driver, e.g. postgresql+psycopg2://... "
                                   "(plain postgresql:// needs psycopg 3)") from None
         retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
             optuna.storages.RetryFailedTrialCallback
@@ -164,7 +168,7 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10,
         raise
     except Exception as e:  # driver import errors, connection refused, bad credentials ...
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"--storage: cannot open {shown}: {first}") from None
+        raise ConfigError(f"{flag}: cannot open {shown}: {first}") from None
 
 
 # ------------------------------------------------------------------------------------ workers

@@ -15,12 +15,15 @@ fresh seeds (runs the validation now if the tuner has not), and writes:
   chain plus the bonus token), and next to it ``<stem>.sps.json``: the hardware profile's measured
   B -> SPS table (steps per second = 1000 / pass_ms) with its source and lookup rule.
 * ``memtp``: YAML ``controller`` block: ``max_depth``, ``r_low``, ``r_high``, ``head_cost_gib``,
-  ``temperature`` and ``position_temperatures``, the policy.
+  ``temperature`` and ``position_temperatures``, the policy. Only for a trial that simulated the
+  MEMTP ensemble (``memtp.depth`` set): otherwise the gate and head cost were never simulated,
+  and ``--format memtp`` is refused in one line rather than writing library defaults as if tuned.
 
 The *max depth* is the scenario's ``memtp.max_depth`` when the MEMTP ensemble is on
 (``memtp.depth`` set), otherwise the policy's draft length (``policy.gamma``; ``k`` for static).
-Gate thresholds and head cost come from the scenario's ``memtp`` section, or, on a scenario
-without one, from :data:`memtp_sim.memtp.MEMTP_DEFAULTS` (marked as such).
+Gate thresholds and head cost come from the scenario's ``memtp`` section when the ensemble is on;
+otherwise :func:`deployment_settings` reports :data:`memtp_sim.memtp.MEMTP_DEFAULTS`, marked as
+library defaults that were not simulated (vLLM and SGLang files then carry no gate).
 
 Every file records ``provenance``: study, storage (password masked), trial number and the rule that
 chose it, parameters, objective and constraint values (tuning mean and per-seed values; fresh-seed
@@ -81,6 +84,11 @@ def _yaml(doc: Any) -> str:
 
 _SUFFIX = {"vllm": ".vllm.json", "sglang": ".sglang.args", "memtp": ".memtp.yaml"}
 
+#: Why ``--format memtp`` is refused when the MEMTP ensemble was not simulated (memtp.depth unset).
+_NOT_SIMULATED = ("--format memtp: {what} did not simulate the MEMTP ensemble (memtp.depth unset), so its r_low, "
+                  "r_high and head_cost_gib would be library defaults, not tuned settings; export --format vllm or "
+                  "sglang, or tune with `memtp: {{depth: elastic}}` in the base scenario")
+
 
 def _memtp_defaults() -> dict[str, float]:
     """The gate thresholds and head cost a scenario without a ``memtp`` section gets."""
@@ -125,11 +133,12 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
     if max_depth < 1:
         raise ConfigError(f"policy {name!r} does not draft (max depth 0); nothing to export")
     defaults = _memtp_defaults()
-    if isinstance(mem, dict):
+    if enabled:
         gate = {k: float(mem.get(k, defaults[k])) for k in defaults}
-        gate_source = "scenario memtp section"
+        gate_source = "scenario memtp section (simulated)"
     else:
-        gate, gate_source = defaults, "memtp_sim.memtp.MEMTP_DEFAULTS (scenario has no memtp section)"
+        gate, gate_source = defaults, ("memtp_sim.memtp.MEMTP_DEFAULTS: library defaults, not simulated "
+                                       "(memtp.depth unset)")
     if not gate["r_low"] < gate["r_high"]:
         raise ConfigError(f"memtp: r_low ({gate['r_low']:g}) must be < r_high ({gate['r_high']:g}); "
                           "the coherence gate needs a non-empty linear region")
@@ -249,7 +258,8 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
         ``{"main": text}`` plus ``{"sps": text}`` for sglang.
 
     Raises:
-        ConfigError: unknown format.
+        ConfigError: unknown format, or ``memtp`` for settings whose MEMTP ensemble was not
+            simulated (``settings["memtp"]["enabled"]`` false).
 
     Source:
         vLLM's ``--speculative-config`` (``method``, ``num_speculative_tokens``) and SGLang's
@@ -307,6 +317,8 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
         return out
     if fmt == "memtp":
         mem = settings["memtp"]
+        if not mem["enabled"]:
+            raise ConfigError(_NOT_SIMULATED.format(what="these settings"))
         doc = {
             "controller": {
                 "max_depth": depth,
@@ -376,7 +388,8 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
 
     Raises:
         ConfigError: unknown format, missing storage or study, a study not made by
-            ``memtp_sim tune``, empty study, no feasible trial, bad trial number, r_low >= r_high.
+            ``memtp_sim tune``, empty study, no feasible trial, bad trial number, r_low >= r_high,
+            ``memtp`` for a trial that did not simulate the MEMTP ensemble (``memtp.depth`` unset).
 
     Source:
         Optuna documentation (``optuna.load_study``); the best-trial rule of
@@ -397,7 +410,9 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
             raise ConfigError(f"study {study_name!r} not found: {db} does not exist; run "
                               "`python -m memtp_sim tune SPEC.yaml` first or pass --storage URL")
         storage_url = default_storage_url(study_name, out_dir)
-    storage = open_storage(storage_url)
+        storage = open_storage(storage_url, flag="--out")
+    else:
+        storage = open_storage(storage_url)
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
@@ -415,6 +430,8 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     else:
         selection = f"trial {chosen.number} (chosen by hand)"
     scen = scenario_for(spec, chosen.params)
+    if fmt == "memtp" and scen.memtp.depth is None:  # before validation runs anything
+        raise ConfigError(_NOT_SIMULATED.format(what=f"study {study_name!r} (trial {chosen.number})"))
     settings = deployment_settings(scen.model_dump(mode="json") | {"policy": {"name": scen.policy.name,
                                                                               **scen.policy.params}},
                                    chosen.user_attrs.get("applied_temperatures"))

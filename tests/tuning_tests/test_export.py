@@ -23,7 +23,7 @@ from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
 from memtp_sim.hardware import load_profile
 from memtp_sim.tuning import open_storage, open_study, parse_tune_spec, run_tune
-from memtp_sim.tuning.export import _infeasibility_warning, deployment_settings
+from memtp_sim.tuning.export import _infeasibility_warning, build_export, deployment_settings
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
@@ -158,19 +158,20 @@ def test_sglang_export_and_sps_table(tuned, capsys, tmp_path):
     assert "0" in optuna.load_study(study_name="exp", storage=study._storage).user_attrs["validation"]
 
 
-def test_memtp_export_matches_trial(tuned, capsys, tmp_path):
+def test_memtp_export_of_a_study_without_the_ensemble_is_refused(tuned, capsys, tmp_path):
+    # the study never simulated MEMTP (memtp.depth unset): its gate and head cost would be library
+    # defaults presented as tuned output, so --format memtp is refused in one line and writes nothing
     out, study = tuned
-    best = _best_by_brute_force(study)
     target = tmp_path / "ctrl.yaml"
     rc, _, err = _export(capsys, out, "--study", "exp", "--format", "memtp", "-o", str(target))
-    assert rc == 0, err
-    doc = yaml.safe_load(target.read_text())
-    ctl = doc["controller"]
-    assert ctl["max_depth"] == best.params["policy.gamma"]  # ensemble off: the policy's gamma is the depth
-    assert ctl["temperature"] == pytest.approx(best.params["confidence.temperature"])
-    # not tuned here: the scenario's memtp section defaults (docs/model.md section 2: 0.3 / 0.9, ~4 GiB per head)
-    assert (ctl["r_low"], ctl["r_high"], ctl["head_cost_gib"]) == (0.3, 0.9, 4.0)
-    _check_provenance(doc["provenance"], best)
+    _one_line_error(rc, err, "--format memtp", "did not simulate the MEMTP ensemble", "memtp.depth unset",
+                    "--format vllm")
+    assert not target.exists()
+    # the library settings say the same: the gate is marked as defaults, never as the scenario's
+    s = deployment_settings({"policy": {"name": "dspark", "gamma": 4}, "memtp": {"depth": None, "r_low": 0.3}})
+    assert not s["memtp"]["enabled"] and "not simulated" in s["memtp"]["source"]
+    with pytest.raises(ConfigError, match="did not simulate the MEMTP ensemble"):
+        build_export("memtp", s, {})
 
 
 def test_memtp_ensemble_depth_and_gate_come_from_the_memtp_section():

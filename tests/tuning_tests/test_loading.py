@@ -101,3 +101,39 @@ def test_errors_after_loading_name_the_file(tmp_path, capsys):
         scenario_for(spec, {"confidence.temperature": np.float64(-1.5), "policy.gamma": np.int64(2)})
     assert str(e.value).startswith("my.yaml: search_space: invalid scenario at "
                                    "(confidence.temperature=-1.5, policy.gamma=2): "), str(e.value)
+
+
+def _param_pairs() -> list[tuple[str, str, str]]:
+    """(parameter, a policy that takes it, a policy that does not), over every registered policy."""
+    from memtp_sim.policies.registry import available_policies, policy_class
+
+    fields = {n: set(policy_class(n).Params.model_fields) for n in available_policies()}
+    return sorted({(p, a, b) for a in fields for p in fields[a] for b in fields if p not in fields[b]})
+
+
+@pytest.mark.parametrize("param, taker, other", _param_pairs())
+def test_a_policy_parameter_tuned_across_policies_suggests_the_when_that_fixes_it(param, taker, other):
+    # the kind: policy.name categorical over policies of which some lack the tuned parameter
+    doc = tiny_doc()
+    doc["search_space"] = {"policy.name": {"type": "categorical", "choices": [taker, other]},
+                           f"policy.{param}": {"type": "float", "low": 0.1, "high": 0.9}}
+    with pytest.raises(ConfigError) as exc:
+        parse_tune_spec(doc, source="t.yaml")
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"t.yaml: search_space.policy.{param}: "), msg
+    assert f"unknown parameter of policy {other!r}" in msg and f"when: {{policy.name: {taker}}}" in msg, msg
+    doc["search_space"][f"policy.{param}"]["when"] = {"policy.name": taker}  # what the message says to add
+    try:
+        parse_tune_spec(doc, source="t.yaml")
+    except ConfigError as e:  # a later check (e.g. a float range for an int parameter) may still refuse it
+        assert "unknown parameter of policy" not in str(e), str(e)
+
+
+def test_the_when_suggestion_on_the_reported_case(tmp_path, capsys):
+    doc = tiny_doc()
+    doc["search_space"]["policy.name"] = {"type": "categorical", "choices": ["dspark", "no_spec"]}
+    rc = main(["tune", str(_write(tmp_path, doc)), "--out", str(tmp_path)])
+    _assert_one_line_error(rc, capsys.readouterr().err, "search_space.policy.gamma",
+                           "unknown parameter of policy 'no_spec'", "add `when: {policy.name: dspark}`")
+    doc["search_space"]["policy.gamma"]["when"] = {"policy.name": "dspark"}
+    assert parse_tune_spec(doc).search_space["policy.gamma"].when == {"policy.name": "dspark"}

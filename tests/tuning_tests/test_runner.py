@@ -135,7 +135,7 @@ def test_ctrl_c_with_two_workers_is_one_clean_line_and_resumes(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Error" not in err, err
-    assert err.strip().splitlines() == ["interrupted: finished runs are kept; run the same command again to resume"]
+    assert err.strip().splitlines() == ["interrupted: finished trials are kept; run the same command again to resume"]
     trials = _trials(url, name)
     assert not [t for t in trials if t.state == TrialState.RUNNING]  # the workers stopped, not killed
     for t in trials:

@@ -1,0 +1,407 @@
+"""What a fresh user types wrong, by kind (each test walks the whole kind, not one example):
+
+* every float field of every config model refuses ``.inf``, ``-.inf`` and ``.nan`` naming the field;
+* an empty list field says what to give (``seeds: give at least one seed``);
+* every command that loads a YAML names the kind of file it was given instead, and the command
+  that takes it; a folder is called a folder;
+* every error about a command-line value names the flag the user typed;
+* no numpy repr (``np.float64(1.5)``) reaches a user-facing message;
+* ``--help`` and the usage line speak to users, under the name they invoked.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from pydantic import BaseModel, ValidationError
+
+import memtp_sim.tuning  # noqa: F401  (registers the tune-spec models as StrictModel subclasses)
+from memtp_sim.capacity import load_capacity_scenarios, poisson_scenario, sla_capacity
+from memtp_sim.cli import main
+from memtp_sim.config import (
+    ControlSpec,
+    PolicySpec,
+    Scenario,
+    StrictModel,
+    load_scenario,
+    load_study,
+    read_config_yaml,
+    yaml_kind,
+)
+from memtp_sim.errors import ConfigError, InvalidArgumentError
+from memtp_sim.policies import hardware_aware_prefix_scheduler
+from memtp_sim.policies.control import available_controls, control_class
+from memtp_sim.policies.registry import available_policies, policy_class
+from memtp_sim.tuning import load_tune_spec, parse_tune_spec, run_tune
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
+BAD_FLOATS = (math.inf, -math.inf, math.nan)
+
+
+# ------------------------------------------------------------------------------ non-finite floats
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_all_subclasses(sub)]
+    return out
+
+
+def _has_float(ann: Any) -> bool:
+    """Whether a field's annotation holds a float anywhere (``float | None``, ``list[PositiveFloat]``...)."""
+    if ann is float:
+        return True
+    return any(_has_float(a) for a in typing.get_args(ann) if a is not type(None))
+
+
+def _bad_input(ann: Any, bad: float) -> Any:
+    """A value of the field's shape with ``bad`` where its float goes."""
+    if ann is float:
+        return bad
+    origin = typing.get_origin(ann)
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    if origin in (list, tuple):
+        return [_bad_input(args[0], bad)]
+    if origin is dict:
+        key = 1 if args[0] is int else "x"
+        return {key: _bad_input(args[1], bad)}
+    if origin is typing.Annotated:
+        return _bad_input(args[0], bad)
+    for a in args:  # a union: its first member that holds a float
+        if _has_float(a):
+            return _bad_input(a, bad)
+    raise AssertionError(f"no float in {ann}")
+
+
+FLOAT_FIELDS = sorted(
+    {(m.__module__ + "." + m.__qualname__, name): (m, info.annotation)
+     for m in _all_subclasses(StrictModel) for name, info in m.model_fields.items()
+     if _has_float(info.annotation)}.items())
+
+
+def test_the_walk_covers_the_known_sections():
+    names = {f"{k[0].rsplit('.', 1)[1]}.{k[1]}" for k, _ in FLOAT_FIELDS}
+    for must in ("ConfidenceConfig.temperature", "MemtpConfig.r_low", "WorkloadConfig.rate_per_s",
+                 "DriftPhase.shift", "HardwareConfig.table", "FloatDist.low", "MetricConstraint.value",
+                 "CapacitySpec.rel_tol", "ValidationSpec.confidence", "PairConstraint.min_gap"):
+        assert must in names, must
+    assert len(names) > 30
+
+
+@pytest.mark.parametrize("key", [k for k, _ in FLOAT_FIELDS], ids=lambda k: f"{k[0].rsplit('.', 1)[1]}.{k[1]}")
+@pytest.mark.parametrize("bad", BAD_FLOATS, ids=["inf", "-inf", "nan"])
+def test_every_float_field_of_every_config_model_refuses_non_finite_values(key, bad):
+    model, ann = dict(FLOAT_FIELDS)[key]
+    field = key[1]
+    doc = {field: _bad_input(ann, bad)}
+    if model.__name__ == "HardwareConfig":  # an inline table is imported before its fields validate
+        memory = {"gpu_allocatable_gib": 20.0, "weights_bytes": 10**9, "kv_bytes_per_token": 1000, "max_model_len": 8192}
+        doc = {"table": {1: 10.0, 16: 20.0}, "memory": memory}
+        doc["table" if field == "table" else "memory"] = (
+            {1: bad, 16: 20.0} if field == "table" else memory | {"gpu_allocatable_gib": bad})
+    with pytest.raises(ValidationError) as exc:
+        model.model_validate(doc)
+    mine = [e for e in exc.value.errors() if (e["loc"] and e["loc"][0] == field) or f"{field}:" in e["msg"]]
+    assert mine, (field, exc.value.errors())
+    assert any(e["type"] == "finite_number" or "finite" in e["msg"] or "is not a number" in e["msg"]
+               for e in mine), mine
+
+
+def _policy_float_fields() -> list[tuple[str, str, str]]:
+    out = []
+    for kind, names, cls_of in (("policy", available_policies(), policy_class),
+                                ("draft_control", available_controls(), control_class)):
+        for name in names:
+            for field, info in cls_of(name).Params.model_fields.items():
+                if _has_float(info.annotation):
+                    out.append((kind, name, field))
+    return out
+
+
+POLICY_FLOATS = _policy_float_fields()
+
+
+def test_policy_and_controller_walk_is_not_empty():
+    assert {k for k, _, _ in POLICY_FLOATS} == {"policy", "draft_control"}
+
+
+@pytest.mark.parametrize("kind, name, field", POLICY_FLOATS)
+@pytest.mark.parametrize("bad", BAD_FLOATS, ids=["inf", "-inf", "nan"])
+def test_every_float_parameter_of_every_policy_and_controller_refuses_non_finite_values(kind, name, field, bad):
+    ann = (policy_class(name) if kind == "policy" else control_class(name)).Params.model_fields[field].annotation
+    spec = PolicySpec if kind == "policy" else ControlSpec
+    with pytest.raises(ValidationError, match=rf"{kind}\.{field}(\.\w+)*: must be a finite number"):
+        spec.model_validate({"name": name, field: _bad_input(ann, bad)})
+
+
+def _scenario_doc(**over: Any) -> dict[str, Any]:
+    doc = {"workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 2, "num_requests": 10}}
+    doc.update(over)
+    return doc
+
+
+@pytest.mark.parametrize("snippet, field", [
+    ("confidence: {temperature: .inf}", "confidence.temperature"),
+    ("memtp: {depth: elastic, head_load_gb_per_s: -.inf}", "memtp.head_load_gb_per_s"),
+    ("acceptance: {drift: {per_1k_output_tokens: .nan}}", "acceptance.drift.per_1k_output_tokens"),
+    ("policy: {name: threshold, threshold: .nan}", "policy.threshold"),
+    ("confidence: {sts: [1.0, .inf]}", "confidence.sts"),
+])
+def test_a_non_finite_yaml_value_is_one_line_naming_the_field(tmp_path, capsys, snippet, field):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_scenario_doc()) + snippet + "\n")
+    rc = main(["capacity", str(path), "--slo", "ttft_s_p90 <= 2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"{path}: {field}:" in err and "finite" in err, err
+
+
+# ------------------------------------------------------------------------------ empty lists
+@pytest.mark.parametrize("loader, doc", [
+    ("study", {"name": "s", "base": _scenario_doc(), "seeds": []}),
+    ("tune", {"name": "t", "base": _scenario_doc(), "seeds": [],
+              "search_space": {"confidence.temperature": {"type": "float", "low": 0.5, "high": 2.0}}}),
+])
+def test_zero_seeds_says_give_at_least_one_seed(tmp_path, loader, doc):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as exc:
+        load_study(path) if loader == "study" else load_tune_spec(path)
+    assert str(exc.value) == f"{path}: seeds: give at least one seed"
+    with pytest.raises(InvalidArgumentError, match="seeds: give at least one seed"):
+        sla_capacity(load_scenario(_write(tmp_path, _scenario_doc())), "ttft_s_p90 <= 2", seeds=[])
+
+
+def test_no_pydantic_list_wording_for_any_empty_list(tmp_path):
+    doc = {"name": "t", "base": _scenario_doc(), "objectives": [],
+           "search_space": {"policy.name": {"type": "categorical", "choices": []}}}
+    for over in ({"objectives": []}, {"search_space": {}}, {"policies": []}):
+        d = {"name": "s", "base": _scenario_doc(), **over}
+        kind = "study" if "policies" in over else "tune"
+        if kind == "tune":
+            d = {**doc, **over}
+        path = _write(tmp_path, d)
+        with pytest.raises(ConfigError) as exc:
+            load_study(path) if kind == "study" else load_tune_spec(path)
+        assert "List should have" not in str(exc.value) and "Dictionary should" not in str(exc.value)
+        assert "give at least one" in str(exc.value), str(exc.value)
+
+
+def _write(tmp_path: Path, doc: dict[str, Any], name: str = "x.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# ------------------------------------------------------------------------------ the kind of YAML
+SHIPPED = sorted([*REPO.glob("studies/*.yaml"), *REPO.glob("scenarios/*.yaml"),
+                  REPO / "calibration/h200/llama31-8b-bf16.yaml", REPO / "calibration/acceptance/dspark-qwen3.yaml",
+                  REPO / "calibration/acceptance/lab-ar.yaml"])
+#: command -> (the kind it takes, the loader a test can call, CLI args after the file)
+COMMANDS = {
+    "run": ("study", load_study),
+    "tune": ("tune spec", load_tune_spec),
+    "capacity": ("scenario", load_capacity_scenarios),
+    "drafter-lab": ("drafter-lab spec", lambda p: read_config_yaml(p, "drafter-lab spec")),
+}
+TAKES = {"study": "run", "tune spec": "tune", "drafter-lab spec": "drafter-lab", "scenario": "capacity",
+         "hardware profile": "calibrate check", "acceptance profile": None}
+
+
+def test_every_shipped_yaml_has_a_kind_and_the_scenario_ships():
+    assert (REPO / "scenarios" / "h200-colocated.yaml") in SHIPPED
+    for path in SHIPPED:
+        assert yaml_kind(yaml.safe_load(path.read_text())) in TAKES, path
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_command_names_the_kind_of_yaml_it_was_given(command, path):
+    expected, loader = COMMANDS[command]
+    kind = yaml_kind(yaml.safe_load(path.read_text()))
+    if kind == expected:
+        loader(path)  # the right kind loads
+        return
+    with pytest.raises(ConfigError) as exc:
+        loader(path)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: this is a") and f"{kind}, not a" in msg, msg
+    if TAKES[kind] is not None:
+        assert f"python -m memtp_sim {TAKES[kind]} {path}" in msg, msg
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_directory_is_called_a_directory(command, tmp_path, capsys):
+    args = [command, str(REPO / "studies")] + (["--slo", "ttft_s_p90 <= 2"] if command == "capacity" else [])
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "is a directory" in err and "file not found" not in err, err
+
+
+def test_the_cli_says_which_command_takes_the_file(capsys):
+    rc = main(["capacity", str(REPO / "studies/load.yaml"), "--slo", "ttft_s_p90 <= 2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "this is a study, not a scenario" in err and "scenarios/h200-colocated.yaml" in err
+    rc = main(["run", str(REPO / "studies/tune.yaml")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"run it with `python -m memtp_sim tune {REPO / 'studies/tune.yaml'}`" in err
+
+
+def test_the_shipped_scenario_passes_every_loader_that_takes_a_scenario():
+    path = REPO / "scenarios" / "h200-colocated.yaml"
+    scen = load_scenario(path)
+    assert scen.hardware.profile == "h200-llama31-8b-bf16" and scen.engine.prefill == "colocated"
+    assert scen.workload.trace == str(TRACE.resolve())
+    assert len(load_capacity_scenarios(path, ["no_spec", "{name: static, k: 3}", "dspark"])) == 3
+    from memtp_sim.hardware import load_profile
+    from memtp_sim.report.fidelity import plan_from_scenario  # calibrate check --scenario
+
+    assert plan_from_scenario(path, load_profile("h200-llama31-8b-bf16"), quick=True).base == scen
+    Scenario.model_validate(yaml.safe_load(path.read_text()), context={"base_dir": str(path.parent)})
+    # as a study's base (what the file's comment tells users to do to `run` it)
+    doc = {"name": "h200", "base": yaml.safe_load(path.read_text()), "seeds": [0]}
+    doc["base"]["workload"]["trace"] = str(TRACE)
+    load_study(_write(Path(__import__("tempfile").mkdtemp()), doc))
+
+
+# ------------------------------------------------------------------------------ flags and numbers
+@pytest.mark.parametrize("args, flag, lib_name", [
+    (["--rate-lo", "5", "--rate-hi", "5"], "--rate-lo", "rate_lo"),
+    (["--rate-lo", "-1"], "--rate-lo", "rate_lo"),
+    (["--rel-tol", "0"], "--rel-tol", "rel_tol"),
+    (["--rel-tol", "nan"], "--rel-tol", "rel_tol"),
+    (["--max-runs", "2"], "--max-runs", "max_runs"),
+    (["--seeds", "0", "0"], "--seeds", "seeds"),
+    (["--seeds", "-1"], "--seeds", "seeds"),
+])
+def test_capacity_errors_name_the_flag_typed(tmp_path, capsys, args, flag, lib_name):
+    path = _write(tmp_path, _scenario_doc())
+    rc = main(["capacity", str(path), "--slo", "ttft_s_p90 <= 2", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and flag in err and not re.search(rf"(?<![-\w]){lib_name}\b", err), err
+    assert "np." not in err
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--free-gib", "-1"], "--free-gib"),
+    (["--free-gib", "nan"], "--free-gib"),
+    (["--free-gib", "10", "--r-low", "0.9", "--r-high", "0.3"], "--r-low"),
+    (["--free-gib", "10", "--coherence", "2"], "--coherence"),
+    (["--free-gib", "10", "--head-cost-gib", "inf"], "--head-cost-gib"),
+])
+def test_depth_errors_name_the_flag_typed(capsys, args, flag):
+    rc = main(["depth", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and flag in err, err
+    assert not any(f" {n}" in err or err.startswith(f"error: {n}") for n in ("free_gib", "r_low", "coherence",
+                                                                             "head_cost_gib")), err
+
+
+def test_tune_storage_errors_name_out_when_the_storage_came_from_out(tmp_path, capsys):
+    from _sim_helpers import tiny_tune_doc
+
+    spec_path = _write(tmp_path, tiny_tune_doc("flagged"), "t.yaml")
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where --out wants a folder")
+    rc = main(["tune", str(spec_path), "--out", str(blocker), "--n-trials", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: --out: cannot open sqlite:///") and "(the default storage under --out)" in err
+    assert "--storage" not in err
+    spec = parse_tune_spec(tiny_tune_doc("flagged"))
+    with pytest.raises(ConfigError, match=r"^--storage: cannot open"):
+        run_tune(spec, storage_url=f"sqlite:///{blocker}/x/optuna.db", n_trials=1, out_dir=tmp_path)
+    rc = main(["export", "--study", "flagged", "--format", "vllm", "--out", str(blocker)])
+    assert rc == 2 and "--storage" not in capsys.readouterr().err.split(";")[0]
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_tune_counts_are_checked_as_the_flags_typed(tmp_path, capsys, n):
+    from _sim_helpers import tiny_tune_doc
+
+    spec_path = _write(tmp_path, tiny_tune_doc("counts"), "t.yaml")
+    for flag in ("--n-trials", "--workers"):
+        with pytest.raises(SystemExit) as exc:
+            main(["tune", str(spec_path), flag, n, "--out", str(tmp_path)])
+        assert exc.value.code == 2 and f"argument {flag}: expected an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--n-trials: must be >= 1"):  # the library no longer reads 0 as "the YAML's"
+        run_tune(parse_tune_spec(tiny_tune_doc("counts")), n_trials=0, out_dir=tmp_path)
+
+
+NUMPY_VALUES = [np.float64(1.5), np.float32(-2.0), np.float64("nan"), np.float64("inf"), np.int64(-3)]
+
+
+@pytest.mark.parametrize("value", NUMPY_VALUES, ids=repr)
+def test_no_numpy_repr_in_any_message(value, tmp_path):
+    messages = []
+    calls = [
+        lambda: hardware_aware_prefix_scheduler([[value, 0.5]], {1: 1.0, 2: 0.5}),
+        lambda: hardware_aware_prefix_scheduler(np.array([[value]]), {1: 1.0, 2: 0.5}),
+        lambda: hardware_aware_prefix_scheduler([[0.5]], {1: 1.0, 2: 0.5}, prefill_tokens=value),
+        lambda: hardware_aware_prefix_scheduler([[0.5]], {1: 1.0, 2: 0.5}, max_batch_tokens=value),
+        lambda: hardware_aware_prefix_scheduler([[0.5]], {1: 1.0, 2: 0.5}, overhead_s=-abs(value) - 1),
+    ]
+    scen = load_scenario(_write(tmp_path, _scenario_doc()))
+    for kw in ({"rate_lo": value}, {"rate_hi": -abs(value)}, {"rel_tol": value * 10}, {"seeds": [value]},
+               {"seeds": [np.int64(1), np.int64(1)]}, {"max_runs": np.int64(1)}, {"min_requests": np.int64(-1)}):
+        calls.append(lambda kw=kw: sla_capacity(scen, "ttft_s_p90 <= 2", **kw))
+    calls.append(lambda: poisson_scenario(scen, -abs(value) - 1, 10))
+    for call in calls:
+        try:
+            call()
+        except (ValueError, TypeError) as e:
+            messages.append(str(e))
+    assert len(messages) >= 8
+    for m in messages:
+        assert "np." not in m and "numpy" not in m and "float64" not in m and "int64" not in m, m
+
+
+def test_schedule_prints_plain_numbers(capsys):
+    assert main(["schedule", "1.5,0.9"]) == 2
+    assert capsys.readouterr().err == "error: confidences: values must lie in [0, 1], got 1.5\n"
+
+
+# ------------------------------------------------------------------------------ help and usage
+def test_help_speaks_to_users_not_developers():
+    out = subprocess.run([sys.executable, "-m", "memtp_sim", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.startswith("usage: python -m memtp_sim")
+    assert "The only module" not in out.stdout and "``" not in out.stdout
+    assert "speculative decoding" in out.stdout
+
+
+def test_usage_uses_the_name_invoked(monkeypatch, capsys):
+    for argv0, prog in (("/venv/bin/memtp-sim", "memtp-sim"), ("/x/memtp_sim/__main__.py", "python -m memtp_sim"),
+                        ("pytest", "python -m memtp_sim")):
+        monkeypatch.setattr(sys, "argv", [argv0])
+        with pytest.raises(SystemExit):
+            main(["nope"])
+        assert capsys.readouterr().err.startswith(f"usage: {prog} "), argv0
+
+
+def test_the_console_script_is_declared():
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"memtp-sim": "memtp_sim.cli:main"}
+
+
+def test_interrupting_tune_speaks_of_trials_and_run_of_runs(monkeypatch, capsys):
+    import memtp_sim.cli as cli
+
+    def boom(args: types.SimpleNamespace) -> int:
+        raise KeyboardInterrupt
+
+    for command, word in (("run", "runs"), ("tune", "trials")):
+        monkeypatch.setattr(cli, f"_cmd_{command}", boom)
+        assert main([command, "x.yaml"]) == 130
+        assert f"interrupted: finished {word} are kept" in capsys.readouterr().err
