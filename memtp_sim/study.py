@@ -37,7 +37,7 @@ from typing import Any, Callable
 import pandas as pd
 import yaml
 
-from ._io import atomic_write_bytes, atomic_write_text, file_digest, json_default
+from ._io import atomic_write_bytes, atomic_write_text, check_writable_dir, file_digest, json_default
 from ._procs import FolderLock, die_with_parent
 from ._version import __version__
 from .acceptance import DEFAULT_ACCEPTANCE, acceptance_dir
@@ -250,12 +250,8 @@ def check_writable(root: Path) -> None:
     Raises:
         ConfigError: the folder cannot be created or written (one line naming it).
     """
-    try:
-        (root / "runs").mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(root / ".write-check", b"")
-        (root / ".write-check").unlink()
-    except OSError as e:
-        raise ConfigError(f"{root}: cannot write results here ({e.strerror}); choose another --out") from None
+    check_writable_dir(root)
+    (root / "runs").mkdir(exist_ok=True)  # root is writable now: this cannot fail for want of rights
 
 
 def runs_table(summaries: list[dict[str, Any]]) -> pd.DataFrame:

@@ -405,3 +405,23 @@ def test_interrupting_tune_speaks_of_trials_and_run_of_runs(monkeypatch, capsys)
         monkeypatch.setattr(cli, f"_cmd_{command}", boom)
         assert main([command, "x.yaml"]) == 130
         assert f"interrupted: finished {word} are kept" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_policy_params_refuse_non_finite_floats_at_the_library_level(bad):
+    """make_policy and make_control are public: the Params models refuse inf / nan themselves, not
+    only the YAML route."""
+    from pydantic import ValidationError
+
+    from memtp_sim.policies import available_policies, policy_class
+    from memtp_sim.policies.control import available_controls, control_class
+
+    classes = [policy_class(n) for n in available_policies()] + [control_class(n) for n in available_controls()]
+    checked = 0
+    for cls in classes:
+        for field, info in cls.Params.model_fields.items():
+            if info.annotation is float:
+                with pytest.raises(ValidationError):
+                    cls.Params(**{field: bad})
+                checked += 1
+    assert checked >= 10  # threshold, and every controller's switch_s, target, hysteresis, ...

@@ -25,11 +25,12 @@ __all__ = ["RoundView", "RoundPlan", "DraftView", "RoundOutcome", "Policy", "Pol
 class PolicyParams(BaseModel):
     """Base of every policy's parameter model: unknown keys are errors.
 
-    Frozen and strict (pydantic ``ConfigDict(extra="forbid", frozen=True, strict=True)``):
-    constructing one with an unknown key or a wrong type raises ``pydantic.ValidationError``.
+    Frozen, strict and finite (pydantic ``ConfigDict(extra="forbid", frozen=True, strict=True,
+    allow_inf_nan=False)``): constructing one with an unknown key, a wrong type or an inf / nan
+    float raises ``pydantic.ValidationError``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
