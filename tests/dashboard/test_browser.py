@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from memtp_sim.config import Scenario, format_validation_error
-from memtp_sim.errors import CalibrationError
+from memtp_sim.errors import CalibrationError, MemtpSimError
 from memtp_sim.hardware import load_profile
 from memtp_sim.tuning import feasible_trials, open_storage, scenario_for
 from memtp_sim.tuning.export import export_config
@@ -236,7 +237,7 @@ def test_the_tuning_page_shows_the_feasible_front(page, tune_study):
     assert page.locator("#tune-history-0 .js-plotly-plot").count() == 1
 
 
-@pytest.mark.parametrize("fmt", ["vllm", "memtp"])
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
 def test_export_download_parses_and_matches_the_cli(page, tune_study, tmp_path, fmt):
     _open(page, "", "/tune")
     page.locator("#tune-pareto .js-plotly-plot").wait_for()
@@ -248,12 +249,43 @@ def test_export_download_parses_and_matches_the_cli(page, tune_study, tmp_path, 
     dl.value.save_as(got_path)
     ref = export_config(study_name="tiny", fmt=fmt, storage_url=tune_study["url"], output=tmp_path / f"ref.{fmt}",
                         out_dir=tune_study["folder"].parent, warn=lambda m: None)[0]
-    load = json.loads if fmt == "vllm" else yaml.safe_load
-    got, want = load(got_path.read_text()), load(Path(ref).read_text())
-    for doc in (got, want):
-        doc["provenance"].pop("exported_at_utc")
-    assert got == want
-    assert got["provenance"]["study"] == "tiny"
+    if fmt == "vllm":
+        got, want = json.loads(got_path.read_text()), json.loads(Path(ref).read_text())
+        for doc in (got, want):
+            doc["provenance"].pop("exported_at_utc")
+        assert got == want
+        assert got["provenance"]["study"] == "tiny"
+    else:  # a zip of the flags file (provenance in comments, the export time on one line) and the SPS table
+        def flags(text: str) -> list[str]:
+            return [ln for ln in text.splitlines() if "exported_at_utc" not in ln]
+        with zipfile.ZipFile(got_path) as z:
+            files = {n: z.read(n).decode() for n in z.namelist()}
+        sps = [n for n in files if n.endswith(".sps.json")]
+        flag_file = [n for n in files if n not in sps]
+        assert len(sps) == 1 and len(flag_file) == 1, sorted(files)
+        (tmp_path / "cli").mkdir()
+        ref = export_config(study_name="tiny", fmt=fmt, storage_url=tune_study["url"],  # the same file name
+                            output=tmp_path / "cli" / flag_file[0], out_dir=tune_study["folder"].parent,
+                            warn=lambda m: None)[0]
+        assert flags(files[flag_file[0]]) == flags(Path(ref).read_text())
+        assert json.loads(files[sps[0]]) == json.loads((tmp_path / "cli" / sps[0]).read_text())
+        assert "--speculative-algorithm" in files[flag_file[0]]
+
+
+def test_memtp_export_of_a_study_without_memtp_shows_the_cli_refusal(page, tune_study, tmp_path):
+    """The tiny study never simulated the MEMTP ensemble: the page shows the library's one-line
+    refusal (the same text as the CLI's) and offers no download."""
+    with pytest.raises(MemtpSimError) as e:
+        export_config(study_name="tiny", fmt="memtp", storage_url=tune_study["url"], output=tmp_path / "ref.yaml",
+                      out_dir=tune_study["folder"].parent, warn=lambda m: None)
+    _open(page, "", "/tune")
+    page.locator("#tune-pareto .js-plotly-plot").wait_for()
+    page.locator("#export-format").click()
+    page.get_by_role("option", name="memtp", exact=True).click()
+    page.click("#export-run")
+    page.wait_for_function("document.querySelector('#export-status').innerText.includes('did not simulate')",
+                           timeout=30_000)
+    assert page.locator("#export-status").inner_text() == str(e.value)
 
 
 def test_the_study_page_shows_a_finished_study(page, finished_study):

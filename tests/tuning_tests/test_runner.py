@@ -116,7 +116,8 @@ def test_ctrl_c_with_two_workers_is_one_clean_line_and_resumes(tmp_path):
     doc["base"]["workload"].update(num_requests=80, concurrency=8)  # ~0.5 s per seed run
     path = _write(tmp_path, doc)
     url = f"sqlite:///{tmp_path / 'sig.db'}"
-    args = ["tune", str(path), "--storage", url, "--n-trials", "4", "--workers", "2", "--no-validate", "--quiet"]
+    # 40 trials: the Ctrl-C must land mid-study (with 4, fast trials could all finish first and exit 0)
+    args = ["tune", str(path), "--storage", url, "--n-trials", "40", "--workers", "2", "--no-validate", "--quiet"]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", *args], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
