@@ -10,7 +10,7 @@ import numpy as np
 
 from ._io import disk_cached
 from ._version import __version__
-from .acceptance import AcceptanceModel, load_acceptance
+from .acceptance import AcceptanceModel
 from .confidence import ConfidenceHead, calibration_stream, sequential_temperature_scaling
 from .config import DriftConfig, Scenario
 from .drafting import Drafter

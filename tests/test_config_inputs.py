@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 import memtp_sim.tuning  # noqa: F401  (registers the tune-spec models as StrictModel subclasses)
 from memtp_sim.capacity import load_capacity_scenarios, poisson_scenario, sla_capacity

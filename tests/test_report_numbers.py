@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import hashlib
-import io
 import json
 import math
 import re

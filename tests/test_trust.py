@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import shutil
 import signal
@@ -29,8 +28,8 @@ from pydantic import BaseModel
 
 import memtp_sim
 from memtp_sim.cli import main
-from memtp_sim.config import Scenario, Study, load_scenario, load_study
-from memtp_sim.errors import CalibrationError, ConfigError, InvalidArgumentError, MemtpSimError
+from memtp_sim.config import Scenario, load_scenario, load_study
+from memtp_sim.errors import CalibrationError, ConfigError, InvalidArgumentError
 from memtp_sim.hardware import load_profile
 from memtp_sim.metrics import OVERLOAD_RATIO
 from memtp_sim.policies import PolicyParams, RoundPlan, hardware_aware_prefix_scheduler, policy_class, register
@@ -168,7 +167,7 @@ def _other_value(path: str, default: Any) -> Any:
                "draft_control.name": "probing", "drafter.p_min": 0.3, "acceptance.conditional": "0.8/0.7",
                "acceptance.per_position": "0.8/0.6", "acceptance.mean_acceptance_length": 2.5,
                "acceptance.accepted_ratio": 0.5, "acceptance.draft_len": 4, "acceptance.sigma_request": 0.3,
-               "acceptance.sigma_round": 1.0, "memtp.coherence": "tower", "drafter.kind": "mtp",
+               "acceptance.sigma_round": 1.0, "memtp.coherence": "tower",
                "hardware.table": {1: 10.0, 16: 20.0}, "hardware.memory": {"gpu_allocatable_gib": 20.0},
                "hardware.name": "box"}
     if path in special:

@@ -629,10 +629,14 @@ def dspark_losses(res: StudyResults, *, margin: float = 0.02) -> list[str]:
     for _, p in dspark_gaps(res, margin=margin).points.iterrows():
         where = ", ".join(s for s in (p["facet"], f"{x} = {p['x']}" if x else "") if s)
         reasons = _loss_reasons(p)
+        vl, st_vl = p["mean_verify_len"], p["static_mean_verify_len"]
+        # a verify length that was not measured (NaN) is left out rather than printed as "nan"
+        verify = (f"; mean verify length {vl:.2f} vs {st_vl:.2f}" if np.isfinite(vl) and np.isfinite(st_vl)
+                  else "")
         notes.append(
             f"{where + ': ' if where else ''}{p['policy']} gives {p['throughput_tok_per_s']:.1f} tok/s vs "
-            f"{p['static_policy']} {p['static_throughput_tok_per_s']:.1f} tok/s ({p['gap_frac']:.1%} lower; "
-            f"mean verify length {p['mean_verify_len']:.2f} vs {p['static_mean_verify_len']:.2f}). "
+            f"{p['static_policy']} {p['static_throughput_tok_per_s']:.1f} tok/s ({p['gap_frac']:.1%} lower"
+            f"{verify}). "
             + " ".join(("Also, " + r if i else r[0].upper() + r[1:]) + "." for i, r in enumerate(reasons)))
     return notes
 

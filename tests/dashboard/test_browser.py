@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-import yaml
 
 from memtp_sim.config import Scenario, format_validation_error
 from memtp_sim.errors import CalibrationError, MemtpSimError
@@ -182,8 +181,10 @@ def test_the_load_sweep_streams_the_frontier(page):
 
 
 def test_cancel_stops_a_sweep_and_leaves_no_process(page, server):
-    _open(page)
-    wait_kpi(page, THROUGHPUT, run_metrics(tiny_scenario())[THROUGHPUT])
+    # 400 requests per level (about 8 s for the 20 levels on 2 cores), so the cancel lands mid-sweep
+    # however fast the engine gets; 24 requests per level finished in 0.8 s, before the click
+    _open(page, TINY_QUERY.replace("workload.num_requests=24", "workload.num_requests=400"))
+    wait_kpi(page, THROUGHPUT, run_metrics(tiny_scenario(workload={"num_requests": 400}))[THROUGHPUT])
     page.locator("#sweep-levels").fill("1,2,3,5,6,7,9,10,11,12,13,14,15,17,18,19,20,21,22,23")
     page.locator("#sweep-levels").press("Enter")
     page.click("#sweep-run")
