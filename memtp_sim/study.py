@@ -25,8 +25,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import multiprocessing
 import os
 import secrets
+import signal
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -324,6 +326,10 @@ class StudyOutcome:
 
 def _worker_init() -> None:
     die_with_parent()  # a kill -9 of `run` must not leave workers behind
+    # Ctrl-C reaches the whole process group: a worker that took the KeyboardInterrupt could die
+    # inside the pool's call queue and hang the parent's shutdown (seen 3 times in 5 in review);
+    # the parent alone handles it and stops the workers (_run_local)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 #: Executors a study can run on (``run_study(executor=...)``, ``run --executor``).
@@ -331,7 +337,7 @@ EXECUTORS = ("local", "dask")
 
 
 def _drain(futs: dict[Any, RunSpec], completed: Any, root: Path, on_done: Callable[[dict[str, Any]], None],
-           lost: tuple[type[BaseException], ...]) -> None:
+           lost: tuple[type[BaseException], ...], *, cancel_pending: bool = True) -> None:
     """Write each finished future's run as it completes (this process writes every result file) and
     report it; a run whose worker was lost (an exception in ``lost``) is recorded as failed. A
     written run's future is dropped at once, so neither side keeps finished results in memory."""
@@ -344,8 +350,9 @@ def _drain(futs: dict[Any, RunSpec], completed: Any, root: Path, on_done: Callab
                 record, blobs = _failed_record(spec, f"worker lost ({type(e).__name__}: {e})"), {}
             on_done(_write_outcome(root / "runs" / spec.run_id, record, blobs))
     except BaseException:
-        for f in list(futs):
-            f.cancel()
+        if cancel_pending:  # else the caller stops the workers and the pool settles its futures
+            for f in list(futs):
+                f.cancel()
         raise
 
 
@@ -356,9 +363,21 @@ def _run_local(todo: list[RunSpec], root: Path, jobs: int, on_done: Callable[[di
         for spec in todo:
             on_done(_execute(spec, str(root / "runs" / spec.run_id), on_run_progress))
         return
-    with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_worker_init) as pool:
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_worker_init)
+    try:
         futs = {pool.submit(_compute, spec): spec for spec in todo}
-        _drain(futs, as_completed(futs), root, on_done, (BrokenProcessPool,))
+        _drain(futs, as_completed(futs), root, on_done, (BrokenProcessPool,), cancel_pending=False)
+    except BaseException:
+        # Ctrl-C or an error: finished runs are written already; stop this pool's workers (they
+        # ignore SIGINT) instead of waiting for the runs in flight. The futures are not cancelled
+        # first: the pool then marks them broken itself (Python 3.11's pool raises from its manager
+        # thread when it finds a cancelled future after its workers died)
+        for proc in set(multiprocessing.active_children()) - before:
+            proc.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _import_distributed() -> Any:

@@ -530,6 +530,37 @@ def test_kill_9_of_run_leaves_no_workers(tmp_path):
     assert not any(_alive(w) for w in workers), "workers outlived their killed parent"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("after_s", [3.0, 4.0, 5.0])
+def test_ctrl_c_of_run_exits_at_once_with_one_line(tmp_path, after_s):
+    """Ctrl-C reaches the whole process group. Before the fix `timeout -s INT 6 python -m memtp_sim
+    run studies/load.yaml` (which signals the parent and then its group) printed the line and then
+    hung for good 3 times in 4 here (3 in 5 in review): a worker died of the KeyboardInterrupt
+    inside the executor's queues. Now workers ignore SIGINT and the parent stops them itself."""
+    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(REPO / "studies" / "load.yaml"),
+                             "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    workers: set[int] = set()
+    for _ in range(300):
+        workers = _children(proc.pid)
+        if len(workers) >= 2:
+            break
+        time.sleep(0.05)
+    assert workers, "the study never started its workers"
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    os.kill(proc.pid, signal.SIGINT)  # and again to the parent, as `timeout -s INT` and impatient users do
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("run hung after Ctrl-C")
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted: finished runs are kept; run the same command again to resume"]
+    assert not any(_alive(w) for w in workers), "workers outlived the interrupted run"
+
+
 # ======================================================================= 6. reports say true things
 def test_offered_load_above_capacity_is_flagged(tmp_path, capsys):
     over = memtp_sim.run(scenario(workload={"mode": "poisson", "rate_per_s": 50.0, "num_requests": 60}), seed=0)
