@@ -75,6 +75,7 @@ __all__ = [
     "yaml_kind",
     "format_validation_error",
     "check_no_ignored_fields",
+    "set_paths",
 ]
 
 
@@ -725,7 +726,7 @@ class Study(StrictModel):
         policies = self.policies or [None]
         variants = list((self.variants or {"": {}}).items())
         context = {"base_dir": self._base_dir} if getattr(self, "_base_dir", None) else None
-        set_paths = _set_paths(self.base) | set(keys)
+        user_paths = set_paths(self.base) | set(keys)
         ignored: dict[str, list[str]] = {}  # path -> reasons, one per run where it was ignored
         applicable: dict[str, int] = {}
         out = []
@@ -745,7 +746,7 @@ class Study(StrictModel):
                         where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={_show(v)}" for k, v in zip(keys, values)])
                         raise ConfigError(format_validation_error(e, f"{source} ({where})")) from None
                     reasons = scen.ignored_fields()
-                    for path in set_paths | set(overrides):
+                    for path in user_paths | set(overrides):
                         applicable[path] = applicable.get(path, 0) + 1
                         if path in reasons:
                             ignored.setdefault(path, []).append(reasons[path])
@@ -769,15 +770,23 @@ class Study(StrictModel):
         return {"name": p.name, **p.params}
 
 
-def _set_paths(model: BaseModel, prefix: str = "") -> set[str]:
+def set_paths(model: BaseModel, prefix: str = "") -> set[str]:
     """Dotted paths of the fields a user set explicitly (pydantic's ``model_fields_set``), recursing
-    into sections; a policy counts as one field (its parameters are the policy's own)."""
+    into sections; a policy counts as one field (its parameters are the policy's own).
+
+    Args:
+        model: a validated config model (a :class:`Scenario` or one of its sections).
+        prefix: prepended to every path (``"engine."`` for the engine section).
+
+    Returns:
+        The set of dotted paths, e.g. ``{"engine.prefill_gpus", "policy"}``.
+    """
     out: set[str] = set()
     for name in model.model_fields_set:
         value = getattr(model, name)
         path = f"{prefix}{name}"
         if isinstance(value, BaseModel) and not isinstance(value, (PolicySpec, ControlSpec)):
-            out |= _set_paths(value, path + ".")
+            out |= set_paths(value, path + ".")
         else:
             out.add(path)
     return out
@@ -990,7 +999,7 @@ def check_no_ignored_fields(scenario: Scenario, source: str) -> None:
         ConfigError: one line naming ``source``, the field and why it has no effect.
     """
     reasons = scenario.ignored_fields()
-    for path in sorted(_set_paths(scenario)):
+    for path in sorted(set_paths(scenario)):
         if path in reasons:
             raise ConfigError(f"{source}: {path}: has no effect in this scenario ({reasons[path]}); "
                               "remove it or change the setting it depends on")

@@ -101,7 +101,7 @@ def open_tune_study(url: str, name: str | None) -> tuple[optuna.Study, TuneSpec,
     rec = study.user_attrs.get(STUDY_ATTR)
     if not isinstance(rec, dict) or "tune_spec" not in rec:
         raise ConfigError(f"study {pick!r} was not made by `python -m memtp_sim tune` (no tune spec stored)")
-    return study, parse_tune_spec(rec["tune_spec"], source=f"study {pick} (stored tune spec)"), names
+    return study, parse_tune_spec(rec["tune_spec"], source=f"study {pick} (stored tune spec)", check_effects=False), names
 
 
 def trial_query(spec: TuneSpec, trial: optuna.trial.FrozenTrial) -> str:

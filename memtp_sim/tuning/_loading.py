@@ -10,13 +10,14 @@ scenarios.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ..config import Scenario, format_validation_error, read_config_yaml
+from ..config import Scenario, format_validation_error, read_config_yaml, set_paths
 from ..errors import ConfigError
 from ._space import (
     base_doc,
@@ -46,7 +47,8 @@ def _format(e: ValidationError, source: str) -> str:
     return line.replace(": (top level): ", ": ")
 
 
-def parse_tune_spec(doc: dict[str, Any], *, source: str = "<tune>", base_dir: str | Path | None = None) -> TuneSpec:
+def parse_tune_spec(doc: dict[str, Any], *, source: str = "<tune>", base_dir: str | Path | None = None,
+                    check_effects: bool = True) -> TuneSpec:
     """Validate a tune spec mapping (see :mod:`memtp_sim.tuning` for the shape).
 
     Types are strict, as in scenario and study YAML: ``seeds: [true, 2]`` or ``n_trials: "7"``
@@ -56,6 +58,9 @@ def parse_tune_spec(doc: dict[str, Any], *, source: str = "<tune>", base_dir: st
         doc: the parsed YAML mapping.
         source: file name used in error messages.
         base_dir: folder that relative paths (trace, profile) resolve against.
+        check_effects: refuse a base field or tuned path that changes no trial (as ``run``
+            refuses one in a study). False for a spec stored with a study: it was checked when
+            the study was made, and its dump lists every field as set.
 
     Returns:
         The validated :class:`TuneSpec`.
@@ -64,7 +69,7 @@ def parse_tune_spec(doc: dict[str, Any], *, source: str = "<tune>", base_dir: st
         ConfigError: one line naming the source and the field: a top level that is not a
             mapping, unknown key, wrong type, unknown distribution ``type``, bad distribution
             bounds, unknown scenario path, impossible pair rule, a search-space corner that makes
-            an invalid scenario.
+            an invalid scenario, a set or tuned field that has no effect in any trial.
 
     Source:
         pydantic v2 validation on the package's strict models (:class:`memtp_sim.config.StrictModel`);
@@ -85,6 +90,8 @@ def parse_tune_spec(doc: dict[str, Any], *, source: str = "<tune>", base_dir: st
         raise ConfigError(_format(e, source)) from None
     spec._source = source
     _check_space(spec, source)
+    if check_effects:
+        _check_effects(spec, source)
     return spec
 
 
@@ -221,37 +228,81 @@ def _check_corners(spec: TuneSpec, source: str) -> None:
                 e, f"{source}: search_space: invalid scenario at ({format_values(values)})", Scenario)) from None
 
 
-def _corners(spec: TuneSpec) -> list[dict[str, Any]]:
-    """All-low and all-high assignments (pair-consistent), and every categorical choice."""
-    rng = static_ranges(spec, source=spec.source)
+#: Above this many combinations of categorical choices, the effect check uses the corners only.
+_MAX_CHOICE_COMBINATIONS = 256
+
+
+def _check_effects(spec: TuneSpec, source: str) -> None:
+    """Every field the base sets and every tuned path changes some trial's scenario: the rule
+    ``run`` applies to a study (:meth:`memtp_sim.config.Study.expand`), over every combination of
+    the space's categorical choices (numeric entries at both ends), or its corners when there are
+    more than :data:`_MAX_CHOICE_COMBINATIONS` combinations.
+
+    Raises:
+        ConfigError: one line naming the path (``base.`` or ``search_space.``), why it has no
+            effect, and what to do.
+    """
     space = spec.search_space
     cats = [k for k, d in space.items() if isinstance(d, CategoricalDist)]
-
-    def assign(numeric_end: str, cat_values: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key in sampling_order(spec, spec.source):
-            d = space[key]
-            if not when_ok(d.when, out):
-                continue
-            if isinstance(d, CategoricalDist):
-                out[key] = cat_values.get(key, d.choices[0])
-                continue
-            lo, hi = rng[key]
-            if numeric_end == "low":
-                for pc in spec.all_pairs():
-                    if pc.upper == key:
-                        lo = max(lo, ceil_in(d, out[pc.lower] + pc.min_gap, pc.min_gap == 0))
-                out[key] = lo
+    combos = [dict(zip(cats, c)) for c in itertools.product(*(space[k].choices for k in cats))]
+    if len(combos) > _MAX_CHOICE_COMBINATIONS:
+        points = _corners(spec)
+    else:
+        points = [_assign(spec, end, c) for c in combos for end in ("low", "high")]
+    paths = {f"base.{p}": p for p in set_paths(spec.base)} | {
+        f"search_space.{k}": k for k in space if not k.startswith("policy.")}  # policy params: _check_paths
+    reasons: dict[str, str] = {}
+    for values in points:
+        try:
+            ignored = Scenario.model_validate(scenario_doc(spec, values)).ignored_fields()
+        except ValidationError:
+            continue  # an invalid combination is no trial (the corners were checked above)
+        for where, path in list(paths.items()):
+            if path in ignored:
+                reasons.setdefault(where, ignored[path])
             else:
-                out[key] = hi
-        return out
+                del paths[where]  # takes effect in this trial
+        if not paths:
+            return
+    where = sorted(paths)[0]
+    raise ConfigError(f"{source}: {where}: has no effect in any trial of this study ({reasons[where]}); "
+                      "remove it or change the setting it depends on")
 
-    corners = [assign("low", {}), assign("high", {})]
+
+def _corners(spec: TuneSpec) -> list[dict[str, Any]]:
+    """All-low and all-high assignments (pair-consistent), and every categorical choice."""
+    space = spec.search_space
+    cats = [k for k, d in space.items() if isinstance(d, CategoricalDist)]
+    corners = [_assign(spec, "low", {}), _assign(spec, "high", {})]
     for key in cats:
         for choice in space[key].choices:
-            corners.append(assign("low", {key: choice}))
+            corners.append(_assign(spec, "low", {key: choice}))
     unique: list[dict[str, Any]] = []
     for c in corners:
         if c not in unique:
             unique.append(c)
     return unique
+
+
+def _assign(spec: TuneSpec, numeric_end: str, cat_values: dict[str, Any]) -> dict[str, Any]:
+    """One point of the space: numeric entries at their ``low`` or ``high`` end (pair-consistent),
+    categorical entries at ``cat_values`` (else their first choice), ``when`` respected."""
+    rng = static_ranges(spec, source=spec.source)
+    space = spec.search_space
+    out: dict[str, Any] = {}
+    for key in sampling_order(spec, spec.source):
+        d = space[key]
+        if not when_ok(d.when, out):
+            continue
+        if isinstance(d, CategoricalDist):
+            out[key] = cat_values.get(key, d.choices[0])
+            continue
+        lo, hi = rng[key]
+        if numeric_end == "low":
+            for pc in spec.all_pairs():
+                if pc.upper == key:
+                    lo = max(lo, ceil_in(d, out[pc.lower] + pc.min_gap, pc.min_gap == 0))
+            out[key] = lo
+        else:
+            out[key] = hi
+    return out

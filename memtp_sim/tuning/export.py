@@ -422,7 +422,7 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     rec = study.user_attrs.get(STUDY_ATTR)
     if not isinstance(rec, dict) or "tune_spec" not in rec:
         raise ConfigError(f"study {study_name!r} was not created by `python -m memtp_sim tune` (no tune spec stored)")
-    spec = parse_tune_spec(rec["tune_spec"], source=f"study {study_name} (stored tune spec)")
+    spec = parse_tune_spec(rec["tune_spec"], source=f"study {study_name} (stored tune spec)", check_effects=False)
     chosen = select_trial(study, spec, trial)
     if trial == "best":
         selection = (f"best: the feasible Pareto trial with the best {spec.best_by} "

@@ -206,3 +206,77 @@ def test_no_numeric_field_coerces(tmp_path, model, name, kind, is_list, bad):
     assert "\n" not in line and line.startswith(f"{path}: {field}: "), line
     assert f"(got {value!r})" in line, line
     assert ("valid boolean" if kind is bool else "valid integer" if kind is int else "valid number") in line, line
+
+
+# ------------------------------------------------------------------ settings that change no trial
+# The kind (issue 9): every field a tune YAML sets changes some trial's scenario or is refused in
+# one line, as `run` refuses it in a study. Review found `tune` accepting base.memtp.r_low without
+# memtp.depth, and tuning memtp.r_low, engine.prefill_gpus (colocated) and confidence.* (no_spec).
+def _ignorable_paths() -> dict[str, str]:
+    """Every path Scenario.ignored_fields can name, from a scenario where all of them are ignored."""
+    scen = Scenario.model_validate({"workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 4,
+                                                 "num_requests": 24},
+                                    "engine": {"prefill": "colocated"}, "policy": {"name": "no_spec"}})
+    return scen.ignored_fields()
+
+
+def _default_of(path: str) -> Any:
+    node: Any = Scenario.model_validate({"workload": {"trace": str(TRACE), "mode": "closed_loop",
+                                                      "concurrency": 4, "num_requests": 24}})
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node.model_dump(mode="json", exclude_defaults=True) if isinstance(node, BaseModel) else node
+
+
+@pytest.mark.parametrize("path", sorted(_ignorable_paths()))
+def test_a_base_field_that_changes_no_trial_is_refused(path):
+    doc = tiny_doc()
+    doc["base"]["engine"] = {"prefill": "colocated"}
+    doc["base"]["policy"] = {"name": "no_spec"}
+    doc["base"]["confidence"] = {}
+    doc["search_space"] = {"workload.concurrency": {"type": "int", "low": 2, "high": 4}}
+    if "." in path:
+        section, field = path.split(".", 1)
+        doc["base"].setdefault(section, {})[field] = _default_of(path)  # even the default, when written out
+    else:  # a whole section (draft_control)
+        doc["base"][path] = _default_of(path)
+    with pytest.raises(ConfigError) as e:
+        parse_tune_spec(doc, source="t.yaml")
+    msg = str(e.value)
+    assert msg.startswith(f"t.yaml: base.{path}: has no effect in any trial") and "\n" not in msg, msg
+    assert _ignorable_paths()[path] in msg
+
+
+@pytest.mark.parametrize(("base", "entry", "reason"), [
+    ({}, {"memtp.r_low": {"type": "float", "low": 0.1, "high": 0.5}}, "only used with memtp.depth"),
+    ({"engine": {"prefill": "colocated"}}, {"engine.prefill_gpus": {"type": "int", "low": 1, "high": 4}},
+     "engine.prefill: disaggregated"),
+    ({"policy": {"name": "no_spec"}}, {"confidence.temperature": {"type": "float", "low": 0.5, "high": 2.0}},
+     "drafts nothing"),
+])
+def test_a_tuned_path_that_changes_no_trial_is_refused(base, entry, reason):
+    doc = tiny_doc()
+    doc["base"].update(base)
+    if doc["base"]["policy"]["name"] == "no_spec":
+        doc["base"]["confidence"] = {}
+    doc["search_space"] = dict(entry)
+    with pytest.raises(ConfigError) as e:
+        parse_tune_spec(doc, source="t.yaml")
+    key = next(iter(entry))
+    assert str(e.value).startswith(f"t.yaml: search_space.{key}: has no effect in any trial"), str(e.value)
+    assert reason in str(e.value)
+
+
+@pytest.mark.parametrize(("base", "space"), [
+    # r_low matters in the trials where the tuned depth is elastic
+    ({}, {"memtp.depth": {"type": "categorical", "choices": [1, "elastic"]},
+          "memtp.r_low": {"type": "float", "low": 0.1, "high": 0.5}}),
+    # the temperature matters in the trials that draft
+    ({"policy": {"name": "no_spec"}}, {"policy.name": {"type": "categorical", "choices": ["no_spec", "dspark"]},
+                                       "confidence.temperature": {"type": "float", "low": 0.5, "high": 2.0}}),
+])
+def test_a_path_that_matters_in_some_trial_is_accepted(base, space):
+    doc = tiny_doc()
+    doc["base"].update(base)
+    doc["search_space"] = dict(space)
+    parse_tune_spec(doc, source="t.yaml")
