@@ -138,3 +138,20 @@ def tiny_tune_doc(name: str = "t", **over: Any) -> dict[str, Any]:
     }
     doc.update(copy.deepcopy(over))
     return doc
+
+
+def tiny_study_doc(seeds: tuple[int, ...] = (0,)) -> dict[str, Any]:
+    """A fast study: gfx1151 Llama-3.1-8B, 30 requests, concurrency 1 and 4, mtp1 and DSpark."""
+    return {
+        "name": "tiny",
+        "base": {
+            "hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"},
+            "acceptance": {"profile": "dspark-qwen3", "domain_mix": {"chat": 1.0}},
+            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 1, "num_requests": 30},
+            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
+            "policy": {"name": "dspark"},
+        },
+        "sweep": {"workload.concurrency": [1, 4]},
+        "policies": [{"name": "mtp1"}, {"name": "dspark", "gamma": 7}],
+        "seeds": list(seeds),
+    }

@@ -25,7 +25,7 @@ import _dask_boom  # noqa: F401 - registers the test_dask_boom policy in this pr
 import pandas as pd
 import pytest
 import yaml
-from _sim_helpers import REPO, TRACE
+from _sim_helpers import REPO, TRACE, tiny_study_doc
 
 from memtp_sim.cli import main
 
@@ -102,19 +102,7 @@ def _study(tmp_path: Path, doc: dict) -> Path:
 
 
 def _tiny(tmp_path: Path) -> Path:
-    return _study(tmp_path, {
-        "name": "tiny",
-        "base": {
-            "hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"},
-            "acceptance": {"profile": "dspark-qwen3", "domain_mix": {"chat": 1.0}},
-            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 1, "num_requests": 30},
-            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
-            "policy": {"name": "dspark"},
-        },
-        "sweep": {"workload.concurrency": [1, 4]},
-        "policies": [{"name": "mtp1"}, {"name": "dspark", "gamma": 7}],
-        "seeds": [0, 1],
-    })
+    return _study(tmp_path, tiny_study_doc(seeds=(0, 1)))
 
 
 def _mtimes(root: Path) -> dict[Path, int]:

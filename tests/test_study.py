@@ -12,26 +12,14 @@ import pytest
 import yaml
 
 import memtp_sim
-from _sim_helpers import REPO, TRACE
+from _sim_helpers import REPO, TRACE, tiny_study_doc
 
 UNIT_TOKENS = ("_s", "_ms", "_per_s", "_gib")
 TIMED_WORDS = ("ttft", "tpot", "e2e", "latency", "makespan", "throughput", "queue", "wall", "window", "duration")
 
 
 def _study_doc() -> dict:
-    return {
-        "name": "tiny",
-        "base": {
-            "hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"},
-            "acceptance": {"profile": "dspark-qwen3", "domain_mix": {"chat": 1.0}},
-            "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 1, "num_requests": 30},
-            "engine": {"prefill": "disaggregated", "prefill_gpus": 4},
-            "policy": {"name": "dspark"},
-        },
-        "sweep": {"workload.concurrency": [1, 4]},
-        "policies": [{"name": "mtp1"}, {"name": "dspark", "gamma": 7}],
-        "seeds": [0],
-    }
+    return tiny_study_doc()
 
 
 def _cli(*args) -> subprocess.CompletedProcess:

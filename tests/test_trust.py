@@ -499,6 +499,18 @@ def _children(pid: int) -> set[int]:
     return {int(x) for x in out.split()}
 
 
+def _wait_for_workers(pid: int, want: int = 2) -> set[int]:
+    """The child processes of ``pid`` once ``want`` of them run (up to 15 s); fails if none started."""
+    workers: set[int] = set()
+    for _ in range(300):
+        workers = _children(pid)
+        if len(workers) >= want:
+            break
+        time.sleep(0.05)
+    assert workers, "the study never started its workers"
+    return workers
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -515,13 +527,7 @@ def test_kill_9_of_run_leaves_no_workers(tmp_path):
     f = _study_file(tmp_path, doc)
     proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(f), "--out", str(tmp_path / "o"),
                              "--jobs", "2", "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    workers: set[int] = set()
-    for _ in range(300):
-        workers = _children(proc.pid)
-        if len(workers) >= 2:
-            break
-        time.sleep(0.05)
-    assert workers, "the study never started its workers"
+    workers = _wait_for_workers(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 5
@@ -540,13 +546,7 @@ def test_ctrl_c_of_run_exits_at_once_with_one_line(tmp_path, after_s):
     proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(REPO / "studies" / "load.yaml"),
                              "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    workers: set[int] = set()
-    for _ in range(300):
-        workers = _children(proc.pid)
-        if len(workers) >= 2:
-            break
-        time.sleep(0.05)
-    assert workers, "the study never started its workers"
+    workers = _wait_for_workers(proc.pid)
     time.sleep(after_s)
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
     os.kill(proc.pid, signal.SIGINT)  # and again to the parent, as `timeout -s INT` and impatient users do
