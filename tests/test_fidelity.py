@@ -8,6 +8,7 @@ profile added later is covered; the sensitivity run itself runs once, on the def
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +23,7 @@ from memtp_sim.report import fidelity as rf
 from memtp_sim.report import numbers
 
 PROFILES = sorted(list_profiles())
+FIX = Path(__file__).resolve().parent / "fixtures" / "calibration"
 
 
 def _table(b, ms, *, below_min="error", beyond_max="roofline") -> SPSTable:
@@ -137,6 +139,58 @@ def test_flat_variant_is_flat(name, tmp_path):
         assert np.allclose(t.pass_time_s(b), want, rtol=1e-12)
         assert np.allclose(t.at_context(16, 8192, 100000).pass_time_s(b), want, rtol=1e-12)
     assert _same_drafters(prof, var)
+
+
+def _imported_profile(tmp_path):
+    """A profile as `calibrate import` writes it from llama-bench output: no drafter passes were
+    measured, so its assumed drafter is priced from the target's verify rows."""
+    import argparse
+
+    from memtp_sim.hardware.importers import cli_import
+
+    out = tmp_path / "imported" / "qwen25-7b.yaml"
+    args = argparse.Namespace(file=str(FIX / "llama_bench.json"), fmt="llama-bench", select=[], output=str(out),
+                              name=None, memory=["gpu_allocatable_gib=20", "weights_bytes=4677120000",
+                                                 "kv_shape=28,4,128", "max_model_len=32768"])
+    assert cli_import(args) == 0
+    prof = load_profile(out)
+    assert prof.drafters["assumed_block"].source  # the fault's precondition: a drafter on verify rows
+    return prof
+
+
+def _format1_drafter_on_verify_rows(tmp_path):
+    """The default format-1 profile with its drafter measured on the very rows its verify curve uses."""
+    import shutil
+
+    import yaml
+
+    src = load_profile("gfx1151-llama31-8b-q4km-vulkan")
+    doc = yaml.safe_load(open(src.path))
+    doc["drafter"]["parallel_select"] = dict(doc["verify"]["select"])
+    doc["drafter"]["parallel_tests"] = {"small": "pp1", "large": "pp512"}
+    doc["name"] = "overlap"
+    folder = tmp_path / "overlap"
+    folder.mkdir()
+    shutil.copy(Path(src.path).parent / doc["measurements"], folder / doc["measurements"])
+    (folder / "overlap.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return load_profile(folder / "overlap.yaml")
+
+
+@pytest.mark.parametrize("build", [_imported_profile, _format1_drafter_on_verify_rows])
+def test_variants_freeze_a_drafter_priced_from_the_verify_rows(build, tmp_path):
+    prof = build(tmp_path)
+    for factor in (0.75, 1.25, None):
+        var = load_profile(hf.write_variant(prof, tmp_path / "variants", factor=factor))
+        assert _same_drafters(prof, var), factor
+        b = np.arange(prof.sps.min_batch_tokens, prof.sps.max_batch_tokens + 1)
+        want = (factor * prof.sps.pass_time_s(b) if factor is not None
+                else np.full(b.shape, hf.flat_pass_ms(prof) / 1000.0))
+        top = max(var.sps.graph_sizes) if var.sps.graph_sizes else var.sps.max_batch_tokens
+        keep = b <= top
+        assert np.allclose(var.sps.pass_time_s(b[keep]), want[keep], rtol=1e-9)
+        # and a variant of the variant keeps it still
+        again = load_profile(hf.write_variant(var, tmp_path / "again", factor=1.1))
+        assert _same_drafters(prof, again)
 
 
 def test_variant_of_an_unknown_profile_layout_is_refused(tmp_path):

@@ -357,35 +357,71 @@ def _new_ms(text: str, factor: float | None, flat_ms: float) -> str:
     return repr(flat_ms) if factor is None else repr(float(text) * factor)
 
 
-def _format2_rows(csv_path: Path, factor: float | None, flat_ms: float) -> str:
-    """A format-2 cost table with every pass row (verify, decode, prefill) scaled or flattened."""
+def _read_csv_rows(csv_path: Path) -> tuple[list[str], list[dict[str, str]]]:
     with csv_path.open(newline="") as f:
         reader = csv.DictReader(f)
-        fields, rows = list(reader.fieldnames or []), list(reader)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def _format2_rows(csv_path: Path, doc: Mapping[str, Any], factor: float | None, flat_ms: float, label: str,
+                  where: str) -> tuple[str, dict[str, Any]]:
+    """A format-2 cost table with every pass row (verify, decode, prefill) scaled or flattened, and
+    the profile's drafters frozen: each drafter's rows, as the original profile selects them, copied
+    unchanged under ``kind: draft_<kind>`` and a model label of their own, and the drafter's select
+    pointed at the copies. (An imported profile without measured drafter passes prices its
+    drafter from the verify rows; scaling those would move the drafter too.) Returns the CSV text
+    and the new ``drafters`` section."""
+    fields, rows = _read_csv_rows(csv_path)
+    table = tables.read_cost_table(csv_path)  # df row i is CSV row i (read_cost_table keeps the order)
+    common = doc.get("select") or {}
+    copies: list[dict[str, str]] = []
+    drafters: dict[str, Any] = {}
+    for key, sec in (doc.get("drafters") or {}).items():
+        picked = tables.select_rows(table, {**common, **(sec.get("select") or {})}, f"{where}: drafters.{key}")
+        kind, model = f"draft_{sec['kind']}", f"{label}~drafter~{key}"
+        copies += [{**rows[i], "kind": kind, "model": model} for i in picked.index]
+        drafters[key] = {**sec, "select": {"kind": kind, "model": model}}
     for r in rows:
         if r.get("kind") in PASS_KINDS:
             for col in ("pass_ms", "p10_ms", "p90_ms"):
                 if col in r:
                     r[col] = _new_ms(r[col], factor, flat_ms)
-    return _csv_text(fields, rows)
+    return _csv_text(fields, rows + copies), drafters
+
+
+#: Format-1 variants: a column that keeps the drafter's frozen copies out of ``verify.select``.
+ROLE_COLUMN = "memtp_variant_role"
 
 
 def _format1_rows(csv_path: Path, doc: Mapping[str, Any], factor: float | None, flat_ms: float,
-                  where: str) -> str:
-    """A format-1 measurements CSV with the verify rows scaled or flattened (drafter rows kept)."""
-    with csv_path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        fields, rows = list(reader.fieldnames or []), list(reader)
+                  where: str) -> tuple[str, dict[str, Any]]:
+    """A format-1 measurements CSV with the verify rows scaled or flattened and the drafter frozen.
+
+    The drafter's ``parallel_select`` rows are copied unchanged with :data:`ROLE_COLUMN` set to
+    ``frozen_drafter`` (every other row has it empty), and the returned ``verify`` and
+    ``drafter`` sections select by that column, so a drafter measured on rows the verify curve
+    also uses keeps its original cost. Returns the CSV text and the changed sections."""
+    fields, rows = _read_csv_rows(csv_path)
+    verify, drafter = dict(doc.get("verify") or {}), dict(doc.get("drafter") or {})
+    copies: list[dict[str, str]] = []
+    if ROLE_COLUMN not in fields:  # a variant of a variant has its frozen copies already
+        fields.append(ROLE_COLUMN)
+        for r in rows:
+            r[ROLE_COLUMN] = ""
+        copies = [{**r, ROLE_COLUMN: "frozen_drafter"}
+                  for r in _select_rows(rows, drafter.get("parallel_select") or {}, where)]
+        verify["select"] = {**(verify.get("select") or {}), ROLE_COLUMN: ""}
+        drafter["parallel_select"] = {**(drafter.get("parallel_select") or {}), ROLE_COLUMN: "frozen_drafter"}
     for i, r in enumerate(rows):
         r["_row"] = str(i)
-    picked = {r["_row"] for r in _select_rows(rows, (doc.get("verify") or {}).get("select") or {}, where)}
+    picked = {r["_row"] for r in _select_rows(rows, verify.get("select") or {}, where)}
     for r in rows:
         if r["_row"] in picked:
             r["derived_pass_ms"] = _new_ms(r["derived_pass_ms"], factor, flat_ms)
             b = float(r["tokens_per_pass_B"])
             r["tokens_per_s"] = repr(b * 1000.0 / float(r["derived_pass_ms"]))
         del r["_row"]
-    return _csv_text(fields, rows)
+    return _csv_text(fields, rows + copies), {"verify": verify, "drafter": drafter}
 
 
 def _variant_context(section: Mapping[str, Any], factor: float | None) -> dict[str, Any]:
@@ -412,8 +448,10 @@ def write_variant(profile: HardwareProfile, out_dir: str | Path, *, factor: floa
     scaled with them). Flat: every such row is set to :func:`flat_pass_ms` and the context term is
     dropped (a fit on equal rows is zero; a stated slope becomes ``context: none``), so every pass
     costs the same. Format 1 (``measurements:``): the
-    rows ``verify.select`` picks get the same treatment. Drafter costs, host and planner overheads,
-    memory and graph padding are kept, so only the pass curves differ.
+    rows ``verify.select`` picks get the same treatment. Drafter costs are frozen (their rows
+    copied unchanged and re-selected, see :func:`_format2_rows` and :func:`_format1_rows`: an
+    imported profile prices an assumed drafter from the verify rows), and host and planner
+    overheads, memory and graph padding are kept, so only the pass curves differ.
 
     Args:
         profile: a loaded profile.
@@ -438,10 +476,13 @@ def write_variant(profile: HardwareProfile, out_dir: str | Path, *, factor: floa
     out = Path(out_dir)
     if "costs" in doc:
         key, name = "costs", f"costs-{tag}.csv"
-        text = _format2_rows(src.parent / str(doc["costs"]), factor, flat_ms)
+        text, drafters = _format2_rows(src.parent / str(doc["costs"]), doc, factor, flat_ms,
+                                       f"{profile.name}~{tag}", profile.path)
+        doc = {**doc, "drafters": drafters} if drafters else doc
     elif "measurements" in doc:
         key, name = "measurements", f"measurements-{tag}.csv"
-        text = _format1_rows(src.parent / str(doc["measurements"]), doc, factor, flat_ms, profile.path)
+        text, sections = _format1_rows(src.parent / str(doc["measurements"]), doc, factor, flat_ms, profile.path)
+        doc = {**doc, **sections}
     else:
         raise CalibrationError(f"{profile.path}: neither 'costs' (format 2) nor 'measurements' (format 1); "
                                "cannot write a cost-table variant")
