@@ -16,8 +16,8 @@
 The app is a thin caller of the library: :func:`memtp_sim.run` (cached by
 :func:`memtp_sim.study.run_key`), :class:`memtp_sim.config.Scenario` (its one-line errors),
 :mod:`memtp_sim.report.numbers` and :mod:`memtp_sim.report.figures`, :mod:`memtp_sim.tuning`. Work
-longer than about a second runs as a Dash background callback (DiskcacheManager) with a progress
-bar and a cancel button; job processes die with the server.
+longer than about a second runs as a Dash background callback (:class:`._jobs.JobManager`, forked from a fork server)
+with a progress bar and a cancel button; job processes die with the server.
 
 Nothing in the library imports this package (floor 11 of ``docs/architecture.md``).
 """

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import diskcache
-from dash import Dash, DiskcacheManager, Input, Output, State, dcc, html
+from dash import Dash, Input, Output, State, dcc, html
 
 from ._context import AppContext, default_cache_dir
+from ._jobs import JobManager, start_job_server
 from ._settings import query_to_settings
 from ._studies import register_studies, study_page
 from ._tuning import register_tuning, tuning_page
@@ -74,7 +75,7 @@ def create_app(*, cache_dir: str | Path | None = None, results: str | Path = "re
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    manager = DiskcacheManager(diskcache.Cache(str(root / "jobs")))
+    manager = JobManager(diskcache.Cache(str(root / "jobs")))
     app_ctx = AppContext.create(root, results, study, manager)
     app = Dash(__name__, title="memtp_sim what-if", suppress_callback_exceptions=True,
                background_callback_manager=manager, update_title=None)
@@ -120,6 +121,7 @@ def serve(host: str = "127.0.0.1", port: int = 8050, *, study: str = "results/tu
     from werkzeug.serving import make_server
 
     app = create_app(cache_dir=cache_dir, results=results, study=study)
+    start_job_server()  # before the server's threads exist (see _jobs)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
     server = make_server(host, port, app.server, threaded=True)
     line = f"memtp_sim dashboard on http://{host}:{server.server_port}/ (Ctrl-C to stop)"
@@ -143,10 +145,20 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _stop_jobs() -> None:
-    """End the background jobs this server started (they would also die with it: see _whatif)."""
+def _stop_jobs(grace_s: float = 3.0) -> None:
+    """End the background jobs this server started: SIGTERM, then SIGKILL after ``grace_s``
+    (they would also end with it: see AppContext.job_started)."""
+    import time
+
     import multiprocess
 
-    for proc in multiprocess.active_children():
+    procs = multiprocess.active_children()
+    for proc in procs:
         proc.terminate()
-        proc.join(timeout=2)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=1.0)

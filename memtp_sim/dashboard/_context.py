@@ -6,7 +6,7 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ class AppContext:
         store: cached runs.
         results: the folder holding finished studies (``--results``).
         study: the tuning study to open first (``--study``: a folder or a storage URL).
-        manager: the Dash background-callback manager (DiskcacheManager).
+        manager: the Dash background-callback manager (:class:`._jobs.JobManager`).
     """
 
     workdir: Workdir
@@ -43,23 +43,23 @@ class AppContext:
     results: Path
     study: str
     manager: Any
-    server_pid: int = field(default_factory=os.getpid)
 
     def job_started(self, poll_s: float = 0.5) -> None:
         """Call first thing in a background-job process: the job exits when the server is gone.
 
-        A watchdog thread compares the parent pid with the server's. (Not
+        Jobs are forked from the fork server (:mod:`._jobs`), which exits when the server does;
+        a watchdog thread sees the job's parent change and ends the job. (Not
         ``prctl(PR_SET_PDEATHSIG)`` as :func:`memtp_sim._procs.die_with_parent` uses: the kernel sends
-        that signal when the *thread* that forked the process ends, and Dash forks jobs from a
-        request thread that ends as soon as the job has started, which would kill every job.)
+        that signal when the *thread* that forked the process ends, and a job forked from a
+        request thread would die as soon as that request was answered.)
 
         Args:
             poll_s: seconds between two checks.
         """
-        server = self.server_pid
+        parent = os.getppid()
 
         def watch() -> None:
-            while os.getppid() == server:
+            while os.getppid() == parent:
                 time.sleep(poll_s)
             os._exit(1)  # the server is gone: nobody will read the result
 

@@ -70,3 +70,23 @@ def wait_kpi(page: Any, metric: str, expected: float, side: str = "current", tim
                 return got
         time.sleep(0.1)
     raise AssertionError(f"KPI {metric} ({side}) shows {got!r}, expected {expected!r}")
+
+
+_INFRASTRUCTURE = ("multiprocess.forkserver", "multiprocess.resource_tracker")
+
+
+def job_processes(server: Any) -> list[Any]:
+    """The live processes under the dashboard ``server`` (a psutil.Process) other than the job
+    fork server and multiprocess's resource tracker (its direct children started by ``-c``):
+    background jobs, which the fork server forks, and their pool workers."""
+    import psutil
+
+    out = []
+    for p in server.children(recursive=True):
+        try:
+            infra = p.ppid() == server.pid and any(m in " ".join(p.cmdline()) for m in _INFRASTRUCTURE)
+            if not infra and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out

@@ -86,13 +86,23 @@ def server(tmp_path_factory: pytest.TempPathFactory, results_dir: Path, tune_stu
     cache = tmp_path_factory.mktemp("dashboard-cache")
     cmd = [sys.executable, "-m", "memtp_sim", "dashboard", "--port", "0", "--study", str(tune_study["folder"]),
            "--results", str(results_dir), "--cache-dir", str(cache)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    line = proc.stdout.readline()
-    m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+    # Output goes to files, not pipes: nobody reads a pipe during the session, and a full one
+    # (64 KiB) would block the server or a job at its next write.
+    logs = tmp_path_factory.mktemp("dashboard-logs")
+    out_path, err_path = logs / "stdout.txt", logs / "stderr.txt"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=REPO)
+    m = None
+    deadline = time.monotonic() + 120
+    while m is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        line = out_path.read_text()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
     if m is None:
         proc.kill()
-        pytest.fail(f"dashboard did not start: {line!r} {proc.stderr.read()[-2000:]}")
-    yield {"url": m.group(0).rstrip("/"), "proc": proc, "line": line, "cache": cache}
+        pytest.fail(f"dashboard did not start: {out_path.read_text()!r} {err_path.read_text()[-2000:]}")
+    line = line.splitlines()[0] + "\n"
+    yield {"url": m.group(0).rstrip("/"), "proc": proc, "line": line, "cache": cache, "stderr": err_path}
     children = psutil.Process(proc.pid).children(recursive=True)
     proc.terminate()
     try:

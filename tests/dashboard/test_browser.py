@@ -23,7 +23,7 @@ from memtp_sim.hardware import load_profile
 from memtp_sim.tuning import feasible_trials, open_storage, scenario_for
 from memtp_sim.tuning.export import export_config
 
-from ._expect import TINY_QUERY, kpi_value, run_metrics, tiny_doc, tiny_scenario, wait_kpi
+from ._expect import TINY_QUERY, job_processes, kpi_value, run_metrics, tiny_doc, tiny_scenario, wait_kpi
 
 pytestmark = pytest.mark.browser
 
@@ -190,13 +190,13 @@ def test_cancel_stops_a_sweep_and_leaves_no_process(page, server):
     page.click("#sweep-run")
     page.locator("#sweep-status", has_text="/20 runs").wait_for()
     server_proc = psutil.Process(server["proc"].pid)
-    assert server_proc.children(), "the sweep runs in a job process"
+    assert job_processes(server_proc), "the sweep runs in a job process"
     page.click("#sweep-cancel")
     page.wait_for_function("!document.querySelector('#sweep-run').disabled")
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and [c for c in server_proc.children() if c.status() != psutil.STATUS_ZOMBIE]:
+    while time.monotonic() < deadline and job_processes(server_proc):
         time.sleep(0.1)
-    assert not [c for c in server_proc.children() if c.status() != psutil.STATUS_ZOMBIE]
+    assert not job_processes(server_proc)
     done = page.locator("#sweep-status").inner_text()
     assert "/20 runs" in done and not done.startswith("20/20")
 
