@@ -33,7 +33,10 @@ from .hardware import GIB, DrafterCost, HardwareProfile
 from .memtp import DepthController, MemtpSettings, memtp_depth
 from .policies import make_policy, policy_class
 
-__all__ = ["DraftSpec", "Drafter"]
+__all__ = ["DEFAULT_DRAFTER_KIND", "DraftSpec", "Drafter"]
+
+#: The drafter a scenario without ``drafter.kind`` runs: DSpark's block drafter.
+DEFAULT_DRAFTER_KIND = "dspark_block"
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class Drafter:
     def __init__(self, spec: DraftSpec, profile: HardwareProfile) -> None:
         self.spec = spec
         self.memory = profile.memory
-        self.kind = spec.kind or "dspark_block"
+        self.kind = spec.kind or DEFAULT_DRAFTER_KIND
         self._cost, self.weights_gib, self.kv_bytes_per_token, self.cost_source = _cost_model(self.kind, profile, spec)
         self.controller: DepthController | None = None
         self._uniform: dict[tuple[int, int], float] = {}

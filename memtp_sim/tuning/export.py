@@ -51,7 +51,7 @@ from .._io import atomic_write_text
 from .._version import __version__
 from ..api import build_acceptance
 from ..config import Scenario
-from ..drafting import DraftSpec
+from ..drafting import DEFAULT_DRAFTER_KIND, DraftSpec
 from ..errors import ConfigError
 from ..hardware import load_profile
 from ..memtp import MEMTP_DEFAULTS, MemtpSettings
@@ -66,7 +66,7 @@ from ._validation import validate_trials
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
-__all__ = ["FORMATS", "build_export", "deployment_settings", "export_config", "provenance_for"]
+__all__ = ["FORMATS", "build_export", "deployment_settings", "export_config", "method_mismatch", "provenance_for"]
 
 FORMATS = ("vllm", "sglang", "memtp")
 
@@ -368,6 +368,41 @@ def _infeasibility_warning(spec: TuneSpec, trial: Any, validation: dict[str, Any
     return None
 
 
+#: The drafter each engine's method runs, as the simulator's ``drafter.kind`` names it (vLLM's
+#: ``SpeculativeConfig.method`` values; SGLang's ``--speculative-algorithm``, where NEXTN is the
+#: model's own MTP heads and STANDALONE a separate draft model). dspark_block and per_sequence
+#: have no stock method.
+_METHOD_KIND = {
+    "vllm": {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "draft_model"},
+    "sglang": {"NEXTN": "mtp", "EAGLE": "eagle", "EAGLE3": "eagle", "STANDALONE": "draft_model",
+               "NGRAM": "ngram"},
+}
+
+
+def method_mismatch(fmt: str, method: str, simulated_kind: str) -> str | None:
+    """One line when the engine method an export names runs another drafter than the trial simulated.
+
+    Args:
+        fmt: ``vllm`` or ``sglang`` (anything else: None).
+        method: vLLM ``speculative_config.method`` or SGLang ``--speculative-algorithm``.
+        simulated_kind: the trial's drafter (:attr:`memtp_sim.drafting.Drafter.kind`, e.g.
+            ``dspark_block``).
+
+    Returns:
+        The warning, or None when they match (any vLLM method with ``mtp`` in its name runs MTP heads).
+    """
+    if fmt not in _METHOD_KIND:
+        return None
+    runs = "mtp" if fmt == "vllm" and "mtp" in method.lower() else _METHOD_KIND[fmt].get(method)
+    if runs == simulated_kind:
+        return None
+    what = f"the {runs} drafter" if runs else "a drafter the simulator does not model"
+    field = "vllm_method" if fmt == "vllm" else "sglang_algorithm"
+    return (f"the trial simulated the {simulated_kind} drafter, but {fmt} method {method!r} runs {what}, whose "
+            f"draft cost and acceptance the trial did not price (the file's dspark block is for a DSpark-aware "
+            f"build); set export.{field} to the method you deploy and tune with drafter.kind set to match")
+
+
 def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, trial: str | int = "best",
                   output: str | Path | None = None, out_dir: str | Path = "results",
                   warn: Callable[[str], None] | None = None) -> list[Path]:
@@ -440,8 +475,13 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
         validation = validate_trials(study, spec, [chosen.number], out_dir=out_dir)[chosen.number]
     prov = provenance_for(study, spec, chosen, validation, storage_url=mask_url(storage_url), selection=selection,
                           scenario_obj=scen)
-    message = _infeasibility_warning(spec, chosen, validation)
-    if message is not None:
+    method = {"vllm": spec.export.vllm_method, "sglang": spec.export.sglang_algorithm}.get(fmt, "")
+    mismatch = method_mismatch(fmt, method, scen.draft_spec().kind or DEFAULT_DRAFTER_KIND)
+    if mismatch is not None:
+        prov["drafter_mismatch"] = mismatch  # the shipped file says it too
+    for message in (_infeasibility_warning(spec, chosen, validation), mismatch):
+        if message is None:
+            continue
         if warn is not None:
             warn(message)
         else:

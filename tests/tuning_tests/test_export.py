@@ -23,7 +23,7 @@ from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
 from memtp_sim.hardware import load_profile
 from memtp_sim.tuning import open_storage, open_study, parse_tune_spec, run_tune
-from memtp_sim.tuning.export import _infeasibility_warning, build_export, deployment_settings
+from memtp_sim.tuning.export import _infeasibility_warning, build_export, deployment_settings, method_mismatch
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
@@ -129,6 +129,9 @@ def test_vllm_export_matches_trial(tuned, capsys):
         "method": "mtp", "num_speculative_tokens": best.params["policy.gamma"]}
     _check_provenance(doc["provenance"], best)
     assert doc["provenance"]["selection"].startswith("best:") and doc["provenance"]["feasible"] is True
+    # the study simulated the DSpark block drafter; vLLM's "mtp" runs the model's MTP heads: said twice
+    said = "the trial simulated the dspark_block drafter, but vllm method 'mtp' runs the mtp drafter"
+    assert f"warning: {said}" in err and doc["provenance"]["drafter_mismatch"].startswith(said)
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # atomic: no leftovers
 
 
@@ -256,10 +259,12 @@ def test_no_feasible_trial(tmp_path, capsys):
     rc, _, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm")
     _one_line_error(rc, err, "meets the constraints", "--trial N")
     rc, stdout, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm", "--trial", "1")
-    assert rc == 0, err  # an infeasible trial can still be exported by number: one warning, then the file
-    assert err.strip().splitlines() == [
-        "warning: trial 1 is infeasible: num_rejected <= -1: num_rejected = 0, over by 1 (mean over tuning seeds "
-        "0, 1); writing it anyway, as asked"]
+    assert rc == 0, err  # an infeasible trial can still be exported by number: a warning, then the file
+    lines = err.strip().splitlines()
+    assert lines[0] == ("warning: trial 1 is infeasible: num_rejected <= -1: num_rejected = 0, over by 1 (mean "
+                        "over tuning seeds 0, 1); writing it anyway, as asked")
+    # and the one every DSpark-drafter study gets with vLLM's "mtp" (test_vllm_export_matches_trial)
+    assert len(lines) == 2 and lines[1].startswith("warning: the trial simulated the dspark_block drafter")
     path = tmp_path / "infeasible" / "export" / "infeasible-trial1.vllm.json"
     assert stdout.strip() == str(path)
     assert json.loads(path.read_text())["provenance"]["feasible"] is False
@@ -292,3 +297,30 @@ def test_search_space_with_r_low_above_r_high(tmp_path, capsys):
     rc = main(["tune", str(path), "--out", str(tmp_path), "--quiet"])
     err = capsys.readouterr().err
     _one_line_error(rc, err, str(path), "memtp.r_low < memtp.r_high", "impossible")
+
+
+@pytest.mark.parametrize("fmt, method, kind, match", [
+    ("vllm", "mtp", "mtp", True), ("vllm", "deepseek_mtp", "mtp", True), ("vllm", "qwen3_next_mtp", "mtp", True),
+    ("vllm", "eagle3", "eagle", True), ("vllm", "draft_model", "draft_model", True), ("vllm", "ngram", "ngram", True),
+    ("sglang", "NEXTN", "mtp", True), ("sglang", "EAGLE3", "eagle", True), ("sglang", "STANDALONE", "draft_model", True),
+    ("sglang", "NGRAM", "ngram", True), ("memtp", "anything", "dspark_block", True),
+    ("vllm", "mtp", "dspark_block", False), ("vllm", "eagle", "mtp", False), ("vllm", "medusa", "mtp", False),
+    ("sglang", "NEXTN", "draft_model", False), ("sglang", "EAGLE", "per_sequence", False),
+])
+def test_an_export_method_that_runs_another_drafter_is_named(fmt, method, kind, match):
+    said = method_mismatch(fmt, method, kind)
+    assert (said is None) == match
+    if not match:
+        assert f"simulated the {kind} drafter" in said and repr(method) in said and "\n" not in said
+
+
+def test_a_study_that_simulated_mtp_heads_exports_vllm_mtp_without_a_warning(tmp_path, capsys):
+    doc = tiny_tune_doc("mtpheads", n_trials=2)
+    doc["base"]["hardware"] = {"profile": "h200-llama31-8b-bf16"}
+    doc["base"]["drafter"] = {"kind": "mtp"}
+    spec = parse_tune_spec(doc)
+    assert run_tune(spec, out_dir=tmp_path, report=False).complete == 2
+    rc, stdout, err = _export(capsys, tmp_path, "--study", "mtpheads", "--format", "vllm", "--trial", "0")
+    assert rc == 0, err
+    assert "simulated" not in err
+    assert "drafter_mismatch" not in json.loads(Path(stdout.strip().splitlines()[0]).read_text())["provenance"]
