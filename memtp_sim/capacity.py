@@ -328,6 +328,11 @@ def parse_policies(texts: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
+def _flow(item: dict[str, Any]) -> str:
+    """A ``--policies`` item as it could be typed: its name, or a flow mapping."""
+    return item["name"] if len(item) == 1 else yaml.safe_dump(item, default_flow_style=True, sort_keys=False).strip()
+
+
 def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = None) -> list[Scenario]:
     """The scenarios a ``capacity`` command searches: the scenario file, once per policy.
 
@@ -350,11 +355,16 @@ def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = N
         return [load_scenario(path)]
     doc = read_config_yaml(path, "scenario")
     context = {"base_dir": str(Path(path).parent)}
+    items = parse_policies(policies)
     try:
         Scenario.model_validate(doc, context=context)  # the file's own errors, named as in a scenario
-        study = Study.model_validate({"name": "capacity", "base": doc, "policies": parse_policies(policies)},
-                                     context=context)
+        study = Study.model_validate({"name": "capacity", "base": doc, "policies": items}, context=context)
     except ValidationError as e:
+        err = e.errors()[0]
+        loc = err["loc"]
+        if len(loc) >= 2 and loc[0] == "policies" and isinstance(loc[1], int):  # the flag's fault, not the file's
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ConfigError(f"--policies: {_flow(items[loc[1]])}: {msg}") from None
         raise ConfigError(format_validation_error(e, str(path), Scenario)) from None
     return [scen for _, scen, _ in study.expand(source=str(path))]
 

@@ -181,8 +181,14 @@ def test_policies_from_the_command_line():
 def test_one_scenario_per_policy(md1_dir):
     scens = load_capacity_scenarios(md1_dir / "md1.yaml", ["no_spec", "{name: static, k: 2}"])
     assert [s.policy.name for s in scens] == ["no_spec", "static"]
-    with pytest.raises(ConfigError, match="unknown parameter"):
-        load_capacity_scenarios(md1_dir / "md1.yaml", ["{name: static, kk: 2}"])
+    # a bad --policies item is the flag's fault: the error names the item, not the scenario file
+    for item, says in (("{name: static, kk: 2}", "--policies: {name: static, kk: 2}: policy.kk: unknown parameter"),
+                       ("nosuch", "--policies: nosuch: unknown policy 'nosuch'"),
+                       ("[no_spec, {name: threshold, threshold: 2}]",
+                        "--policies: {name: threshold, threshold: 2}: policy.threshold: Input should be less")):
+        with pytest.raises(ConfigError) as e:
+            load_capacity_scenarios(md1_dir / "md1.yaml", [item])
+        assert str(e.value).startswith(says) and "md1.yaml" not in str(e.value), str(e.value)
 
 
 # ------------------------------------------------------------------------------ the search
