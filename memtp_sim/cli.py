@@ -21,6 +21,7 @@ Bad input (config, calibration) prints one line to stderr and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -118,6 +119,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cell_text(v: object) -> str:
+    """A table cell as the report writes it: ``-`` where nothing was measured (NaN, None), not ``nan``."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:,.2f}" if isinstance(v, float) else str(v)
+
+
 def _print_table(df, *, console=None) -> None:  # noqa: ANN001 - pandas DataFrame, rich Console
     """Print ``df`` as rich tables that fit the console and never cut a number.
 
@@ -132,7 +140,7 @@ def _print_table(df, *, console=None) -> None:  # noqa: ANN001 - pandas DataFram
         console = Console(width=max(60, os.get_terminal_size(sys.stdout.fileno()).columns)
                           if sys.stdout.isatty() else 200)
     cols = [str(c) for c in df.columns]
-    cells = [[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row] for row in df.itertuples(index=False)]
+    cells = [[_cell_text(v) for v in row] for row in df.itertuples(index=False)]
     n_keys = cols.index("policy") + 1 if "policy" in cols else 1
 
     def width(i: int) -> int:  # content width: headers and keys may wrap at spaces, other cells never

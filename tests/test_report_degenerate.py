@@ -85,9 +85,14 @@ def test_a_study_that_rejects_every_request_says_so_and_names_no_winner(tmp_path
     assert numbers.winners_notes(res) == [(
         "No policy is ranked: none of the study's 4 runs completed a request (see the rejected requests above), "
         "so there is no throughput or per-user speed to compare.")]
-    err = capsys.readouterr().err
+    cap = capsys.readouterr()
+    err = cap.err
     assert "RuntimeWarning" not in err
     assert "warning: every request rejected in 4 of 4 run(s): exceeds_max_model_len (40)" in err  # the terminal says so
+    # the terminal table marks what was not measured as the report does ("-"), never "nan"
+    body = [ln for ln in cap.out.splitlines() if ln.startswith("│")]
+    assert len(body) == 4 and not re.search(r"\bnan\b", cap.out, flags=re.IGNORECASE), cap.out
+    assert all(" - " in ln for ln in body), cap.out  # e.g. user tok/s p50: no request finished
 
 
 def test_partly_rejected_runs_list_their_reasons(tmp_path):
