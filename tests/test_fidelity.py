@@ -72,14 +72,20 @@ def test_loo_next_to_a_cliff_is_the_hand_computed_error():
     assert last["how"].iloc[-1] == "refused (beyond_max: error)"
 
 
-@pytest.mark.parametrize("name", PROFILES)
-def test_cliffs_follow_the_study_report_rule(name):
-    t = load_profile(name).sps
-    res = SimpleNamespace(first_summary={"provenance": {"hardware": {"sps": {
-        "batch_tokens": t.batch_tokens.tolist(), "pass_ms": t.pass_ms.tolist()}}}})
-    ours = hf.find_cliffs(t.batch_tokens, t.pass_ms)
+def test_cliffs_on_a_hand_made_curve_and_the_study_report_lists_the_same():
+    # B:    1    2    4    8   16   32
+    # ms:  10   10   10   20   25   60   -> 4->8: x2.0 jump (rate 0.4 -> 0.4: not a drop);
+    # 16->32: rate 0.64 -> 0.533 (-17%): a drop; 8->16: x1.25, rate up: nothing
+    b, ms = [1, 2, 4, 8, 16, 32], [10.0, 10.0, 10.0, 20.0, 25.0, 60.0]
+    ours = hf.find_cliffs(b, ms)
+    assert ours[["b_from", "b_to", "kind"]].values.tolist() == [[4, 8, "pass_jump"], [16, 32, "rate_drop"]]
+    res = SimpleNamespace(first_summary={"provenance": {"hardware": {"sps": {"batch_tokens": b, "pass_ms": ms}}}})
     theirs = numbers.cliffs(res)
-    assert ours[["b_from", "b_to", "kind"]].values.tolist() == theirs[["b_from", "b_to", "kind"]].values.tolist()
+    assert theirs[["b_from", "b_to", "kind"]].values.tolist() == ours[["b_from", "b_to", "kind"]].values.tolist()
+    assert theirs["verify_tok_per_s_from"].tolist() == [400.0, 640.0]  # 1000 x B / pass_ms
+    assert theirs["verify_tok_per_s_to"].tolist() == [400.0, 1000.0 * 32 / 60.0]
+    # a pass time that is not above 0 (a broken summary) makes no cliff and no warning
+    assert hf.find_cliffs([1, 2, 4], [10.0, 0.0, 30.0]).empty
 
 
 @pytest.mark.parametrize("name", PROFILES)

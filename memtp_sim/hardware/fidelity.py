@@ -11,8 +11,8 @@ Three questions, each answered by a pure function that returns a frame:
   B in between.
 * **Cliffs** (:func:`find_cliffs`, :func:`cliff_errors`): where verify tokens per second falls by
   more than 5% from one measured point to the next, or the pass time jumps more than 1.6x (the
-  thresholds of :func:`memtp_sim.report.numbers.cliffs`, mirrored here because this floor cannot
-  import the report), with the LOO error on each side: a cliff is where a missing point costs most.
+  study report's :func:`memtp_sim.report.numbers.cliffs` calls the same function), with the LOO
+  error on each side: a cliff is where a missing point costs most.
 * **Context pairs** (:func:`context_pairs`): for format-2 profiles, each shape measured at two
   contexts against the attention roofline fitted on them (:meth:`.tables.CurveFit.pair_errors`).
 
@@ -205,7 +205,8 @@ def find_cliffs(batch_tokens: Any, pass_ms: Any) -> pd.DataFrame:
 
     A ``rate_drop``: B / pass time (verify tokens per second) falls below
     :data:`CLIFF_RATE_DROP` of the previous point's; else a ``pass_jump``: the pass time grows by
-    more than :data:`CLIFF_PASS_JUMP`. The same rule as :func:`memtp_sim.report.numbers.cliffs`.
+    more than :data:`CLIFF_PASS_JUMP`. The study report's cliffs (:func:`memtp_sim.report.numbers.cliffs`)
+    are these.
 
     Args:
         batch_tokens: measured B, increasing.
@@ -218,7 +219,9 @@ def find_cliffs(batch_tokens: Any, pass_ms: Any) -> pd.DataFrame:
         docs/model.md section 1 step 4 (SPS(B) is jagged, with cliffs); the thresholds are the
         study report's (memtp_sim.report.numbers.cliffs).
     """
-    b, t = np.asarray(batch_tokens), np.asarray(pass_ms, dtype=np.float64)
+    b = np.asarray(batch_tokens, dtype=np.float64)
+    t = np.asarray(pass_ms, dtype=np.float64)
+    t = np.where(t > 0, t, np.nan)  # a pass time not above 0 (a broken summary) makes no cliff
     rows = []
     for i in range(1, b.size):
         kind = ("rate_drop" if b[i] / t[i] < b[i - 1] / t[i - 1] * CLIFF_RATE_DROP

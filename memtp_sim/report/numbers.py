@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
+from ..hardware.fidelity import find_cliffs
 from ..metrics import OVERLOAD_RATIO
 from ._results import StudyResults, load_phases
 
@@ -813,22 +814,18 @@ def cliffs(res: StudyResults) -> pd.DataFrame:
         ``verify_tok_per_s_from``, ``verify_tok_per_s_to``, ``kind``. Empty without summaries.
 
     Source:
-        docs/model.md section 1 step 4 (SPS(B) is jagged, with cliffs); the 5% and 1.6x
-        thresholds are this report's choice.
+        docs/model.md section 1 step 4 (SPS(B) is jagged, with cliffs); the rule and its 5% and
+        1.6x thresholds are :func:`memtp_sim.hardware.fidelity.find_cliffs`'s.
     """
     cols = ["b_from", "b_to", "pass_ms_from", "pass_ms_to", "verify_tok_per_s_from", "verify_tok_per_s_to", "kind"]
     summ = res.first_summary
     if not summ:
         return pd.DataFrame(columns=cols)
     sps = summ["provenance"]["hardware"]["sps"]
-    b, t = np.array(sps["batch_tokens"]), np.array(sps["pass_ms"])
-    rows = []
-    for i in range(1, b.size):
-        r0, r1 = _ratio(b[i - 1], t[i - 1]), _ratio(b[i], t[i])  # NaN where a pass time is not above 0
-        kind = ("rate_drop" if r1 < r0 * 0.95 else "pass_jump" if _ratio(t[i], t[i - 1]) > 1.6 else None)
-        if kind:
-            rows.append((b[i - 1], b[i], t[i - 1], t[i], r0 * 1000, r1 * 1000, kind))
-    return pd.DataFrame(rows, columns=cols)
+    cl = find_cliffs(sps["batch_tokens"], sps["pass_ms"])
+    cl["verify_tok_per_s_from"] = 1000.0 * cl["b_from"] / cl["pass_ms_from"]
+    cl["verify_tok_per_s_to"] = 1000.0 * cl["b_to"] / cl["pass_ms_to"]
+    return cl[cols]
 
 
 def cliff_notes(cl: pd.DataFrame) -> list[str]:
