@@ -56,6 +56,17 @@ def _name_flags(msg: str, flags: dict[str, str]) -> str:
     return msg
 
 
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
+
+
+def _eta(elapsed_s: float, done: int, total: int) -> str:
+    """``"12 s, about 2 min left"``: elapsed time and a linear estimate of what remains."""
+    if done <= 0 or done >= total:
+        return _duration(elapsed_s)
+    return f"{_duration(elapsed_s)}, about {_duration(elapsed_s / done * (total - done))} left"
+
+
 def _fail(msg: str, code: int = 2) -> int:
     print(f"error: {msg}", file=sys.stderr)
     return code
@@ -63,7 +74,8 @@ def _fail(msg: str, code: int = 2) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     from .config import load_study  # lazy: a subcommand loads only what it uses
     from .report import load_results, overload_notes, rejection_notes, terminal_table, write_report  # lazy: pandas + plotly; keep --help fast
@@ -78,14 +90,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[bold]{study.name}[/]: {n_runs} runs -> {Path(args.out) / study.name}", soft_wrap=True)
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=args.quiet or not console.is_terminal and not args.progress) as prog:
+                  TimeRemainingColumn(), console=console, disable=args.quiet or not console.is_terminal and not args.progress) as prog:
         task = prog.add_task("runs", total=n_runs)
         inner = prog.add_task("requests (current run)", total=None, visible=False)
 
         def on_progress(done: int, total: int, run_id: str) -> None:
             prog.update(task, completed=done)
             if not console.is_terminal and not args.quiet and run_id:
-                print(f"  [{done}/{total}] {run_id}", file=sys.stderr, flush=True)
+                print(f"  [{done}/{total}] {run_id} ({_eta(time.perf_counter() - t0, done, total)})",
+                      file=sys.stderr, flush=True)
 
         def on_run_progress(done: int, total: int) -> None:  # runs executing in this process
             prog.update(inner, completed=done, total=total, visible=True)

@@ -200,3 +200,27 @@ def test_schedule_command_bad_confidence(capsys):
     rc = main(["schedule", "0.8,1.5", "--sps", "1=1.0,2=0.5,3=0.45"])
     err = capsys.readouterr().err
     _assert_one_line_error(rc, err, "confidences")
+
+
+def test_eta_is_elapsed_plus_a_linear_estimate_of_what_remains():
+    from memtp_sim.cli import _eta
+
+    assert _eta(30.0, 10, 112) == "30 s, about 5 min left"   # 30 / 10 x 102 = 306 s
+    assert _eta(600.0, 10, 112) == "10 min, about 1.7 h left"  # 6120 s
+    assert _eta(3.0, 112, 112) == "3 s" and _eta(100.0, 0, 10) == "2 min"  # done, or nothing to go on
+
+
+def test_run_without_a_terminal_prints_one_progress_line_per_run_with_its_eta(tmp_path, capsys):
+    import re
+
+    from _sim_helpers import tiny_study_doc
+
+    f = tmp_path / "tiny.yaml"
+    f.write_text(yaml.safe_dump(tiny_study_doc()))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--jobs", "1"]) == 0
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("  [")]
+    pat = re.compile(r"  \[(\d+)/4\] \S+ \((\d+ s)(, about \d+ (s|min|h) left)?\)$")
+    got = [pat.match(ln) for ln in lines]
+    assert len(lines) == 4 and all(got), lines
+    assert [int(m.group(1)) for m in got] == [1, 2, 3, 4]
+    assert got[-1].group(3) is None and all(m.group(3) for m in got[:-1])  # the last run: nothing left
