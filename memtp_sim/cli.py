@@ -399,7 +399,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     scenarios = load_capacity_scenarios(args.scenario, args.policies)
 
     def on_point(p: CapacityPoint) -> None:
-        vals = ", ".join(f"{k} {p.means[k]:.4g}" for k in (*slo.metrics, "offered_load_ratio"))
+        vals = ", ".join(f"{k} {p.means[k]:.4g}" if math.isfinite(p.means[k]) else f"{k} - (nothing measured)"
+                         for k in (*slo.metrics, "offered_load_ratio"))
         verdict = "pass" if p.passed else "FAIL"
         print(f"  {p.rate_per_s:10.4g} req/s  {verdict}  ({vals}; seeds passing {sum(p.seed_passed)}/"
               f"{len(p.seed_passed)}, {p.num_requests} requests)", file=sys.stderr, flush=True)
