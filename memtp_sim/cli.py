@@ -21,6 +21,7 @@ Bad input (config, calibration) prints one line to stderr and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import re
@@ -380,7 +381,12 @@ def _cmd_depth(args: argparse.Namespace) -> int:
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from .dashboard import serve  # lazy: dash, flask and plotly load only for this command
 
-    return serve(args.host, args.port, study=args.study, results=args.results, cache_dir=args.cache_dir)
+    try:
+        return serve(args.host, args.port, study=args.study, results=args.results, cache_dir=args.cache_dir)
+    except OSError as e:  # bind: the port is taken, or the host is not this machine's
+        hint = "; another program uses it: stop it, or pass another --port (0: any free one)" \
+            if e.errno == errno.EADDRINUSE else ""
+        return _fail(f"--host {args.host} --port {args.port}: cannot listen there ({e.strerror}){hint}")
 
 
 def _cmd_capacity(args: argparse.Namespace) -> int:

@@ -77,6 +77,7 @@ def test_a_study_that_rejects_every_request_says_so_and_names_no_winner(tmp_path
     text = _text(root / "report.html")
     top = text.split("How to read this report", 1)[0]
     assert "Runs that measured nothing" in top and "every request rejected in 4 of 4 run(s)" in top
+    assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)  # the page writes "-" for what was not measured
     rj = numbers.rejections(res)
     assert rj["reasons"].tolist() == ["exceeds_max_model_len: 10"] * 4
     assert "Rejected requests" in text and "exceeds_max_model_len: 10" in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -120,11 +121,14 @@ def serve(host: str = "127.0.0.1", port: int = 8050, *, study: str = "results/tu
     """
     from werkzeug.serving import make_server
 
+    sock = _bind(host, port)  # first: a busy port is one error, before anything starts
     app = create_app(cache_dir=cache_dir, results=results, study=study)
     start_job_server()  # before the server's threads exist (see _jobs)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
-    server = make_server(host, port, app.server, threaded=True)
-    line = f"memtp_sim dashboard on http://{host}:{server.server_port}/ (Ctrl-C to stop)"
+    server = make_server(host, port, app.server, threaded=True, fd=sock.fileno())
+    bound = sock.getsockname()[1]  # the port 0 picked
+    sock.close()  # the server holds its own copy
+    line = f"memtp_sim dashboard on http://{host}:{bound}/ (Ctrl-C to stop)"
     if say is None:
         print(line, flush=True)
     else:
@@ -139,6 +143,26 @@ def serve(host: str = "127.0.0.1", port: int = 8050, *, study: str = "results/tu
         server.server_close()
         _stop_jobs()
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (as werkzeug would make it).
+
+    Raises:
+        OSError: the address cannot be bound (``errno.EADDRINUSE``: another program has the port).
+    """
+    from werkzeug.serving import get_sockaddr, select_address_family
+
+    family = select_address_family(host, port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(get_sockaddr(host, port, family))
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

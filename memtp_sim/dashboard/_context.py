@@ -6,7 +6,7 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,23 @@ from ._runs import RunStore
 from ._settings import Workdir
 
 __all__ = ["AppContext", "default_cache_dir"]
+
+
+def _start_time(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).create_time()
+
+
+def _alive(pid: int, started: float) -> bool:
+    """Whether process ``pid``, started at ``started`` (psutil's create_time), still runs."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def default_cache_dir() -> Path:
@@ -36,6 +53,8 @@ class AppContext:
         results: the folder holding finished studies (``--results``).
         study: the tuning study to open first (``--study``: a folder or a storage URL).
         manager: the Dash background-callback manager (:class:`._jobs.JobManager`).
+        server_pid: the server's process id (the process that built the context).
+        server_started: its start time (psutil ``create_time``), so a reused pid is not the server.
     """
 
     workdir: Workdir
@@ -43,23 +62,26 @@ class AppContext:
     results: Path
     study: str
     manager: Any
+    server_pid: int = field(default_factory=os.getpid)
+    server_started: float = field(default_factory=lambda: _start_time(os.getpid()))
 
     def job_started(self, poll_s: float = 0.5) -> None:
         """Call first thing in a background-job process: the job exits when the server is gone.
 
-        Jobs are forked from the fork server (:mod:`._jobs`), which exits when the server does;
-        a watchdog thread sees the job's parent change and ends the job. (Not
-        ``prctl(PR_SET_PDEATHSIG)`` as :func:`memtp_sim._procs.die_with_parent` uses: the kernel sends
-        that signal when the *thread* that forked the process ends, and a job forked from a
-        request thread would die as soon as that request was answered.)
+        A watchdog thread checks that the server process (pid and start time, so a reused pid
+        does not count) is alive. The job's parent is no guide: jobs are forked from the fork
+        server (:mod:`._jobs`), and every job holds the fork server's keep-alive pipe open, so the
+        fork server outlives a killed server for as long as any job runs. (Nor
+        ``prctl(PR_SET_PDEATHSIG)`` as :func:`memtp_sim._procs.die_with_parent` uses: it follows the
+        parent too, and the kernel sends it when the *thread* that forked the process ends.)
 
         Args:
             poll_s: seconds between two checks.
         """
-        parent = os.getppid()
+        server, born = self.server_pid, self.server_started
 
         def watch() -> None:
-            while os.getppid() == parent:
+            while _alive(server, born):
                 time.sleep(poll_s)
             os._exit(1)  # the server is gone: nobody will read the result
 

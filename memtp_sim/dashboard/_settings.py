@@ -477,6 +477,26 @@ def applicable(full: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
+def _memory_short(settings: dict[str, Any]) -> str | None:
+    """Why the extra memory leaves too little for the weights, reserve and drafter; None when it does
+    not (or the profile or value is unreadable: the scenario check says why)."""
+    extra = settings.get("extra_gib") or 0
+    if not isinstance(extra, (int, float)) or isinstance(extra, bool) or extra >= 0:
+        return None
+    try:
+        prof = load_profile(str(settings.get("hardware.profile", DEFAULT_PROFILE)))
+    except MemtpSimError:
+        return None
+    m = prof.memory
+    need = m.weights_gib + m.reserve_gib  # the drafter's share depends on the policy: the scenario check has it
+    if m.gpu_allocatable_gib + extra > need:
+        return None
+    return (f"extra memory: {extra:+g} GiB leaves {m.gpu_allocatable_gib + extra:.1f} of {prof.name}'s "
+            f"{m.gpu_allocatable_gib:.1f} GiB allocatable, not more than the {need:.1f} GiB its weights "
+            f"({m.weights_gib:.1f}) and reserve ({m.reserve_gib:.1f}) hold; allowed: above "
+            f"{need - m.gpu_allocatable_gib:+.1f} GiB")
+
+
 def validate(settings: dict[str, Any], extras: dict[str, Any] | None = None,
              workdir: Workdir | None = None) -> tuple[Scenario, list[int]] | Invalid:
     """The validated scenario and seeds of the settings, or the library's reason why there are none.
@@ -493,6 +513,9 @@ def validate(settings: dict[str, Any], extras: dict[str, Any] | None = None,
     Returns:
         ``(scenario, seeds)``, or :class:`Invalid` with the one-line error and its path.
     """
+    short = _memory_short(settings)
+    if short is not None:
+        return Invalid(f"{SOURCE}: {short}", "extra_gib")
     try:
         doc = scenario_doc(settings, extras, workdir)
     except MemtpSimError as e:
@@ -505,7 +528,8 @@ def validate(settings: dict[str, Any], extras: dict[str, Any] | None = None,
         line = format_validation_error(e, SOURCE, Scenario)
         path = _error_path(line, tuple(e.errors()[0]["loc"]))
         if path == "hardware.profile" and settings.get("extra_gib"):
-            path = "extra_gib"  # the derived profile (more or less memory) is what failed
+            path = "extra_gib"  # the derived profile (more or less memory) is what failed: say so, not its file
+            line = re.sub(r"hardware\.profile: \S+\.yaml: ", f"extra memory {settings['extra_gib']:+g} GiB: ", line)
         return Invalid(line, path)
     except MemtpSimError as e:  # a check that raises the library's own error instead of pydantic's
         return Invalid(f"{SOURCE}: {e}", "")

@@ -160,7 +160,7 @@ def _nothing_measured(page: HtmlPage, res: StudyResults) -> None:
     if loud:
         page.add_html("<div class='warn'><b>Runs that measured nothing</b>:<ul>"
                       + "".join(f"<li>{escape(n)}</li>" for n in loud) + "</ul>Their rows in the tables below read "
-                      "0 tok/s and nan; the reasons per run are under Rejected requests.</div>")
+                      "0 tok/s and - (nothing measured); the reasons per run are under Rejected requests.</div>")
 
 
 def _rejections_section(page: HtmlPage, res: StudyResults) -> None:

@@ -393,14 +393,18 @@ def method_mismatch(fmt: str, method: str, simulated_kind: str) -> str | None:
     """
     if fmt not in _METHOD_KIND:
         return None
-    runs = "mtp" if fmt == "vllm" and "mtp" in method.lower() else _METHOD_KIND[fmt].get(method)
+    # SGLang upper-cases the algorithm name; vLLM's MTP methods are model-specific (deepseek_mtp, ...)
+    key = method.upper() if fmt == "sglang" else method.lower()
+    runs = "mtp" if fmt == "vllm" and "mtp" in key else _METHOD_KIND[fmt].get(key)
     if runs == simulated_kind:
         return None
-    what = f"the {runs} drafter" if runs else "a drafter the simulator does not model"
-    field = "vllm_method" if fmt == "vllm" else "sglang_algorithm"
-    return (f"the trial simulated the {simulated_kind} drafter, but {fmt} method {method!r} runs {what}, whose "
-            f"draft cost and acceptance the trial did not price (the file's dspark block is for a DSpark-aware "
-            f"build); set export.{field} to the method you deploy and tune with drafter.kind set to match")
+    word, field = ("method", "vllm_method") if fmt == "vllm" else ("algorithm", "sglang_algorithm")
+    what = (f"runs the {runs} drafter, whose draft cost and acceptance the trial did not price" if runs
+            else f"is not one memtp_sim can match to a simulated drafter (known: {', '.join(_METHOD_KIND[fmt])}"
+            + (", or a name with mtp" if fmt == "vllm" else "") + ")")
+    return (f"the trial simulated the {simulated_kind} drafter, but {fmt} {word} {method!r} {what} (the file's "
+            f"dspark block is for a DSpark-aware build); set export.{field} to the {word} you deploy and tune "
+            "with drafter.kind set to match")
 
 
 def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, trial: str | int = "best",

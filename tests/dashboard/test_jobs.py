@@ -103,3 +103,55 @@ def test_stopping_the_server_kills_a_job_that_ignores_sigterm(cache):
     _stop_jobs(grace_s=0.5)
     _ended(pid, timeout_s=3)
     assert time.monotonic() - t0 < 3
+
+
+_SERVER = """
+import sys, time
+import diskcache
+from memtp_sim.dashboard._context import AppContext
+from memtp_sim.dashboard._jobs import JobManager
+
+
+def job(result_key, progress_key, args, context):
+    app_ctx = args[0]
+    app_ctx.job_started(poll_s=0.1)
+    time.sleep(120)
+    app_ctx.manager.handle.set(result_key, "finished")
+
+
+if __name__ == "__main__":  # the fork server's jobs import this file again, as __mp_main__
+    mgr = JobManager(diskcache.Cache(sys.argv[1] + "/jobs"))
+    app_ctx = AppContext.create(sys.argv[1], sys.argv[1], "none", mgr)
+    print(mgr.call_job_fn("k", job, [app_ctx], {}), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_job_ends_soon_after_its_server_is_killed(tmp_path):
+    # fault (review): after kill -9 of the server a job ran to its end, because every job holds the
+    # fork server's keep-alive pipe (so the fork server lives on) and watched its parent, the fork server
+    import subprocess
+    import sys
+
+    script = tmp_path / "server.py"
+    script.write_text(_SERVER)
+    server = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    job = fork_server = None
+    try:
+        job = int(server.stdout.readline())
+        time.sleep(1.0)  # the job runs, and watches
+        fork_server = psutil.Process(job).ppid()
+        assert fork_server != server.pid and psutil.Process(job).is_running()
+        server.kill()
+        server.wait()
+        _ended(job, timeout_s=5)
+        _ended(fork_server, timeout_s=5)  # no job holds it open any more: it sees the server gone
+    finally:
+        if server.poll() is None:
+            server.kill()
+        for pid in (job, fork_server):  # a failing run leaves nothing behind either
+            try:
+                if pid:
+                    psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass

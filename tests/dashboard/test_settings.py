@@ -130,7 +130,18 @@ def test_free_memory_makes_a_derived_profile(tmp_path):
     assert _scenario("?" + TINY_QUERY + "&extra_gib=20", tmp_path)[0] == scen
     too_little = validate(applicable({**full, "extra_gib": -500.0}), None, Workdir(tmp_path))
     assert isinstance(too_little, Invalid) and error_target(too_little.path) == "hw-extra"
-    assert "gpu_allocatable_gib" in too_little.message
+    # what was typed and what is allowed (117.1875 allocatable, 4.58 weights + 2.0 reserve), not a cache path
+    m = base.memory
+    floor = m.weights_gib + m.reserve_gib - m.gpu_allocatable_gib
+    assert too_little.message == (
+        f"what-if: extra memory: -500 GiB leaves {m.gpu_allocatable_gib - 500:.1f} of {base.name}'s "
+        f"{m.gpu_allocatable_gib:.1f} GiB allocatable, not more than the {m.weights_gib + m.reserve_gib:.1f} GiB its "
+        f"weights ({m.weights_gib:.1f}) and reserve ({m.reserve_gib:.1f}) hold; allowed: above {floor:+.1f} GiB")
+    # enough for the weights but not for the drafter and one KV block: the library's check, without the file
+    tight = validate(applicable({**full, "extra_gib": floor + 0.5}), None, Workdir(tmp_path))
+    assert isinstance(tight, Invalid) and error_target(tight.path) == "hw-extra", tight
+    assert f"extra memory {floor + 0.5:+g} GiB: memory: the budget does not add up" in tight.message
+    assert str(tmp_path) not in tight.message and ".yaml" not in tight.message
 
 
 def test_fields_without_effect_are_dropped_so_equal_runs_share_a_key(tmp_path):

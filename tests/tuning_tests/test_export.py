@@ -304,6 +304,8 @@ def test_search_space_with_r_low_above_r_high(tmp_path, capsys):
     ("vllm", "eagle3", "eagle", True), ("vllm", "draft_model", "draft_model", True), ("vllm", "ngram", "ngram", True),
     ("sglang", "NEXTN", "mtp", True), ("sglang", "EAGLE3", "eagle", True), ("sglang", "STANDALONE", "draft_model", True),
     ("sglang", "NGRAM", "ngram", True), ("memtp", "anything", "dspark_block", True),
+    ("sglang", "eagle3", "eagle", True), ("sglang", "Nextn", "mtp", True),  # SGLang upper-cases the name
+    ("vllm", "Draft_Model", "draft_model", True), ("sglang", "nextn", "dspark_block", False),
     ("vllm", "mtp", "dspark_block", False), ("vllm", "eagle", "mtp", False), ("vllm", "medusa", "mtp", False),
     ("sglang", "NEXTN", "draft_model", False), ("sglang", "EAGLE", "per_sequence", False),
 ])
@@ -312,6 +314,14 @@ def test_an_export_method_that_runs_another_drafter_is_named(fmt, method, kind, 
     assert (said is None) == match
     if not match:
         assert f"simulated the {kind} drafter" in said and repr(method) in said and "\n" not in said
+        assert ("algorithm" if fmt == "sglang" else "method") in said
+
+
+def test_an_unknown_export_method_is_named_as_unknown():
+    said = method_mismatch("vllm", "bogus_method", "dspark_block")
+    assert "'bogus_method' is not one memtp_sim can match" in said and "eagle3" in said
+    said = method_mismatch("sglang", "EAGLE4", "eagle")
+    assert "sglang algorithm 'EAGLE4' is not one memtp_sim can match" in said and "NEXTN" in said
 
 
 def test_a_study_that_simulated_mtp_heads_exports_vllm_mtp_without_a_warning(tmp_path, capsys):

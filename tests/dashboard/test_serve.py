@@ -1,0 +1,21 @@
+"""``python -m memtp_sim dashboard`` start-up errors: one line, exit 2, nothing started."""
+
+from __future__ import annotations
+
+import socket
+
+from memtp_sim.cli import main
+
+
+def test_a_busy_port_is_one_error_line(tmp_path, capsys):
+    # fault (review): werkzeug printed two lines without "error:" and exited 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        rc = main(["dashboard", "--port", str(port), "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.splitlines() == [f"error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in "
+                                "use); another program uses it: stop it, or pass another --port (0: any free one)"]
+    assert not (tmp_path / "cache").exists()  # it failed before creating anything
