@@ -218,6 +218,20 @@ def test_gpu_costs_import_of_qwen3_8b_keeps_its_drafters(tmp_path):
     assert p.prefill is not None and int(p.prefill.batch_tokens[-1]) == 4096
 
 
+def test_a_drafter_measured_at_one_batch_says_its_cost_is_held_flat(tmp_path, capsys):
+    # review: the fixture's draft model and MTP step are measured at R = 1 only, and the profile
+    # prices every R at that time; the import now says so among its assumptions
+    out = tmp_path / "one.yaml"
+    mem = ["gpu_allocatable_gib=130", "weights_bytes=16000000000", "kv_shape=36,8,128", "max_model_len=32768",
+           "drafter_weights_gib=1"]
+    assert cli_import(ns(FIX / "gpu_costs.csv", "gpu-costs", out, memory=mem)) == 0
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "measured at one" in ln]
+    assert said == [f"assumed: drafters.{k}: measured at one num_requests only (1): its cost is taken as the same at "
+                    "every num_requests (a lower bound when more requests draft at once)" for k in ("draft_model", "mtp")]
+    p = load_profile(out)
+    assert p.drafters["mtp"].round_time_s(64, 1) == p.drafters["mtp"].round_time_s(1, 1)  # what the line says
+
+
 WORKLOAD = {"trace": str(REPO / "data" / "traces" / "azure2023_conv.csv"), "mode": "closed_loop", "concurrency": 2,
             "num_requests": 4}
 INLINE_MEM = {"gpu_allocatable_gib": 117.1875, "weights_bytes": 4912898304, "kv_bytes_per_token": 131072,

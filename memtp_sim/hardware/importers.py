@@ -1073,6 +1073,7 @@ def _drafter_sections(df: pd.DataFrame, memory: dict, existing: dict, model: str
     kinds = {"draft_block": ("dspark_block", "block"), "draft_mtp": ("mtp", "mtp"),
              "draft_model": ("draft_model", "model"), "draft_per_sequence": ("per_sequence", "per_sequence")}
     out: dict[str, Any] = {}
+    notes: list[str] = []
     for k in _drafter_kinds(df):
         key, kind = kinds[k]
         sel: dict[str, Any] = {"kind": k}
@@ -1080,8 +1081,15 @@ def _drafter_sections(df: pd.DataFrame, memory: dict, existing: dict, model: str
             sel["model"] = str(df.loc[df["kind"] == k, "model"].iloc[0])
         out[key] = {"kind": kind, "select": sel, "note": f"measured {k} passes", "weights_gib": float(weights[0]),
                     "weights_source": weights[1]}
+        rows = df[df["kind"] == k]
+        rows = rows[rows["model"] == sel["model"]] if "model" in sel else rows
+        axis = "batch_tokens" if kind in ("block", "per_sequence") else "num_requests"
+        xs = sorted(set(int(x) for x in rows[axis]))
+        if len(xs) == 1:  # a single point: MeasuredDrafterCost holds it flat at every batch
+            notes.append(f"drafters.{key}: measured at one {axis} only ({xs[0]}): its cost is taken as the same "
+                         f"at every {axis} (a lower bound when more requests draft at once)")
     if out:
-        return out, next(iter(out)), []
+        return out, next(iter(out)), notes
     w_gib = float(memory["weights_bytes"]) / GIB * ASSUMED_DRAFTER_FRACTION
     target_kind = "verify" if (df["kind"] == "verify").any() else "decode"
     out["assumed_block"] = {
