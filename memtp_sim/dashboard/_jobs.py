@@ -1,6 +1,6 @@
-"""Background jobs: Dash's DiskcacheManager, started from a fork server and with two races closed.
+"""Background jobs: Dash's DiskcacheManager, started from a fork server and with three races closed.
 
-Dash's :class:`~dash.DiskcacheManager` forks each background job from the web server. Three
+Dash's :class:`~dash.DiskcacheManager` forks each background job from the web server. Four
 things go wrong with that here, and :class:`JobManager` changes exactly those:
 
 * **Forking a threaded server.** The server answers requests on threads (every progress poll
@@ -13,6 +13,9 @@ things go wrong with that here, and :class:`JobManager` changes exactly those:
   whether the job is still running; a job that writes its result and exits between the two
   looks cancelled, and the browser stops polling with the result unread (the page keeps the
   old numbers). :meth:`JobManager.job_running` answers "running" while an unread result waits.
+* **A job that has just ended.** Dash checks that the job's pid exists and then asks psutil about
+  it; the fork server reaps a finished job at once, so it can vanish in between, and psutil's
+  NoSuchProcess became an HTTP 500 on the poll. Both calls treat a vanished job as ended.
 * **A leftover result.** Results are keyed by the callback's arguments; a superseded job that
   finished before it was killed leaves its result behind, and a later job with the same
   arguments is handed that leftover and killed. :meth:`JobManager.call_job_fn` clears the key
@@ -77,10 +80,29 @@ class JobManager(DiskcacheManager):
 
     def job_running(self, job: Any) -> bool:
         """Whether the job runs, or has ended leaving a result nobody has read yet."""
-        if super().job_running(job):
-            return True
+        import psutil
+
+        try:
+            if super().job_running(job):
+                return True
+        except psutil.NoSuchProcess:  # it ended between Dash's pid check and its look at the process
+            pass
         key = self._keys.get(int(job)) if job else None
         return key is not None and self.result_ready(key)
+
+    def terminate_job(self, job: Any) -> None:
+        """Kill the job and its workers; a job that has already ended is left alone.
+
+        (Dash checks the pid, then lists the process's children; the fork server reaps a finished
+        job at once, so the process can vanish in between, and Dash's NoSuchProcess became an HTTP
+        500 on the poll.)
+        """
+        import psutil
+
+        try:
+            super().terminate_job(job)
+        except psutil.NoSuchProcess:
+            pass
 
     def get_result(self, key: str, job: Any) -> Any:
         """The job's result (Dash's UNDEFINED while there is none); reading it forgets the job."""

@@ -155,3 +155,21 @@ def test_a_job_ends_soon_after_its_server_is_killed(tmp_path):
                     psutil.Process(pid).kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def test_a_job_that_vanishes_between_dashs_pid_check_and_its_psutil_call_is_ended(cache, monkeypatch):
+    # CI: "psutil.NoSuchProcess: process PID not found" from Dash's terminate_job -> HTTP 500 on a poll,
+    # because the fork server reaps a finished job at once. Reproduce the gap: pid_exists says yes,
+    # the process is gone.
+    mgr = JobManager(cache)
+    pid = mgr.call_job_fn("k", _job(cache, 7), [], {})
+    _ended(pid)
+    while psutil.pid_exists(pid):  # reaped by the fork server
+        time.sleep(0.02)
+    monkeypatch.setattr(psutil, "pid_exists", lambda p: True)
+    mgr.terminate_job(pid)                 # no NoSuchProcess
+    assert mgr.job_running(pid) is True    # ended with its result unread
+    assert mgr.get_result("k", pid) == 7   # get_result terminates the job too: no NoSuchProcess
+    assert mgr.job_running(pid) is False
+    with pytest.raises(psutil.NoSuchProcess):  # what Dash's own manager does in that gap
+        DiskcacheManager(cache).terminate_job(pid)
