@@ -446,6 +446,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _tcp_port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0-65535 (0: any free one), got {text!r}") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port 0-65535 (0: any free one), got {v}")
+    return v
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -583,7 +593,7 @@ def _add_drafter_lab_parser(sub: argparse._SubParsersAction) -> None:
 def _add_dashboard_parser(sub: argparse._SubParsersAction) -> None:
     db = sub.add_parser("dashboard", help="the Dash what-if app in the browser (docs/dashboard.md)")
     db.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
-    db.add_argument("--port", type=int, default=8050, help="TCP port (default 8050; 0 picks a free one)")
+    db.add_argument("--port", type=_tcp_port, default=8050, help="TCP port (default 8050; 0 picks a free one)")
     db.add_argument("--study", default="results/tune", help="tuning study folder or Optuna storage URL for the "
                     "tuning page (default: results/tune)")
     db.add_argument("--results", default="results", help="folder of finished studies (default: results)")

@@ -216,6 +216,8 @@ def test_gpu_costs_import_of_qwen3_8b_keeps_its_drafters(tmp_path):
     p = load_profile(out)
     assert set(p.drafters) == {"dspark_block", "mtp", "draft_model"} and p.decode is not None
     assert p.prefill is not None and int(p.prefill.batch_tokens[-1]) == 4096
+    notes = [d["note"] for d in yaml.safe_load(out.read_text())["drafters"].values()]
+    assert not [n for n in notes if "measured at one" in n]  # H200 measured every drafter at many batches
 
 
 def test_a_drafter_measured_at_one_batch_says_its_cost_is_held_flat(tmp_path, capsys):
@@ -230,6 +232,9 @@ def test_a_drafter_measured_at_one_batch_says_its_cost_is_held_flat(tmp_path, ca
                     "every num_requests (a lower bound when more requests draft at once)" for k in ("draft_model", "mtp")]
     p = load_profile(out)
     assert p.drafters["mtp"].round_time_s(64, 1) == p.drafters["mtp"].round_time_s(1, 1)  # what the line says
+    doc = yaml.safe_load(out.read_text())  # and the profile file says it, for whoever reads it later
+    assert all("measured at one num_requests only (1)" in doc["drafters"][k]["note"] for k in ("draft_model", "mtp"))
+    assert set(doc["drafters"]) == {"draft_model", "mtp"}
 
 
 WORKLOAD = {"trace": str(REPO / "data" / "traces" / "azure2023_conv.csv"), "mode": "closed_loop", "concurrency": 2,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -488,13 +489,14 @@ def _memory_short(settings: dict[str, Any]) -> str | None:
     except MemtpSimError:
         return None
     m = prof.memory
-    need = m.weights_gib + m.reserve_gib  # the drafter's share depends on the policy: the scenario check has it
-    if m.gpu_allocatable_gib + extra > need:
+    need = m.least_allocatable_gib
+    if m.gpu_allocatable_gib + extra >= need:
         return None
-    return (f"extra memory: {extra:+g} GiB leaves {m.gpu_allocatable_gib + extra:.1f} of {prof.name}'s "
-            f"{m.gpu_allocatable_gib:.1f} GiB allocatable, not more than the {need:.1f} GiB its weights "
-            f"({m.weights_gib:.1f}) and reserve ({m.reserve_gib:.1f}) hold; allowed: above "
-            f"{need - m.gpu_allocatable_gib:+.1f} GiB")
+    least = math.ceil((need - m.gpu_allocatable_gib) * 100 + 1e-6) / 100  # rounded up: the shown bound is allowed
+    return (f"extra memory: {extra:+g} GiB leaves {m.gpu_allocatable_gib + extra:.2f} of {prof.name}'s "
+            f"{m.gpu_allocatable_gib:.2f} GiB allocatable, less than the {need:.2f} GiB its weights "
+            f"({m.weights_gib:.2f}), reserve ({m.reserve_gib:.2f}), drafter ({m.drafter_weights_gib:.2f}) and one "
+            f"KV block ({m.kv_block_gib:.4f}) need; allowed: {least:+.2f} GiB or more")
 
 
 def validate(settings: dict[str, Any], extras: dict[str, Any] | None = None,

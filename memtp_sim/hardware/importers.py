@@ -1086,8 +1086,10 @@ def _drafter_sections(df: pd.DataFrame, memory: dict, existing: dict, model: str
         axis = "batch_tokens" if kind in ("block", "per_sequence") else "num_requests"
         xs = sorted(set(int(x) for x in rows[axis]))
         if len(xs) == 1:  # a single point: MeasuredDrafterCost holds it flat at every batch
-            notes.append(f"drafters.{key}: measured at one {axis} only ({xs[0]}): its cost is taken as the same "
-                         f"at every {axis} (a lower bound when more requests draft at once)")
+            flat = (f"measured at one {axis} only ({xs[0]}): its cost is taken as the same at every {axis} "
+                    "(a lower bound when more requests draft at once)")
+            notes.append(f"drafters.{key}: {flat}")
+            out[key]["note"] += f"; {flat}"  # the profile says it too, not only the import's output
     if out:
         return out, next(iter(out)), notes
     w_gib = float(memory["weights_bytes"]) / GIB * ASSUMED_DRAFTER_FRACTION

@@ -43,6 +43,12 @@ class MemorySpec:
         """GiB of one KV block: ``kv_bytes_per_token * kv_block_tokens / 2**30``."""
         return self.kv_bytes_per_token * self.kv_block_tokens / GIB
 
+    @property
+    def least_allocatable_gib(self) -> float:
+        """The smallest allocatable memory a profile may state: weights, reserve and drafter, plus
+        room for one KV block (below it the profile is refused at load), GiB."""
+        return self.weights_gib + self.reserve_gib + self.drafter_weights_gib + self.kv_block_gib
+
     def kv_capacity_blocks(self, *, speculative: bool, other_gib: float = 0.0) -> int:
         """Paged-KV blocks that fit next to weights, drafter, reserve and ``other_gib``.
 

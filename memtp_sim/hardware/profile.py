@@ -404,8 +404,7 @@ def _load_memory(mem: Mapping[str, Any], dr: Mapping[str, Any], where: str) -> M
         kv_block_tokens=_field(mem, "kv_block_tokens", w, kind=int, default=16),
         max_model_len=_field(mem, "max_model_len", w, kind=int),
     )
-    used = spec.weights_gib + spec.reserve_gib + spec.drafter_weights_gib
-    if used + spec.kv_block_gib > spec.gpu_allocatable_gib:
+    if spec.least_allocatable_gib > spec.gpu_allocatable_gib:
         raise CalibrationError(
             f"{w}: the budget does not add up: weights {spec.weights_gib:.2f} + reserve {spec.reserve_gib:.2f} + "
             f"drafter {spec.drafter_weights_gib:.2f} GiB leave no room for one KV block in "

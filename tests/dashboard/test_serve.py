@@ -19,3 +19,15 @@ def test_a_busy_port_is_one_error_line(tmp_path, capsys):
     assert err.splitlines() == [f"error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in "
                                 "use); another program uses it: stop it, or pass another --port (0: any free one)"]
     assert not (tmp_path / "cache").exists()  # it failed before creating anything
+
+
+def test_a_port_outside_0_65535_is_refused_by_the_flag(capsys):
+    # review: --port 99999 served on 34463 (99999 mod 65536); --port -1 was a traceback
+    import pytest
+
+    for bad in ("99999", "-1", "http"):
+        with pytest.raises(SystemExit) as e:
+            main(["dashboard", f"--port={bad}"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith("python -m memtp_sim dashboard: error: argument --port: expected a TCP port 0-65535")

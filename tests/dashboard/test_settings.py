@@ -3,6 +3,8 @@ errors and where they show, tuning trials as links, policy controls from ``Param
 
 from __future__ import annotations
 
+import re
+
 import urllib.parse
 
 import pytest
@@ -130,18 +132,23 @@ def test_free_memory_makes_a_derived_profile(tmp_path):
     assert _scenario("?" + TINY_QUERY + "&extra_gib=20", tmp_path)[0] == scen
     too_little = validate(applicable({**full, "extra_gib": -500.0}), None, Workdir(tmp_path))
     assert isinstance(too_little, Invalid) and error_target(too_little.path) == "hw-extra"
-    # what was typed and what is allowed (117.1875 allocatable, 4.58 weights + 2.0 reserve), not a cache path
+    # what was typed and what is allowed, not a cache path; the stated bound is the profile's own
+    # budget rule (weights + reserve + drafter + one KV block <= allocatable), hand-computed here
     m = base.memory
-    floor = m.weights_gib + m.reserve_gib - m.gpu_allocatable_gib
-    assert too_little.message == (
-        f"what-if: extra memory: -500 GiB leaves {m.gpu_allocatable_gib - 500:.1f} of {base.name}'s "
-        f"{m.gpu_allocatable_gib:.1f} GiB allocatable, not more than the {m.weights_gib + m.reserve_gib:.1f} GiB its "
-        f"weights ({m.weights_gib:.1f}) and reserve ({m.reserve_gib:.1f}) hold; allowed: above {floor:+.1f} GiB")
-    # enough for the weights but not for the drafter and one KV block: the library's check, without the file
-    tight = validate(applicable({**full, "extra_gib": floor + 0.5}), None, Workdir(tmp_path))
-    assert isinstance(tight, Invalid) and error_target(tight.path) == "hw-extra", tight
-    assert f"extra memory {floor + 0.5:+g} GiB: memory: the budget does not add up" in tight.message
-    assert str(tmp_path) not in tight.message and ".yaml" not in tight.message
+    need = m.weights_gib + m.reserve_gib + m.drafter_weights_gib + m.kv_bytes_per_token * m.kv_block_tokens / 2**30
+    assert too_little.message.startswith(
+        f"what-if: extra memory: -500 GiB leaves {m.gpu_allocatable_gib - 500:.2f} of {base.name}'s "
+        f"{m.gpu_allocatable_gib:.2f} GiB allocatable, less than the {need:.2f} GiB") and ".yaml" not in too_little.message
+    bound = float(re.search(r"allowed: ([-+0-9.]+) GiB or more$", too_little.message).group(1))
+    assert need - m.gpu_allocatable_gib <= bound < need - m.gpu_allocatable_gib + 0.01
+    assert isinstance(validate(applicable({**full, "extra_gib": bound}), None, Workdir(tmp_path)), tuple)
+    below = validate(applicable({**full, "extra_gib": bound - 0.01}), None, Workdir(tmp_path))
+    assert isinstance(below, Invalid) and error_target(below.path) == "hw-extra" and f"{bound:+.2f}" in below.message
+    # enough for the profile, not for the MEMTP heads as well: the library's own check, without a file path
+    heads = validate(applicable({**full, "extra_gib": bound, "memtp.depth": 4, "memtp.head_cost_gib": 2.0}),
+                     None, Workdir(tmp_path))
+    assert isinstance(heads, Invalid) and "no KV block fits" in heads.message, heads
+    assert str(tmp_path) not in heads.message and ".yaml" not in heads.message
 
 
 def test_fields_without_effect_are_dropped_so_equal_runs_share_a_key(tmp_path):
