@@ -20,11 +20,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import MemtpSimError
 
-__all__ = ["die_with_parent", "FolderLock", "FolderBusyError"]
+__all__ = ["die_with_parent", "exit_when", "FolderLock", "FolderBusyError"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -62,15 +63,28 @@ def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
         except (OSError, AttributeError):  # no prctl: the watchdog below still works
             pass
 
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)  # the parent is gone: nobody will read our results
-            time.sleep(poll_s)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+    exit_when(lambda: os.getppid() != parent, poll_s, name="die-with-parent")
     if os.getppid() != parent:  # the parent died before the prctl took effect
         os._exit(1)
+
+
+def exit_when(gone: Callable[[], bool], poll_s: float, *, name: str) -> None:
+    """Start a daemon thread that ends this process (``os._exit(1)``) once ``gone()`` is true.
+
+    For processes whose results nobody will read once their owner is gone (a pool worker, a
+    dashboard job).
+
+    Args:
+        gone: the check, called every ``poll_s`` seconds from the thread.
+        poll_s: seconds between two checks.
+        name: the thread's name.
+    """
+    def watch() -> None:
+        while not gone():
+            time.sleep(poll_s)
+        os._exit(1)  # the owner is gone: nobody will read our results
+
+    threading.Thread(target=watch, name=name, daemon=True).start()
 
 
 class FolderLock:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._procs import exit_when
 from ._runs import RunStore
 from ._settings import Workdir
 
@@ -79,13 +78,7 @@ class AppContext:
             poll_s: seconds between two checks.
         """
         server, born = self.server_pid, self.server_started
-
-        def watch() -> None:
-            while _alive(server, born):
-                time.sleep(poll_s)
-            os._exit(1)  # the server is gone: nobody will read the result
-
-        threading.Thread(target=watch, name="exit-with-server", daemon=True).start()
+        exit_when(lambda: not _alive(server, born), poll_s, name="exit-with-server")
 
     @classmethod
     def create(cls, cache_dir: str | Path, results: str | Path, study: str, manager: Any) -> AppContext:

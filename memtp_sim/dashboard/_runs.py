@@ -21,7 +21,6 @@ import json
 import math
 import multiprocessing
 import os
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_text, json_default
+from .._procs import exit_when
 from ..api import run
 from ..config import Scenario
 from ..report import StudyResults
@@ -66,12 +66,7 @@ def usable_cpus() -> int:
 
 def _exit_with(parent: int, poll_s: float = 0.5) -> None:
     """Pool-worker initializer: exit when ``parent`` (the job that started the pool) is gone."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-job", daemon=True).start()
+    exit_when(lambda: os.getppid() != parent, poll_s, name="exit-with-job")
 
 
 def _compute(root: str, scenario: dict[str, Any], seed: int) -> dict[str, Any]:
