@@ -54,6 +54,12 @@ class AttentionCost:
     c_ms_per_pair: float = 0.0
     source: str = ""
 
+    @cached_property
+    def _a_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        # a_points as two arrays, built once (ms runs every round)
+        return (np.array([p[0] for p in self.a_points], dtype=np.float64),
+                np.array([p[1] for p in self.a_points], dtype=np.float64))
+
     @property
     def is_zero(self) -> bool:
         """True when every slope is 0 (the pass time then does not depend on the context)."""
@@ -74,8 +80,8 @@ class AttentionCost:
         Source:
             The three-limit roofline of the class docstring (docs/model.md section 1 step 4).
         """
-        qs = np.array([p[0] for p in self.a_points])
-        a = np.interp(q, qs, np.array([p[1] for p in self.a_points]))
+        qs, slopes = self._a_arrays
+        a = np.interp(q, qs, slopes)
         return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
 
 

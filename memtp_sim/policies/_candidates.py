@@ -9,6 +9,8 @@ along a row, any leading part of this order is a per-request prefix.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import InvalidArgumentError
@@ -55,8 +57,9 @@ class FallbackGate:
         if round_index < self._last_round:  # a new run
             self._reset()
         self._last_round = round_index
-        if np.isfinite(best_rate) and np.isfinite(plain_rate) and best_rate > 0 and plain_rate > 0:
-            self._gain += self._alpha * (float(np.log(best_rate / plain_rate)) - self._gain)
+        # math on plain floats: numpy's scalar calls cost ~1 us each, every drafted round
+        if math.isfinite(best_rate) and math.isfinite(plain_rate) and best_rate > 0 and plain_rate > 0:
+            self._gain += self._alpha * (math.log(best_rate / plain_rate) - self._gain)
 
     def draft_lengths(self, view: "DraftView") -> int:
         """All the drafter offers, or 0 while drafting does not pay (probing every probe_every rounds)."""

@@ -49,6 +49,8 @@ from ._candidates import (
 from .base import DraftView, Policy, PolicyParams, RoundPlan, RoundView
 from .registry import register
 
+_cumprod, _cumsum = np.multiply.accumulate, np.add.accumulate  # np.cumprod/np.cumsum without their wrapper
+
 __all__ = ["ScheduleResult", "hardware_aware_prefix_scheduler", "as_sps_table", "pad_confidences",
            "DSparkPolicy", "DSparkAsyncPolicy"]
 
@@ -242,24 +244,26 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
     if num_req == 0:
         return ScheduleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, base_b, 0.0, base_b)
 
-    # Joint survival along each row; padding never becomes a candidate.
+    # Joint survival along each row; padding never becomes a candidate. (ufunc and ndarray
+    # methods throughout: the np.* wrappers cost ~1 us each, and this runs every drafted round.)
+    width = vals.shape[1]
     if mask is None:
-        a = np.cumprod(vals, axis=1).ravel()
+        a = _cumprod(vals, axis=1).ravel()
         # Descending a; a stable sort keeps ties in row-major (request, position) order, so each
         # request's candidates stay a prefix (a[r, j+1] <= a[r, j] always holds).
-        order = np.argsort(-a, kind="stable")
+        order = (-a).argsort(kind="stable")
         a_sorted = a[order]
-        r_sorted = order // vals.shape[1]
     else:
-        surv = np.cumprod(np.where(mask, vals, 1.0), axis=1)
+        surv = _cumprod(np.where(mask, vals, 1.0), axis=1)
         rows, cols = np.nonzero(mask)
         a = surv[rows, cols]
         order = np.lexsort((cols, rows, -a))
         a_sorted = a[order]
-        r_sorted = rows[order]
+        order = rows[order] * width  # so that order // width below is the row
 
-    # Algorithm 1: only drafts with positive probability are candidates (they sort last).
-    n_max = int(np.count_nonzero(a_sorted > 0.0))
+    # Algorithm 1: only drafts with positive probability are candidates (they sort last; a >= 0,
+    # so nonzero is positive).
+    n_max = int(np.count_nonzero(a_sorted))
     if max_batch_tokens is not None:
         n_max = min(n_max, int(max_batch_tokens) - base_b)
     if not table.covers(base_b):
@@ -269,18 +273,20 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
     n_cov = n_max if table.covers(base_b + n_max) else table.max_batch_tokens - base_b
     tau = np.empty(n_cov + 1)
     tau[0] = 0.0
-    np.cumsum(a_sorted[:n_cov], out=tau[1:])
+    _cumsum(a_sorted[:n_cov], out=tau[1:])
     tau += num_req
     times = table.pass_time_range_s(base_b, base_b + n_cov)
     if no_draft_pass_s is not None:
         times = times.copy()
         times[0] = no_draft_pass_s
     theta = tau / (overhead_s + times)
+    best = int(theta.argmax())  # the first maximum, as np.argmax
 
     if early_stop:
-        not_better = np.flatnonzero(theta[1:] <= theta[:-1])
-        if not_better.size:
-            n_star = int(not_better[0])
+        not_better = theta[1:] <= theta[:-1]
+        first = int(not_better.argmax()) if n_cov else 0
+        if n_cov and not_better[first]:
+            n_star = first
         elif n_cov < n_max:
             raise InvalidArgumentError(
                 f"sps: the scan needs B={base_b + n_cov + 1}, beyond the measured range "
@@ -294,10 +300,10 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
                 f"sps: the global search needs B up to {base_b + n_max}, beyond the measured range "
                 f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens"
             )
-        n_star = int(np.argmax(theta))
+        n_star = best
 
-    lengths = np.bincount(r_sorted[:n_star], minlength=num_req).astype(np.int64)
-    g_star = int(np.argmax(theta)) if n_cov == n_max else -1
+    lengths = np.bincount(order[:n_star] // width, minlength=num_req).astype(np.int64, copy=False)
+    g_star = best if n_cov == n_max else -1
     return ScheduleResult(
         lengths=lengths,
         theta=float(theta[n_star]),
