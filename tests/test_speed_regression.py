@@ -66,3 +66,75 @@ def test_disk_cache_computes_once_and_survives_a_corrupt_file(tmp_path, monkeypa
     monkeypatch.setenv(CACHE_ENV, "off")
     assert cache_dir() is None
     assert disk_cached("t", (1, "a"), fit) == [0.1, 1 / 3] and len(calls) == 4
+
+
+def test_a_trace_is_parsed_once_per_machine_and_again_when_it_changes(tmp_path, monkeypatch):
+    """The parsed trace is kept on disk by content: a fresh process reads it without pandas (a third
+    of a cold what-if point), an edited file is parsed again, a corrupt cache is ignored."""
+    import subprocess
+    import sys
+
+    from memtp_sim._io import CACHE_ENV
+    from memtp_sim.errors import ConfigError
+    from memtp_sim.workload import _read_trace, load_trace
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    trace = tmp_path / "t.csv"
+    trace.write_text("".join(TRACE.read_text().splitlines(keepends=True)[:41]))  # header + 40 rows
+    _read_trace.cache_clear()
+    first = load_trace(trace)
+    assert len(list(cache.glob("trace-*.npz"))) == 1
+    probe = ("import sys, json; from memtp_sim.workload import load_trace; t = load_trace(sys.argv[1]); "
+             "print(json.dumps(['pandas' in sys.modules, t.format, t.arrival_s.tolist(), t.prompt_tokens.tolist(), "
+             "t.output_tokens.tolist()]))")
+    out = subprocess.run([sys.executable, "-c", probe, str(trace)], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, CACHE_ENV: str(cache)})
+    import json
+
+    pandas_loaded, fmt, arrival, prompt, output = json.loads(out.stdout)
+    assert not pandas_loaded
+    assert (fmt, arrival, prompt, output) == (first.format, first.arrival_s.tolist(), first.prompt_tokens.tolist(),
+                                              first.output_tokens.tolist())
+    # an edit (the first row's prompt doubled) is parsed again, whatever the cache holds
+    lines = trace.read_text().splitlines(keepends=True)
+    stamp, ctx, gen = lines[1].rstrip("\n").split(",")
+    lines[1] = f"{stamp},{int(ctx) * 2},{gen}\n"
+    trace.write_text("".join(lines))
+    edited = load_trace(trace)
+    assert int(edited.prompt_tokens[edited.arrival_s.argmin()]) == 2 * int(ctx)
+    # a corrupt cache file is read past, the trace parsed again
+    for f in cache.glob("trace-*.npz"):
+        f.write_bytes(b"not a zip")
+    _read_trace.cache_clear()
+    again = load_trace(trace)
+    assert again.prompt_tokens.tolist() == edited.prompt_tokens.tolist()
+    # a bad trace raises and caches nothing
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,x,3\n")
+    before = set(cache.glob("*.npz"))
+    with pytest.raises(ConfigError, match="ContextTokens"):
+        load_trace(bad)
+    assert set(cache.glob("*.npz")) == before
+
+
+def test_a_profile_name_follows_an_edited_file(tmp_path, monkeypatch):
+    """Names resolve through a per-process map (a study resolves one per scenario); a renamed
+    profile must not be found under its old name, nor a new one missed."""
+    import shutil
+
+    from memtp_sim.errors import CalibrationError
+    from memtp_sim.hardware import DEFAULT_PROFILE, load_profile, profile as prof
+
+    src = prof._resolve_profile_path(DEFAULT_PROFILE)
+    shutil.copytree(src.parent, tmp_path / "hw")
+    monkeypatch.setattr(prof, "calibration_dir", lambda: tmp_path)
+    monkeypatch.setattr(prof, "_PROFILE_BY_NAME", {})
+    copy = tmp_path / "hw" / src.name
+    assert prof._resolve_profile_path(DEFAULT_PROFILE) == copy
+    assert load_profile(DEFAULT_PROFILE).name == DEFAULT_PROFILE
+    text = copy.read_text()
+    copy.write_text(text.replace(f"name: {DEFAULT_PROFILE}", "name: renamed-profile", 1) + "\n")
+    with pytest.raises(CalibrationError, match="not found"):
+        prof._resolve_profile_path(DEFAULT_PROFILE)
+    assert prof._resolve_profile_path("renamed-profile") == copy

@@ -265,17 +265,31 @@ def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
+# profile name -> (its YAML, that file's stat key when the name was resolved); a changed file
+# (edited, perhaps renamed inside) sends the name through list_profiles again
+_PROFILE_BY_NAME: dict[str, tuple[Path, tuple[int, int]]] = {}
+
+
 def _resolve_profile_path(name_or_path: str | Path | None) -> Path:
     key = DEFAULT_PROFILE if name_or_path is None else str(name_or_path)
     path = Path(key)
     if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        profiles = list_profiles()
-        if key not in profiles:
-            raise CalibrationError(
-                f"hardware profile {key!r} not found; shipped profiles: {', '.join(sorted(profiles))} "
-                "(or give a path to a profile YAML)"
-            )
-        path = profiles[key]
+        hit = _PROFILE_BY_NAME.get(key)
+        try:
+            fresh = hit is not None and _stat_key(hit[0]) == hit[1]
+        except OSError:
+            fresh = False
+        if fresh:
+            path = hit[0]  # the file the name led to, unchanged since (a study resolves a name per scenario)
+        else:
+            profiles = list_profiles()
+            if key not in profiles:
+                raise CalibrationError(
+                    f"hardware profile {key!r} not found; shipped profiles: {', '.join(sorted(profiles))} "
+                    "(or give a path to a profile YAML)"
+                )
+            path = profiles[key]
+            _PROFILE_BY_NAME[key] = (path, _stat_key(path))
     if not path.is_file():
         raise CalibrationError(f"{path}: hardware profile file not found")
     return path
