@@ -8,10 +8,16 @@ from typing import Any
 __all__ = ["brentq", "expit", "logit"]
 
 
+_LOADED: dict[str, Any] = {}  # functions imported already (an import statement costs ~1 us a call)
+
+
 def expit(x: Any) -> Any:
     """``scipy.special.expit`` (the logistic sigmoid ``1 / (1 + exp(-x))``), elementwise."""
-    from scipy.special import expit as f
+    f = _LOADED.get("expit")
+    if f is None:
+        from scipy.special import expit as f
 
+        _LOADED["expit"] = f
     return f(x)
 
 

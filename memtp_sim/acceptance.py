@@ -118,6 +118,8 @@ class AcceptanceModel:
     base: np.ndarray | None = None
     conditional_targets: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     confidence: Mapping[str, float] = field(default_factory=dict)
+    # base_logits(gamma) of the per-position kind, built once per gamma (every drafted round asks)
+    _base_by_gamma: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         mu = np.asarray(self.mu, dtype=np.float64).reshape(-1)
@@ -229,8 +231,12 @@ class AcceptanceModel:
         """
         if self.base is None:
             return self.mu[:, None] + self.slope[:, None] * np.arange(gamma, dtype=np.float64)[None, :]
-        cols = np.minimum(np.arange(gamma), self.base.shape[1] - 1)
-        return self.base[:, cols]
+        out = self._base_by_gamma.get(gamma)
+        if out is None:
+            out = self.base[:, np.minimum(np.arange(gamma), self.base.shape[1] - 1)]
+            out.setflags(write=False)  # shared by every caller
+            self._base_by_gamma[gamma] = out
+        return out
 
     def domain_index(self, name: str) -> int:
         """Index of domain ``name`` in :attr:`domains`.

@@ -61,6 +61,7 @@ __all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
 # a round on the small per-round arrays); integer and bool results are the same
 _sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
 _any, _all_true = np.logical_or.reduce, np.logical_and.reduce
+_cumsum, _and_accumulate = np.add.accumulate, np.logical_and.accumulate
 
 # request status codes
 PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
@@ -557,7 +558,7 @@ class Engine:
         Returns (decoding ids, prefilling ids, number preempted)."""
         num = 0
         while dec.size > 1:
-            need = int(self.kv.lookahead_blocks(dec, np.full(dec.size, 1 + k)).sum())
+            need = int(_sum(self.kv.lookahead_blocks(dec, 1 + k)))
             if self.kv.blocks_used + need <= self.kv.capacity:
                 break
             victim = self.running[-1]
@@ -606,8 +607,8 @@ class Engine:
             return None, 0
         left = self.prefill_target[pre] - self.prefilled[pre]
         limit = min(self.cfg.prefill_chunk_tokens, budget)
-        chunks = np.clip(limit - (np.cumsum(left) - left), 0, left)
-        return chunks, int(chunks.sum())
+        chunks = np.minimum(np.maximum(limit - (_cumsum(left) - left), 0), left)  # np.clip, without its wrapper
+        return chunks, int(_sum(chunks))
 
     def _round_tables(self, dec: np.ndarray, pre: np.ndarray, chunks: np.ndarray | None):
         """The KV tokens this round's pass reads, and the verify and decode cost tables priced at
@@ -649,9 +650,8 @@ class Engine:
             EngineInvariantError: the plan is not one length per request in [0, gamma].
         """
         num_dec = dec.size
-        lengths = np.zeros(num_dec, dtype=np.int64)
         if not num_dec or gamma <= 0:
-            return 0.0, lengths, None, None, None, np.nan, np.nan
+            return 0.0, np.zeros(num_dec, dtype=np.int64), None, None, None, np.nan, np.nan
         logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
         if self.logit_shift is not None:  # acceptance drift over time, output position and context
             logits = logits + self.logit_shift(self.env.now, self.generated[dec], self.kv.tokens[dec])[:, None]
@@ -684,12 +684,12 @@ class Engine:
             return 0, 0, finished, 0
         accepted_total = 0
         if probs is not None:
-            would = np.logical_and.accumulate(self.rng.random(probs.shape) < probs, axis=1)
+            would = _and_accumulate(self.rng.random(probs.shape) < probs, axis=1)
             if self.diag_n < self.DIAG_ROUNDS:
                 self._record_diag(raw, conf, would)
             # would is a prefix (accepted run), so the verified part of it is the shorter of the two
-            acc = np.minimum(would.sum(axis=1), lengths)
-            accepted_total = int(acc.sum())
+            acc = np.minimum(_sum(would, axis=1), lengths)
+            accepted_total = int(_sum(acc))
         else:
             acc = 0
         out, gen = self.output[dec], self.generated[dec]
@@ -757,8 +757,10 @@ class Engine:
         if k > 0:
             sl = slice(self.diag_n, self.diag_n + k)
             w = raw.shape[1]
-            self.diag_raw[sl, :w], self.diag_used[sl, :w], self.diag_ok[sl, :w] = expit(raw[:k]), used[:k], would[:k]
-            self.diag_raw[sl, w:], self.diag_used[sl, w:], self.diag_ok[sl, w:] = 0.5, 0.5, False
+            # raw logits now, their expit once at the end of the run (padding: logit 0 = 0.5)
+            self.diag_raw[sl, :w], self.diag_used[sl, :w], self.diag_ok[sl, :w] = raw[:k], used[:k], would[:k]
+            if w < self.diag_raw.shape[1]:
+                self.diag_raw[sl, w:], self.diag_used[sl, w:], self.diag_ok[sl, w:] = 0.0, 0.5, False
             self.diag_width[sl] = w
             self.diag_n += k
 
@@ -789,7 +791,7 @@ class Engine:
             draft_tokens_accepted=self.accepted, rounds=self.log.arrays(),
             kv_capacity_blocks=self.kv.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
             in_system_area=self.in_system_area,
-            confidence_raw=self.diag_raw[: self.diag_n], confidence_used=self.diag_used[: self.diag_n],
+            confidence_raw=expit(self.diag_raw[: self.diag_n]), confidence_used=self.diag_used[: self.diag_n],
             confidence_outcome=self.diag_ok[: self.diag_n], confidence_width=self.diag_width[: self.diag_n],
             num_depth_changes=self.drafter.num_depth_changes,
             num_not_arrived=self.wl.num_not_arrived, closed_loop=self.wl.closed_loop,

@@ -239,10 +239,11 @@ class KVCacheManager:
         """
         new_tokens = self.tokens[reqs] + num_tokens
         self.tokens[reqs] = new_tokens
-        new_blocks = self.blocks_for(new_tokens)
+        new_blocks = -(-new_tokens // self.block_tokens)  # blocks_for, inline: every round
         self.blocks_used += int(_sum(new_blocks - self.blocks[reqs]))
         self.blocks[reqs] = new_blocks
-        self.check("append")
+        if self.blocks_used > self.capacity:
+            self.check("append")
 
     def append_prefill(self, reqs: np.ndarray, num_tokens: np.ndarray) -> None:
         """Store prefill chunks; their blocks were reserved at admission (:meth:`allocate`).

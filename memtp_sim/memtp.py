@@ -165,6 +165,8 @@ def _check_positive_int(name: str, value: object) -> int:
 
 def _check_count(name: str, value: object) -> int:
     """Return ``value`` as an int >= 0, or raise ``InvalidArgumentError`` naming ``name``."""
+    if type(value) is int and value >= 0:  # the engine's every round: skip the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgumentError(f"{name} must be an int >= 0; got {value!r}")
     n = int(value)
