@@ -32,8 +32,6 @@ from typing import Sequence
 
 from .errors import InvalidArgumentError, MemtpSimError
 from .memtp import MEMTP_DEFAULTS
-from .tuning import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
-from .tuning.export import export_config
 
 __all__ = ["main"]
 
@@ -268,6 +266,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     import optuna  # lazy: only this command needs optuna (~0.1 s at startup)
 
+    # lazy: tuning imports scipy.stats and optuna (~1 s); --help and the other commands never need them
+    from .tuning import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
+
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     spec = load_tune_spec(args.spec)
     last = [-1]
@@ -326,6 +327,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from .tuning.export import export_config  # lazy, as in _cmd_tune
+
     def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 

@@ -1,5 +1,7 @@
 """The public names the issues promise are importable from the package root."""
 
+import pytest
+
 import memtp_sim
 
 
@@ -35,3 +37,28 @@ def test_metric_names_list_every_scalar_metric():
     res = memtp_sim.run(scenario(policy={"name": "dspark"}, workload={"num_requests": 20}), seed=0)
     scalars = {k for k, v in res.metrics.items() if not isinstance(v, dict)}
     assert scalars == set(METRIC_NAMES)
+
+
+def test_import_and_help_load_no_heavy_dependency():
+    """``import memtp_sim`` and ``python -m memtp_sim --help`` load none of the libraries that make
+    a cold start slow (issue 13: import < 0.3 s); the first access to a public name loads its
+    submodule, and the names are the same objects as the submodules'."""
+    import json
+    import subprocess
+    import sys
+
+    heavy = ["pydantic", "scipy", "pandas", "optuna", "simpy", "plotly", "dash"]
+    code = f"import sys, json, memtp_sim; print(json.dumps(sorted(set({heavy!r}) & set(sys.modules))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+    code = ("import sys, json, runpy\nsys.argv = ['memtp_sim', '--help']\ntry:\n    runpy.run_module('memtp_sim', "
+            f"run_name='__main__')\nexcept SystemExit:\n    pass\nprint(json.dumps(sorted(set({heavy!r}) & set(sys.modules))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+    import memtp_sim
+    from memtp_sim.policies import dspark
+
+    assert memtp_sim.hardware_aware_prefix_scheduler is dspark.hardware_aware_prefix_scheduler
+    assert set(memtp_sim.__all__) <= set(dir(memtp_sim))
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        memtp_sim.not_a_name  # noqa: B018
