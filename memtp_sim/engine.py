@@ -28,6 +28,13 @@ One round (docs/model.md section 1), at time t:
    remaining output); rejected drafts' KV is dropped. A request whose prefill completes emits its
    first token at the end of the pass.
 
+Rounds without drafts (a drafter of depth 0, e.g. ``no_spec``) whose outcome is fixed run as
+one block (:meth:`Engine._plain_block`): while every running request decodes, no other event
+falls inside a round, no request finishes before the block's last round and every anchor fits,
+each round emits one token per request, so the block moves the clock round by round (the same
+float additions, each pass priced at its own context) and writes the same round-log rows as the
+round-by-round loop, bit for bit (tests/test_plain_blocks.py compares the two).
+
 KV blocks are owned by :class:`~memtp_sim.kv_cache.KVCacheManager`. Invariants are checked every
 round and a violation raises :class:`~memtp_sim.errors.EngineInvariantError` at once (never a bare
 ``assert``, which ``python -O`` strips): KV blocks in use never exceed capacity; KV plus draft
@@ -110,6 +117,25 @@ class _RoundLog:
         self.rows: list[tuple] = []
         self.cols: dict[str, list[np.ndarray]] = {f: [] for f in _LOGGED}
         self.append = self.rows.append
+        self._pieces = 0  # block pieces appended since the last merge (append_block)
+
+    def append_block(self, cols: dict[str, np.ndarray | float | int], num_rows: int) -> None:
+        """Append ``num_rows`` rounds at once: each ``_LOGGED`` field an array of that length or
+        one value for every row (after the tuples appended so far, in order)."""
+        self.flush()
+        for f in _LOGGED:
+            v = cols[f]
+            self.cols[f].append(v.astype(ROUND_DTYPES[f]) if isinstance(v, np.ndarray)
+                                else np.full(num_rows, v, dtype=ROUND_DTYPES[f]))
+        self._added_piece()
+
+    def _added_piece(self) -> None:
+        self._pieces += 1
+        if self._pieces >= 256:  # many short pieces: merge those since the last merge (copies stay O(rows))
+            for f in _LOGGED:
+                keep = len(self.cols[f]) - self._pieces
+                self.cols[f][keep:] = [np.concatenate(self.cols[f][keep:])]
+            self._pieces = 0
 
     def flush(self) -> None:
         if self.rows:
@@ -117,11 +143,12 @@ class _RoundLog:
             self.rows.clear()
             for i, f in enumerate(_LOGGED):
                 self.cols[f].append(table[:, i].astype(ROUND_DTYPES[f]))
+            self._added_piece()
 
     def arrays(self) -> dict[str, np.ndarray]:
         self.flush()
         cols = {f: (np.concatenate(b) if b else np.empty(0, dtype=ROUND_DTYPES[f])) for f, b in self.cols.items()}
-        self.cols = {f: [] for f in _LOGGED}
+        self.cols, self._pieces = {f: [] for f in _LOGGED}, 0
         cols["kv_gib"] = cols["kv_blocks_after"] * self.block_gib  # the same products the rounds used
         cols["free_gib"] = (self.fixed_gib - cols["heads_gib"]) - cols["kv_gib"]
         return {f: cols[f] for f in ROUND_FIELDS}
@@ -442,8 +469,8 @@ class Engine:
     def _engine(self):
         env = self.env
         drafter = self.drafter
-        fixed_gib = self.log.fixed_gib
         listens = self._listens()
+        plain_ok = self._plain_blocks_possible()
         round_index = 0
         while self.num_done < self.n:
             busy = bool(self.running or self.waiting)
@@ -461,6 +488,12 @@ class Engine:
 
             dec, pre, num_preempted = self._guarantee_anchors()
             self._tables = None
+            if gamma <= 0 and plain_ok and not pre.size and not num_preempted:
+                rounds, cost = self._plain_block_rounds(dec)
+                if rounds > 1:
+                    yield from self._plain_block(dec, rounds, cost, gamma, head_load_s, round_index)
+                    round_index += rounds
+                    continue
             k = self._draft_length(dec, gamma, round_index)
             if k:  # each decoding request reserves 1 + k KV slots (vLLM allocate_slots lookahead)
                 dec, pre, more = self._reserve_lookahead(dec, pre, k)
@@ -474,20 +507,10 @@ class Engine:
             kv_peak, num_trimmed = self.kv.fit_lookahead(dec, lengths)
             verify_tokens = int(_sum(lengths))
             batch_tokens = num_dec + verify_tokens + chunk_total
-            if batch_tokens > self.cfg.max_batch_tokens:
-                raise EngineInvariantError(f"pass of {batch_tokens} tokens exceeds max_batch_tokens "
-                                           f"{self.cfg.max_batch_tokens}")
-            if kv_peak * self.block_gib + drafter.held_gib > fixed_gib + 1e-9:
-                raise EngineInvariantError(f"KV ({kv_peak} blocks) + drafter ({drafter.held_gib:.2f} GiB) exceed "
-                                           f"the {fixed_gib:.2f} GiB left after weights and reserve")
             verify_s, extrapolated, overhead_s = self._pass_time(
                 verify_table if verify_tokens else decode_table, batch_tokens, num_dec, k, probs is not None)
             duration = head_load_s + draft_s + overhead_s + verify_s
-            if not (verify_s > 0.0 and duration < float("inf") and min(draft_s, overhead_s, head_load_s) >= 0.0):
-                raise EngineInvariantError(  # checked here: the clock move below would accept any value
-                    f"round {round_index}: pass of {batch_tokens} tokens priced verify {verify_s!r} s, draft "
-                    f"{draft_s!r} s, overhead {overhead_s!r} s, head load {head_load_s!r} s; each must be finite, "
-                    "the pass > 0 (check the hardware profile's tables)")
+            self._check_pass(round_index, batch_tokens, kv_peak, verify_s, draft_s, overhead_s, head_load_s, duration)
             start = env.now
             num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
             end = start + duration
@@ -518,6 +541,138 @@ class Engine:
             round_index += 1
             if round_index % _RoundLog.FLUSH == 0:
                 self.log.flush()
+
+    # ----------------------------------------------------------------- plain blocks
+    #: run rounds without drafts as blocks (exact: see _plain_block); tests switch it off to compare
+    PLAIN_BLOCKS = True
+
+    def _plain_blocks_possible(self) -> bool:
+        """Whether rounds without drafts can ever run as blocks here: the drafter never drafts
+        (depth 0, not elastic) and no dynamic controller taxes the passes."""
+        return self.PLAIN_BLOCKS and not self.drafter.elastic and self.drafter.depth <= 0 and not self.control.dynamic
+
+    def _plain_block_rounds(self, dec: np.ndarray) -> tuple[int, tuple]:
+        """How many plain rounds from now (all running requests decoding, nothing drafted) can run
+        as one block with the same outcome as round by round, and their costs (see
+        :meth:`_plain_round_costs`): up to and including the round where the first request
+        finishes, while no other SimPy event falls inside a round but the last (the round-by-round
+        path's ``env.peek()`` check), and while every round's anchors fit the KV cache.
+
+        Admission stays as it was: it failed this round (or nothing waits), and within a block no
+        request finishes before the last round, so no KV or batch slot frees up."""
+        num_dec = dec.size
+        if not num_dec or len(self.running) != num_dec:
+            return 0, ()
+        rounds = int(_min(self.output[dec] - self.generated[dec]))
+        if rounds < 2:
+            return 0, ()
+        cost = self._plain_round_costs(dec, rounds)
+        if cost is None:
+            return 0, ()
+        now, next_event = self.env.now, self.env.peek()
+        if now + cost[0][0] >= next_event:
+            return 0, ()  # an event falls inside this very round
+        ends = _cumsum(np.concatenate(([now], cost[0])))[1:]
+        late = ends >= next_event
+        if _any(late):
+            rounds = int(late.argmax()) + 1  # a round may reach the next event only as the block's last
+        # KV: before round j every request holds t + j tokens and needs a slot for one more
+        kv = self.kv
+        steps = np.arange(1, rounds + 1)
+        need = _sum(-(-(kv.tokens[dec][:, None] + steps[None, :]) // kv.block_tokens), axis=0)
+        over = need > kv.capacity
+        if _any(over):
+            rounds = int(over.argmax())  # the rounds before the first that would preempt
+        return rounds, cost
+
+    def _plain_round_costs(self, dec: np.ndarray, rounds: int) -> tuple | None:
+        """``(durations (rounds,), draft_s, verify_s (rounds,), overhead_s, extrapolated)`` of the
+        next ``rounds`` plain rounds of the decoding requests ``dec``, each priced at its own
+        context (every request one token longer a round) with the same float operations as the
+        round-by-round path; None when the pass is priced by a rule this does not cover."""
+        num_dec = dec.size
+        tokens = self.kv.tokens[dec]
+        steps = np.arange(rounds)
+        verify_s = self.profile.decode_table.pass_times_along_s(
+            num_dec, num_dec, int(_max(tokens)) + steps, int(_sum(tokens)) + num_dec * steps)
+        if verify_s is None:
+            return None
+        _, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
+        first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
+        if verify_s[0] != first_s:  # both price the same context the same way; if not, round by round
+            return None
+        draft_s = 0.0 + self.drafter.prefill_time_s(0)
+        return 0.0 + draft_s + overhead_s + verify_s, draft_s, verify_s, overhead_s, extrapolated
+
+    def _plain_block(self, dec: np.ndarray, rounds: int, cost: tuple, gamma: int, head_load_s: float,
+                     round_index: int):
+        """Run ``rounds`` plain rounds at once (see :meth:`_plain_block_rounds`): every request
+        emits one token a round; the clock moves round by round (the same float additions), and
+        the round log gets the same rows, as the round-by-round path."""
+        env, kv = self.env, self.kv
+        num_dec = dec.size
+        durations, draft_s, verify_s, overhead_s, extrapolated = cost
+        durations, verify_s = durations[:rounds], verify_s[:rounds]
+        num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
+        tokens0 = kv.tokens[dec]
+        steps = np.arange(rounds)
+        times = _cumsum(np.concatenate(([env.now], durations)))
+        # KV held after each round's token (the round's peak: it stores exactly its anchor)
+        blocks = _sum(-(-(tokens0[:, None] + steps[None, :] + 1) // kv.block_tokens), axis=0)
+        # the round checks, on the block's extremes (its largest KV, shortest pass, longest round)
+        self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(verify_s)), draft_s, overhead_s,
+                         head_load_s, float(_max(durations)))
+        if env.peek() > times[-1]:
+            env._now = float(times[-1])
+        else:
+            env._now = float(times[-2])  # the rounds before the last end before any other event
+            yield env.timeout(float(durations[-1]))
+        self.generated[dec] += rounds
+        self.num_rounds[dec] += rounds
+        new_tokens = tokens0 + rounds
+        kv.tokens[dec] = new_tokens
+        new_blocks = -(-new_tokens // kv.block_tokens)
+        kv.blocks_used += int(_sum(new_blocks - kv.blocks[dec]))
+        kv.blocks[dec] = new_blocks
+        kv.check("append")
+        self._spec_on = False
+        finished = dec[self.generated[dec] >= self.output[dec]].tolist()
+        if finished:
+            self._finish(finished)
+        after = blocks.copy()
+        after[-1] = kv.blocks_used  # the last round's row is written after its finished requests free their KV
+        self.log.append_block({
+            "start_s": times[:-1], "duration_s": durations, "draft_s": draft_s, "verify_s": verify_s,
+            "num_decode": num_dec, "num_prefill": 0, "prefill_tokens": 0, "batch_tokens": num_dec, "gamma": 0,
+            "verify_tokens": 0, "accepted_tokens": 0, "emitted_tokens": num_dec, "num_waiting": num_waiting,
+            "num_running": num_running, "kv_blocks_peak": blocks, "kv_blocks_after": after, "theta": np.nan,
+            "theta_global": np.nan, "num_preempted": 0, "num_trimmed": 0, "depth": gamma,
+            "coherence": self.coherence.value, "heads_gib": self.drafter.held_gib, "kv_capacity_blocks": kv.capacity,
+            "head_load_s": head_load_s, "num_remote_prefill": num_remote,
+            "kv_read_tokens": int(_sum(tokens0)) + num_dec * steps, "overhead_s": overhead_s,
+            "cost_extrapolated": extrapolated,
+        }, rounds)
+
+    def _check_pass(self, round_index: int, batch_tokens: int, kv_peak: int, verify_s: float, draft_s: float,
+                    overhead_s: float, head_load_s: float, duration: float) -> None:
+        """The round's invariants: the pass within max_batch_tokens, KV + drafter within memory, and
+        finite, non-negative times (checked before the clock moves: it would accept any value).
+
+        Raises:
+            EngineInvariantError: one of them broke (the message names the values).
+        """
+        if batch_tokens > self.cfg.max_batch_tokens:
+            raise EngineInvariantError(f"pass of {batch_tokens} tokens exceeds max_batch_tokens "
+                                       f"{self.cfg.max_batch_tokens}")
+        held_gib, fixed_gib = self.drafter.held_gib, self.log.fixed_gib
+        if kv_peak * self.block_gib + held_gib > fixed_gib + 1e-9:
+            raise EngineInvariantError(f"KV ({kv_peak} blocks) + drafter ({held_gib:.2f} GiB) exceed "
+                                       f"the {fixed_gib:.2f} GiB left after weights and reserve")
+        if not (verify_s > 0.0 and duration < float("inf") and min(draft_s, overhead_s, head_load_s) >= 0.0):
+            raise EngineInvariantError(
+                f"round {round_index}: pass of {batch_tokens} tokens priced verify {verify_s!r} s, draft "
+                f"{draft_s!r} s, overhead {overhead_s!r} s, head load {head_load_s!r} s; each must be finite, "
+                "the pass > 0 (check the hardware profile's tables)")
 
     def _listens(self) -> bool:
         """Whether the policy or the controller learns from round outcomes (else none is built)."""

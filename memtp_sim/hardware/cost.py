@@ -439,6 +439,35 @@ class SPSTable:
                 return dense[b_first: b_last + 1]
         return self.pass_time_s(np.arange(b_first, b_last + 1))
 
+    def pass_times_along_s(self, b: int, num_requests: int, l_max: np.ndarray,
+                           kv_tokens: np.ndarray) -> np.ndarray | None:
+        """Pass time at one B over a sequence of contexts (the rounds of a block, whose context
+        grows every round): element j is what ``at_context(num_requests, l_max[j],
+        kv_tokens[j]).pass_time_s(b)`` returns, bit for bit (the same float operations).
+
+        Args:
+            b: token batch B.
+            num_requests: requests R in each pass.
+            l_max: ``(m,)`` longest context of each pass, tokens.
+            kv_tokens: ``(m,)`` KV tokens each pass reads in all, tokens.
+
+        Returns:
+            ``(m,)`` float64 seconds, or None where that one-B rule does not price B (outside the
+            dense range of a table with a context term, or no value there): ask
+            :meth:`pass_time_s` instead.
+        """
+        if not self.has_context_term:
+            return np.full(np.shape(l_max), self.pass_time_s(b))
+        d = self._dense
+        if not 0 < b < d.zero_ms.size:
+            return None
+        idx = d.pad_index[b: b + 1]
+        q = idx / max(float(num_requests), 1.0)
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        out = (d.zero_ms[idx] + self.attention.ms(q, np.asarray(l_max, dtype=np.float64), kv, kv * q)) \
+            * d.factor[b: b + 1] / 1000.0
+        return None if np.isnan(out).any() else out
+
     def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
         evaluates only what it is asked for: a per-round dense array would cost more than the scan)."""

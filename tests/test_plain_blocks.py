@@ -1,0 +1,113 @@
+"""Rounds without drafts run as blocks (engine ``_plain_block``, issue 13): an exact shortcut, so
+every run must match the round-by-round engine (``Engine.PLAIN_BLOCKS = False``) to the last bit:
+per-request times and counters, and every column of every round of the round log.
+
+Oracle: the round-by-round engine itself, on the shipped scenarios where blocks are taken
+(closed and open loop, colocated and disaggregated prefill, think time, a batch-slot limit, KV
+pressure with preemption) and on random hand-made workloads (fuzz).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memtp_sim import run
+from memtp_sim.engine import Engine
+
+from _sim_helpers import flat_profile, run_engine, scenario, workload
+
+
+def assert_same_state(a, b):
+    for name, va in vars(a).items():
+        vb = getattr(b, name)
+        if name == "rounds":
+            assert va.keys() == vb.keys()
+            for f in va:
+                assert va[f].dtype == vb[f].dtype, f
+                assert np.array_equal(va[f], vb[f], equal_nan=va[f].dtype.kind == "f"), f"rounds.{f}"
+        elif isinstance(va, np.ndarray):
+            assert np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), name
+        else:
+            assert va == vb or (va != va and vb != vb), name
+
+
+def both_ways(monkeypatch, fn):
+    monkeypatch.setattr(Engine, "PLAIN_BLOCKS", False)
+    slow = fn()
+    monkeypatch.setattr(Engine, "PLAIN_BLOCKS", True)
+    calls = []
+    orig = Engine._plain_block
+    monkeypatch.setattr(Engine, "_plain_block", lambda self, *a: calls.append(a[1]) or orig(self, *a))
+    fast = fn()
+    return slow, fast, calls
+
+
+SCENARIOS = {
+    "closed-1-colocated": {"workload": {"concurrency": 1, "num_requests": 12}},
+    "closed-3-disaggregated": {"workload": {"concurrency": 3, "num_requests": 30},
+                               "engine": {"prefill": "disaggregated", "prefill_gpus": 2}},
+    "closed-16-think": {"workload": {"concurrency": 16, "num_requests": 60, "think_time_s": 0.5}},
+    "poisson": {"workload": {"mode": "poisson", "rate_per_s": 0.5, "num_requests": 30}},
+    # pass time grows with the context every round (attention term): each round of a block priced apart
+    "h200-context": {"hardware": {"profile": "h200-llama31-8b-bf16"}, "workload": {"concurrency": 8, "num_requests": 40}},
+    "h200-context-disaggregated": {"hardware": {"profile": "h200-llama31-8b-bf16"},
+                                   "workload": {"concurrency": 2, "num_requests": 12},
+                                   "engine": {"prefill": "disaggregated"}},
+    "trace-disaggregated": {"workload": {"mode": "trace", "num_requests": 30, "rate_scale": 0.2},
+                            "engine": {"prefill": "disaggregated"}},
+    "two-seats": {"workload": {"concurrency": 6, "num_requests": 24}, "engine": {"max_num_seqs": 2}},
+    "kv-pressure": {  # a 2-GiB KV budget: admission waits for memory, requests are preempted
+        "workload": {"concurrency": 12, "num_requests": 36},
+        "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                     "memory": {"gpu_allocatable_gib": 4.0, "weights_bytes": 1 << 30, "kv_bytes_per_token": 131072,
+                                "max_model_len": 8192}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_blocks_match_round_by_round_on_scenarios(name, monkeypatch, tmp_path):
+    sections = SCENARIOS[name]
+    scen = scenario(policy={"name": "no_spec"}, **sections)
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=3).state)
+    assert calls and max(calls) > 1, "no block was taken: the test would prove nothing"
+    assert_same_state(slow, fast)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_blocks_match_round_by_round_on_random_workloads(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 25))
+    prompt = rng.integers(1, 200, n)
+    output = rng.integers(1, 120, n)
+    kv_blocks = int(rng.integers(16, 80))  # tight: requests wait for memory and get preempted
+    prompt = np.minimum(prompt, kv_blocks * 16 // 2)
+    output = np.minimum(output, kv_blocks * 16 // 2)
+    closed = rng.random() < 0.5
+    wl = (workload(prompt, output, concurrency=int(rng.integers(1, 6)), think_time_s=float(rng.choice([0.0, 0.05])))
+          if closed else workload(prompt, output, np.sort(rng.exponential(0.3, n)).cumsum()))
+    prof = flat_profile(pass_ms=float(rng.choice([5.0, 10.0])), kv_blocks=kv_blocks)
+    settings = {"max_num_seqs": int(rng.integers(1, 8)), "kv_watermark_frac": float(rng.choice([0.0, 0.05]))}
+    slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, seed=seed, **settings))
+    assert_same_state(slow, fast)
+
+
+def test_speculative_policies_never_take_a_block(monkeypatch):
+    scen = scenario(policy={"name": "dspark"}, workload={"concurrency": 2, "num_requests": 6})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+    assert calls == []
+    assert_same_state(slow, fast)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_an_arrival_exactly_at_a_round_end_is_seen_by_the_next_round(offset, monkeypatch):
+    # Every pass costs exactly 10 ms, so rounds end on the float grid 0 + 0.01 + 0.01 + ...;
+    # requests arriving on that grid tie with a round's end: the round-by-round engine lets the
+    # arrival in before the next round, so a block must end at such a round.
+    grid = np.add.accumulate(np.full(400, 0.01))
+    arrival = np.concatenate(([0.0], grid[[5 + offset, 9 + offset, 40 + offset, 41 + offset, 120 + offset]]))
+    wl = workload(np.full(6, 8), np.array([60, 30, 20, 50, 10, 5]), arrival)
+    prof = flat_profile(pass_ms=10.0, kv_blocks=64)
+    slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, max_num_seqs=4))
+    assert calls and max(calls) > 1
+    assert_same_state(slow, fast)
