@@ -739,6 +739,9 @@ class Engine:
         if self._run_ids is None:  # (running ids, all decode), kept until admission, completion or preemption
             run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
             self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
+        elif self._run_ids[1] is None:  # prefill moved on: the ids stand, "all decode" is asked again
+            run = self._run_ids[0]
+            self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
         run, all_decode = self._run_ids
         if all_decode and self.kv.blocks_used + self.kv.anchor_blocks(run) <= self.kv.capacity:
             return run, run[:0], 0  # the common round: everyone decodes and the anchors fit
@@ -768,7 +771,7 @@ class Engine:
     def _round_tables(self, dec: np.ndarray, pre: np.ndarray, chunks: np.ndarray | None):
         """The KV tokens this round's pass reads, and the verify and decode cost tables priced at
         this round's context (requests, longest context, KV read; docs/model.md section 1 step 4)."""
-        no_prefill = chunks is None or not chunks.any()
+        no_prefill = chunks is None or not _any(chunks)
         if no_prefill and self._tables is not None and self._tables[0] is dec:
             return self._tables[1]  # priced already this round (before drafting), same requests
         kv_dec = self.kv.tokens[dec]
@@ -778,8 +781,8 @@ class Engine:
         if not no_prefill:
             active = pre[chunks > 0]
             kv_pre = self.kv.tokens[active]
-            kv_read += int(kv_pre.sum())
-            l_max = max(l_max, int(kv_pre.max()) if active.size else 0)
+            kv_read += int(_sum(kv_pre))
+            l_max = max(l_max, int(_max(kv_pre)) if active.size else 0)
             num_req += active.size
         prof = self.profile
         out = (kv_read, prof.sps.at_context(num_req, l_max, kv_read), prof.decode_table.at_context(num_req, l_max, kv_read))
@@ -868,7 +871,7 @@ class Engine:
         if not chunk_total:
             return 0, 0
         self.prefilled[pre] += chunks
-        self._run_ids = None  # a stale "not all decode" is only slower; rebuilt, rounds take the shortcut again
+        self._run_ids = (self._run_ids[0], None) if self._run_ids is not None else None  # "all decode" may have become true
         self.kv.append_prefill(pre, chunks)
         done_pre = pre[self.prefilled[pre] >= self.prefill_target[pre]]
         if done_pre.size:

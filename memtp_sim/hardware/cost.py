@@ -81,7 +81,8 @@ class AttentionCost:
             The three-limit roofline of the class docstring (docs/model.md section 1 step 4).
         """
         qs, slopes = self._a_arrays
-        a = np.interp(q, qs, slopes)
+        # one measured point: interp gives it at every q (np.interp's wrapper costs ~3 us a round)
+        a = slopes[0] if qs.size == 1 else np.interp(q, qs, slopes)
         return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
 
 
@@ -262,7 +263,7 @@ class SPSTable:
         """Largest measured B (the end of the interpolation's domain)."""
         return int(self.batch_tokens[-1])
 
-    @property
+    @cached_property
     def has_context_term(self) -> bool:
         """Whether pass time depends on the context attended to."""
         return self.attention is not None and not self.attention.is_zero
@@ -345,8 +346,11 @@ class SPSTable:
             return self
         self._dense  # noqa: B018 - computed once on the base table, shared by every round's view
         out = object.__new__(SPSTable)
-        out.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_dense_pass_s"})
-        object.__setattr__(out, "context", (float(num_requests), float(l_max), float(kv_tokens)))
+        state = out.__dict__
+        state.update(self.__dict__)
+        state.pop("_dense_pass_s", None)  # the base table's context-free cache is not this view's
+        state.pop("_pass_memo", None)
+        state["context"] = (float(num_requests), float(l_max), float(kv_tokens))
         return out
 
     def covers(self, b: int) -> bool:
@@ -380,9 +384,12 @@ class SPSTable:
         if self.context is not None and self.has_context_term:
             d = self._dense
             if isinstance(b, (int, np.integer)) and 0 < b < d.zero_ms.size:
-                v = self._context_slice_s(int(b), int(b))[0]
+                memo = self.__dict__.setdefault("_pass_memo", {})  # a round asks its view for one B several times
+                v = memo.get(int(b))
+                if v is None:
+                    v = memo[int(b)] = self._context_one_s(int(b))
                 if v == v:  # not NaN: one scalar, computed alone (no per-round dense array)
-                    return float(v)
+                    return v
         else:
             dense = self._dense_pass_s
             if isinstance(b, (int, np.integer)) and 0 < b < dense.size:
@@ -467,6 +474,14 @@ class SPSTable:
         out = (d.zero_ms[idx] + self.attention.ms(q, np.asarray(l_max, dtype=np.float64), kv, kv * q)) \
             * d.factor[b: b + 1] / 1000.0
         return None if np.isnan(out).any() else out
+
+    def _context_one_s(self, b: int) -> float:
+        """:meth:`_context_slice_s` for one B, on scalars (the same float operations, no arrays)."""
+        d = self._dense
+        idx = d.pad_index[b]
+        req, l_max, kv = self.context
+        q = idx / max(req, 1.0)
+        return float((d.zero_ms[idx] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[b] / 1000.0)
 
     def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
