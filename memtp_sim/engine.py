@@ -69,6 +69,7 @@ __all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
 _sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
 _any, _all_true = np.logical_or.reduce, np.logical_and.reduce
 _cumsum, _and_accumulate = np.add.accumulate, np.logical_and.accumulate
+_UNBOUNDED = 1 << 62  # "no limit" for a count of rounds
 
 # request status codes
 PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
@@ -488,10 +489,13 @@ class Engine:
 
             dec, pre, num_preempted = self._guarantee_anchors()
             self._tables = None
-            if gamma <= 0 and plain_ok and not pre.size and not num_preempted:
-                rounds, cost = self._plain_block_rounds(dec)
+            if plain_ok and not pre.size and not num_preempted:
+                ahead = self.policy.plain_rounds_ahead(round_index) if gamma > 0 else _UNBOUNDED
+                rounds, cost = self._plain_block_rounds(dec, ahead) if ahead > 1 else (0, ())
                 if rounds > 1:
                     yield from self._plain_block(dec, rounds, cost, gamma, head_load_s, round_index)
+                    if gamma > 0:
+                        self.policy.skip_plain_rounds(round_index, rounds)
                     round_index += rounds
                     continue
             k = self._draft_length(dec, gamma, round_index)
@@ -547,14 +551,17 @@ class Engine:
     PLAIN_BLOCKS = True
 
     def _plain_blocks_possible(self) -> bool:
-        """Whether rounds without drafts can ever run as blocks here: the drafter never drafts
-        (depth 0, not elastic) and no dynamic controller taxes the passes."""
-        return self.PLAIN_BLOCKS and not self.drafter.elastic and self.drafter.depth <= 0 and not self.control.dynamic
+        """Whether rounds without drafts can ever run as blocks here: the drafter's depth is fixed
+        (not elastic) and no dynamic controller decides or taxes the passes. Which rounds are
+        plain: all of them at depth 0, else those the policy announces
+        (:meth:`~memtp_sim.policies.base.Policy.plain_rounds_ahead`)."""
+        return self.PLAIN_BLOCKS and not self.drafter.elastic and not self.control.dynamic
 
-    def _plain_block_rounds(self, dec: np.ndarray) -> tuple[int, tuple]:
+    def _plain_block_rounds(self, dec: np.ndarray, ahead: int) -> tuple[int, tuple]:
         """How many plain rounds from now (all running requests decoding, nothing drafted) can run
         as one block with the same outcome as round by round, and their costs (see
-        :meth:`_plain_round_costs`): up to and including the round where the first request
+        :meth:`_plain_round_costs`): at most ``ahead`` (the plain rounds the policy announced), up
+        to and including the round where the first request
         finishes, while no other SimPy event falls inside a round but the last (the round-by-round
         path's ``env.peek()`` check), and while every round's anchors fit the KV cache.
 
@@ -563,7 +570,7 @@ class Engine:
         num_dec = dec.size
         if not num_dec or len(self.running) != num_dec:
             return 0, ()
-        rounds = int(_min(self.output[dec] - self.generated[dec]))
+        rounds = min(int(_min(self.output[dec] - self.generated[dec])), ahead)
         if rounds < 2:
             return 0, ()
         cost = self._plain_round_costs(dec, rounds)

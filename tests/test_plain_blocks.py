@@ -92,11 +92,48 @@ def test_blocks_match_round_by_round_on_random_workloads(seed, monkeypatch):
     assert_same_state(slow, fast)
 
 
-def test_speculative_policies_never_take_a_block(monkeypatch):
+def test_a_policy_that_drafts_takes_no_block(monkeypatch):
     scen = scenario(policy={"name": "dspark"}, workload={"concurrency": 2, "num_requests": 6})
     slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
     assert calls == []
     assert_same_state(slow, fast)
+
+
+@pytest.mark.parametrize("policy", [{"name": "dspark"}, {"name": "dspark", "early_stop": True}, {"name": "goodput"}])
+def test_a_policy_falling_back_runs_its_plain_rounds_as_blocks(policy, monkeypatch):
+    # at 64 users on gfx1151 drafting stops paying: the fallback gate decodes plainly between
+    # probes (policy.plain_rounds_ahead), and those rounds run as blocks; the gate's state, the
+    # probes and every drafted round stay as round by round
+    scen = scenario(policy=policy, workload={"concurrency": 64, "num_requests": 150},
+                    engine={"prefill": "disaggregated", "prefill_gpus": 4})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+    assert calls and max(calls) > 1
+    assert_same_state(slow, fast)
+    assert np.any(fast.rounds["verify_tokens"] > 0)  # it still probes and drafts
+
+
+def test_the_fallback_gate_announces_exactly_its_plain_rounds():
+    # oracle: the gate's own draft_lengths, asked round by round
+    from memtp_sim.policies._candidates import FallbackGate
+
+    class View:
+        max_draft_len = 5
+
+        def __init__(self, i):
+            self.round_index = i
+
+    for probe_every in (1, 2, 7):
+        a, b = FallbackGate(True, probe_every), FallbackGate(True, probe_every)
+        for g in (a, b):
+            g.report(0, 1.0, 2.0)  # drafting did not pay: falling back
+        i = 1
+        while i < 60:
+            ahead = a.plain_rounds_ahead(i)
+            answers = [b.draft_lengths(View(i + j)) for j in range(ahead + 1)]
+            assert answers == [0] * ahead + [5], (probe_every, i)  # the round after them probes
+            a.skip_plain_rounds(i, ahead)
+            assert a.draft_lengths(View(i + ahead)) == 5
+            i += ahead + 1
 
 
 @pytest.mark.parametrize("offset", [0, 1, 2])

@@ -74,6 +74,45 @@ class FallbackGate:
             return view.max_draft_len
         return 0
 
+    def plain_rounds_ahead(self, round_index: int) -> int:
+        """Rounds from ``round_index`` on that :meth:`draft_lengths` answers 0 (the rounds before
+        the next probe while falling back; 0 otherwise)."""
+        if round_index < self._last_round or not self.enabled or self._gain > 0.0 or self._last_round < 0:
+            return 0
+        return self.probe_every - 1 - self._skipped
+
+    def skip_plain_rounds(self, round_index: int, rounds: int) -> None:
+        """The state after ``rounds`` calls of :meth:`draft_lengths` that answered 0."""
+        if 0 < rounds <= self.plain_rounds_ahead(round_index):
+            self._skipped += rounds
+
+
+class FallbackGated:
+    """Mixin of the policies that own a :class:`FallbackGate` as ``self._gate``: its draft-length
+    decision and the plain rounds it announces (see :meth:`~memtp_sim.policies.base.Policy.plain_rounds_ahead`)."""
+
+    _gate: FallbackGate
+
+    def draft_lengths(self, view: DraftView) -> int:
+        """Positions to draft this round: all the drafter offers, or 0 while drafting does not pay
+        (see :class:`FallbackGate`).
+
+        Args:
+            view: the round before drafting.
+
+        Returns:
+            ``view.max_draft_len`` or 0.
+        """
+        return self._gate.draft_lengths(view)
+
+    def plain_rounds_ahead(self, round_index: int) -> int:
+        """Rounds before the gate's next probe while it falls back (see :class:`FallbackGate`)."""
+        return self._gate.plain_rounds_ahead(round_index)
+
+    def skip_plain_rounds(self, round_index: int, rounds: int) -> None:
+        """Advance the gate over ``rounds`` plain rounds run as a block."""
+        self._gate.skip_plain_rounds(round_index, rounds)
+
 
 def plain_rate(view: RoundView) -> float:
     """tok/s of a plain decode pass this round (no drafting time, no drafts verified)."""

@@ -192,6 +192,23 @@ class Policy(ABC):
         nothing and decode plainly). Called each round; the default drafts all the drafter offers."""
         return view.max_draft_len
 
+    def plain_rounds_ahead(self, round_index: int) -> int:
+        """Rounds from ``round_index`` on for which :meth:`draft_lengths` would return 0 whatever
+        the view (default: none known). The engine may then run them as one block of plain rounds
+        without asking, and calls :meth:`skip_plain_rounds` instead.
+
+        Args:
+            round_index: the engine round about to start.
+
+        Returns:
+            A count of rounds, >= 0.
+        """
+        return 0
+
+    def skip_plain_rounds(self, round_index: int, rounds: int) -> None:
+        """Leave the policy as if :meth:`draft_lengths` had been asked for ``rounds`` rounds from
+        ``round_index`` on and answered 0 each time (at most :meth:`plain_rounds_ahead` of them)."""
+
     def observe(self, outcome: RoundOutcome) -> None:
         """Called after each round that verified drafts (stateful policies learn from it)."""
 

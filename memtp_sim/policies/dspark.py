@@ -40,13 +40,14 @@ from ._candidates import (
     GAMMA_FIELD,
     PROBE_FIELD,
     FallbackGate,
+    FallbackGated,
     draft_budget,
     expected_rate,
     plain_rate,
     survival,
     take_top,
 )
-from .base import DraftView, Policy, PolicyParams, RoundPlan, RoundView
+from .base import Policy, PolicyParams, RoundPlan, RoundView
 from .registry import register
 
 _cumprod, _cumsum = np.multiply.accumulate, np.add.accumulate  # np.cumprod/np.cumsum without their wrapper
@@ -354,7 +355,7 @@ class DSparkParams(PolicyParams):
 
 
 @register("dspark")
-class DSparkPolicy(Policy):
+class DSparkPolicy(FallbackGated, Policy):
     """DSpark's hardware-aware prefix scheduler (paper Algorithm 1), synchronous.
 
     Drafts ``gamma`` tokens per request, then verifies the prefix set that maximises the expected
@@ -397,17 +398,6 @@ class DSparkPolicy(Policy):
         self._gate.report(int(view.round_index), best, plain_rate(view))
         return RoundPlan(res.lengths, theta=res.theta, theta_global=res.theta_global)
 
-    def draft_lengths(self, view: DraftView) -> int:
-        """Positions to draft this round: all the drafter offers, or 0 while drafting does not pay
-        (see :class:`~memtp_sim.policies._candidates.FallbackGate`).
-
-        Args:
-            view: the round before drafting.
-
-        Returns:
-            ``view.max_draft_len`` or 0.
-        """
-        return self._gate.draft_lengths(view)
 
 
 class DSparkAsyncParams(PolicyParams):

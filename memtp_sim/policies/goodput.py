@@ -6,8 +6,9 @@ import numpy as np
 from pydantic import Field
 
 from ..errors import InvalidArgumentError
-from ._candidates import FALLBACK_FIELD, GAMMA_FIELD, PROBE_FIELD, FallbackGate, draft_budget, pass_time_s, plain_rate, survival
-from .base import DraftView, Policy, PolicyParams, RoundPlan, RoundView
+from ._candidates import (FALLBACK_FIELD, GAMMA_FIELD, PROBE_FIELD, FallbackGate, FallbackGated, draft_budget,
+                          pass_time_s, plain_rate, survival)
+from .base import Policy, PolicyParams, RoundPlan, RoundView
 from .registry import register
 
 __all__ = ["GoodputPolicy"]
@@ -28,7 +29,7 @@ class GoodputParams(PolicyParams):
 
 
 @register("goodput")
-class GoodputPolicy(Policy):
+class GoodputPolicy(FallbackGated, Policy):
     """SmartSpec-style goodput: one uniform verify length k for the whole batch each round.
 
     For ``k = 0..L`` (L = drafted positions, = gamma in the engine)::
@@ -57,17 +58,6 @@ class GoodputPolicy(Policy):
         super().__init__(params)
         self._gate = FallbackGate(params.fallback, params.probe_every)
 
-    def draft_lengths(self, view: DraftView) -> int:
-        """Positions to draft this round: all the drafter offers, or 0 while drafting does not pay
-        (see :class:`~memtp_sim.policies._candidates.FallbackGate`).
-
-        Args:
-            view: the round before drafting.
-
-        Returns:
-            ``view.max_draft_len`` or 0.
-        """
-        return self._gate.draft_lengths(view)
 
     @property
     def draft_len(self) -> int:
