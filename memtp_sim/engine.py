@@ -570,15 +570,17 @@ class Engine:
         num_dec = dec.size
         if not num_dec or len(self.running) != num_dec:
             return 0, ()
+        now, next_event = self.env.now, self.env.peek()
+        _, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
+        first = self._pass_time(decode_table, num_dec, num_dec, 0, False)
+        if now + (0.0 + self.drafter.prefill_time_s(0) + first[2] + first[0]) >= next_event:
+            return 0, ()  # an event falls inside this very round (checked first: at high load, most rounds)
         rounds = min(int(_min(self.output[dec] - self.generated[dec])), ahead)
         if rounds < 2:
             return 0, ()
-        cost = self._plain_round_costs(dec, rounds)
+        cost = self._plain_round_costs(dec, rounds, first)
         if cost is None:
             return 0, ()
-        now, next_event = self.env.now, self.env.peek()
-        if now + cost[0][0] >= next_event:
-            return 0, ()  # an event falls inside this very round
         ends = _cumsum(np.concatenate(([now], cost[0])))[1:]
         late = ends >= next_event
         if _any(late):
@@ -592,11 +594,12 @@ class Engine:
             rounds = int(over.argmax())  # the rounds before the first that would preempt
         return rounds, cost
 
-    def _plain_round_costs(self, dec: np.ndarray, rounds: int) -> tuple | None:
+    def _plain_round_costs(self, dec: np.ndarray, rounds: int, first: tuple) -> tuple | None:
         """``(durations (rounds,), draft_s, verify_s (rounds,), overhead_s, extrapolated)`` of the
         next ``rounds`` plain rounds of the decoding requests ``dec``, each priced at its own
         context (every request one token longer a round) with the same float operations as the
-        round-by-round path; None when the pass is priced by a rule this does not cover."""
+        round-by-round path (``first``: :meth:`_pass_time` of this round); None when the pass is
+        priced by a rule this does not cover."""
         num_dec = dec.size
         tokens = self.kv.tokens[dec]
         steps = np.arange(rounds)
@@ -604,8 +607,7 @@ class Engine:
             num_dec, num_dec, int(_max(tokens)) + steps, int(_sum(tokens)) + num_dec * steps)
         if verify_s is None:
             return None
-        _, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
-        first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
+        first_s, extrapolated, overhead_s = first
         if verify_s[0] != first_s:  # both price the same context the same way; if not, round by round
             return None
         draft_s = 0.0 + self.drafter.prefill_time_s(0)
