@@ -192,7 +192,7 @@ def main() -> None:
         t0 = time.perf_counter()
         res = run(sc, seed=seed)
         t_warm = min(t_warm, time.perf_counter() - t0)
-    line("warm what-if point (same run again, best of the repeats)", t_warm, "s", TARGET_WARM_S, higher_better=False)
+    line("warm what-if point (same run, best of reps)", t_warm, "s", TARGET_WARM_S, higher_better=False)
 
     rounds = res.state.rounds
     per = sum(a.itemsize for a in rounds.values())
