@@ -123,8 +123,8 @@ def main() -> None:
             wall = min(wall, time.perf_counter() - t0)
         print(f"  {label:<40} {wall:6.3f} s   (+{max(0.0, wall - prev):.3f} s)")
         prev = wall
-    print(f"the numba start-up above is paid by every process before its first round; a cold what-if "
-          f"point has 1 s in all (bench_engine.py)")
+    print("the numba start-up above is paid by every process before its first round; a cold what-if "
+          "point has 1 s in all (bench_engine.py)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
