@@ -70,6 +70,9 @@ _sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
 _any, _all_true = np.logical_or.reduce, np.logical_and.reduce
 _cumsum, _and_accumulate = np.add.accumulate, np.logical_and.accumulate
 _UNBOUNDED = 1 << 62  # "no limit" for a count of rounds
+# the most rounds one plain block covers: its (requests x rounds) KV arrays stay a few MB however
+# long the outputs (a longer stretch is several blocks in a row)
+_MAX_BLOCK_ROUNDS = 4096
 
 # request status codes
 PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
@@ -575,7 +578,7 @@ class Engine:
         first = self._pass_time(decode_table, num_dec, num_dec, 0, False)
         if now + (0.0 + self.drafter.prefill_time_s(0) + first[2] + first[0]) >= next_event:
             return 0, ()  # an event falls inside this very round (checked first: at high load, most rounds)
-        rounds = min(int(_min(self.output[dec] - self.generated[dec])), ahead)
+        rounds = min(int(_min(self.output[dec] - self.generated[dec])), ahead, _MAX_BLOCK_ROUNDS)
         if rounds < 2:
             return 0, ()
         cost = self._plain_round_costs(dec, rounds, first)

@@ -148,3 +148,15 @@ def test_an_arrival_exactly_at_a_round_end_is_seen_by_the_next_round(offset, mon
     slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, max_num_seqs=4))
     assert calls and max(calls) > 1
     assert_same_state(slow, fast)
+
+
+def test_a_long_stretch_is_several_blocks(monkeypatch):
+    # one request of 1,000 output tokens alone, blocks capped at 300 rounds: several blocks in a row
+    import memtp_sim.engine as eng
+
+    monkeypatch.setattr(eng, "_MAX_BLOCK_ROUNDS", 300)
+    wl = workload([16], [1000])
+    prof = flat_profile(pass_ms=10.0, kv_blocks=128)
+    slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl))
+    assert max(calls) == 300 and sum(calls) >= 990
+    assert_same_state(slow, fast)
