@@ -28,7 +28,8 @@ One round (docs/model.md section 1), at time t:
    remaining output); rejected drafts' KV is dropped. A request whose prefill completes emits its
    first token at the end of the pass.
 
-Rounds without drafts (a drafter of depth 0, e.g. ``no_spec``) whose outcome is fixed run as
+Rounds without drafts (a drafter of depth 0, e.g. ``no_spec``, or the rounds a policy announces
+it will decode plainly, e.g. DSpark's fallback between probes) have a fixed outcome and run as
 one block (:meth:`Engine._plain_block`): while every running request decodes, no other event
 falls inside a round, no request finishes before the block's last round and every anchor fits,
 each round emits one token per request, so the block moves the clock round by round (the same
@@ -563,10 +564,10 @@ class Engine:
     def _plain_block_rounds(self, dec: np.ndarray, ahead: int) -> tuple[int, tuple]:
         """How many plain rounds from now (all running requests decoding, nothing drafted) can run
         as one block with the same outcome as round by round, and their costs (see
-        :meth:`_plain_round_costs`): at most ``ahead`` (the plain rounds the policy announced), up
-        to and including the round where the first request
-        finishes, while no other SimPy event falls inside a round but the last (the round-by-round
-        path's ``env.peek()`` check), and while every round's anchors fit the KV cache.
+        :meth:`_plain_round_costs`): at most ``ahead`` (the plain rounds the policy announced) and
+        :data:`_MAX_BLOCK_ROUNDS`, up to and including the round where the first request finishes,
+        while no other SimPy event falls inside a round but the last (the round-by-round path's
+        ``env.peek()`` check), and while every round's anchors fit the KV cache.
 
         Admission stays as it was: it failed this round (or nothing waits), and within a block no
         request finishes before the last round, so no KV or batch slot frees up."""
