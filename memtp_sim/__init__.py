@@ -43,12 +43,16 @@ def __getattr__(name: str) -> object:
     # PEP 562 lazy loading (as scipy and scikit-image do, SPEC 1): ``import memtp_sim`` stays
     # light for the CLI's --help and for tools that need one function; the first access to a
     # public name imports its submodule
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'memtp_sim' has no attribute {name!r}")
     from importlib import import_module
+    from importlib.util import find_spec
 
-    value = getattr(import_module(f".{mod}", __name__), name)
+    mod = _LAZY.get(name)
+    if mod is not None:
+        value = getattr(import_module(f".{mod}", __name__), name)
+    elif not name.startswith("__") and find_spec(f"{__name__}.{name}") is not None:
+        value = import_module(f".{name}", __name__)  # a submodule: ``memtp_sim.metrics.METRIC_NAMES`` works
+    else:
+        raise AttributeError(f"module 'memtp_sim' has no attribute {name!r}")
     globals()[name] = value  # later accesses skip this function
     return value
 

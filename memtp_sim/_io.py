@@ -32,7 +32,7 @@ from ._version import __version__
 from .errors import ConfigError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "file_digest", "json_default", "yaml_loader",
-           "cache_dir", "disk_cached", "disk_cached_arrays", "CACHE_ENV", "check_writable_dir"]
+           "cache_dir", "disk_cached", "disk_cached_arrays", "MAX_EXACT_COUNT", "CACHE_ENV", "check_writable_dir"]
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -222,14 +222,19 @@ CACHE_ENV = "MEMTP_SIM_CACHE_DIR"
 
 def cache_dir() -> Path | None:
     """The disk-cache folder: ``$MEMTP_SIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/memtp_sim``, else
-    ``~/.cache/memtp_sim``; None when the variable says ``off``, ``0`` or ``none``."""
+    ``~/.cache/memtp_sim``; None when the variable says ``off``, ``0``, ``none``, ``false`` or ``no``."""
     env = os.environ.get(CACHE_ENV, "").strip()
-    if env.lower() in ("off", "0", "none"):
+    if env.lower() in ("off", "0", "none", "false", "no"):
         return None
     if env:
         return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
     return Path(base) / "memtp_sim"
+
+
+#: the largest whole number a float64 (hence a number read from CSV or JSON) holds exactly; counts
+#: read as floats are refused above it (an int64 cast of 2^63 or more wraps to negative)
+MAX_EXACT_COUNT = 2**53
 
 
 def _cache_file(kind: str, inputs: Any, suffix: str) -> Path | None:
@@ -272,7 +277,7 @@ def disk_cached(kind: str, inputs: Any, compute: Any) -> Any:
     return value
 
 
-def disk_cached_arrays(kind: str, inputs: Any, compute: Any) -> dict[str, np.ndarray]:
+def disk_cached_arrays(kind: str, inputs: Any, compute: Any, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     """:func:`disk_cached` for numpy arrays: ``compute()`` returns ``{name: array}`` (numeric or
     fixed-width string arrays), kept as ``kind-<digest>.npz`` (exact, and ~100x faster to read
     than JSON for large arrays).
@@ -281,6 +286,7 @@ def disk_cached_arrays(kind: str, inputs: Any, compute: Any) -> dict[str, np.nda
         kind: what is cached (a file-name prefix), e.g. ``trace``.
         inputs: everything the arrays depend on (deterministic ``repr``).
         compute: a function of no arguments returning ``{name: np.ndarray}``.
+        keys: the names ``compute`` returns; a cached file with other names is computed again.
 
     Returns:
         The cached or freshly computed arrays.
@@ -293,7 +299,8 @@ def disk_cached_arrays(kind: str, inputs: Any, compute: Any) -> dict[str, np.nda
         return compute()
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+            if sorted(z.files) == sorted(keys):
+                return {k: z[k] for k in z.files}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         pass  # not cached yet, or unreadable: compute it
     value = compute()

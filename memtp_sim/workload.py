@@ -28,7 +28,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from ._io import disk_cached_arrays, file_digest
+from ._io import MAX_EXACT_COUNT, disk_cached_arrays, file_digest
 from .errors import ConfigError
 
 __all__ = ["Trace", "Workload", "load_trace", "build_workload"]
@@ -114,19 +114,22 @@ def _rows(p: Path, cols: list[str], path: str) -> pd.DataFrame:
 
 
 def _token_counts(df: pd.DataFrame, col: str, path: str) -> np.ndarray:
-    """A token-count column as int64: every value a whole number >= 1 (row numbers count the header)."""
+    """A token-count column as int64: every value a whole number in 1..2^53 (above that a CSV
+    number is no exact count, and past 2^63 int64 would wrap to negative); row numbers count the
+    header."""
     import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
     v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(v) | (v < 1) | (v != np.round(v))
+    bad = ~np.isfinite(v) | (v < 1) | (v != np.round(v)) | (v > MAX_EXACT_COUNT)
     if bad.any():
         i = int(bad.argmax())
         raise ConfigError(f"{path}: row {i + 2}, column {col}: {df[col].iloc[i]} is not a whole number of "
-                          "tokens >= 1")
+                          "tokens >= 1 (and <= 2^53)")
     return v.astype(np.int64)
 
 
 #: bump when _parse_trace changes what it returns (the on-disk cache is keyed by it)
-_TRACE_CACHE_FORMAT = 1
+_TRACE_CACHE_FORMAT = 2
+_TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "format")
 
 
 @lru_cache(maxsize=8)
@@ -140,7 +143,8 @@ def _read_trace(path: str, mtime_ns: int = 0, size: int = 0) -> Trace:  # stat i
         raise ConfigError(f"{path}: cannot read trace ({e.strerror})") from None
     # parsed once per machine and content: parsing imports pandas (~0.35 s, a third of a cold
     # what-if point) and reads every row
-    cols = disk_cached_arrays("trace", (digest, _TRACE_CACHE_FORMAT), lambda: _parse_trace(p, path))
+    cols = disk_cached_arrays("trace", (digest, _TRACE_CACHE_FORMAT), lambda: _parse_trace(p, path),
+                              keys=_TRACE_COLUMNS)
     return Trace(str(p), cols["arrival_s"], cols["prompt_tokens"], cols["output_tokens"], str(cols["format"]))
 
 

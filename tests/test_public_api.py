@@ -62,3 +62,20 @@ def test_import_and_help_load_no_heavy_dependency():
     assert set(memtp_sim.__all__) <= set(dir(memtp_sim))
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         memtp_sim.not_a_name  # noqa: B018
+
+
+def test_every_submodule_is_an_attribute_after_a_bare_import():
+    """``import memtp_sim`` then ``memtp_sim.<submodule>.X`` works for every public submodule (the docs
+    write ``memtp_sim.metrics.METRIC_NAMES``), whatever was touched first: the lazy loader
+    resolves submodules as well as public names."""
+    import json
+    import pkgutil
+    import subprocess
+    import sys
+
+    # public submodules (private ones may need optional packages: _measure_torch needs torch)
+    names = sorted(m.name for m in pkgutil.iter_modules(memtp_sim.__path__) if not m.name.startswith("_"))
+    code = ("import json, sys, memtp_sim\nok = []\nfor n in sys.argv[1:]:\n    ok.append(getattr(memtp_sim, n)"
+            ".__name__)\nprint(json.dumps(ok))")
+    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [f"memtp_sim.{n}" for n in names]

@@ -416,12 +416,30 @@ def test_out_of_order_and_reversed_traces_lose_no_request(tmp_path):
 
 @pytest.mark.parametrize("cell, needle", [("12.5", "row 3, column ContextTokens: 12.5 is not a whole number"),
                                           ("0", "row 3, column ContextTokens"),
-                                          ("abc", "row 3, column ContextTokens")])
+                                          ("abc", "row 3, column ContextTokens"),
+                                          # no exact count above 2^53; past 2^63 int64 would wrap negative
+                                          ("1e30", r"row 3, column ContextTokens: 1e\+30 is not a whole number"),
+                                          (str(2**53 + 2), "row 3, column ContextTokens")])
 def test_fractional_or_bad_token_counts_are_refused(tmp_path, cell, needle):
     f = _write_trace(tmp_path / "t.csv", [("2023-11-16 18:15:10.0000000", 10, 5),
                                           ("2023-11-16 18:15:11.0000000", cell, 5)])
     with pytest.raises(ConfigError, match=needle):
         load_trace(f)
+
+
+def test_huge_counts_in_a_cost_table_are_refused(tmp_path):
+    # the same kind as the trace's token counts: a count read as a float, cast to int64
+    from memtp_sim.hardware.tables import read_cost_table
+
+    src = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "costs.csv"
+    lines = src.read_text().splitlines(keepends=True)
+    cols = lines[0].rstrip("\n").split(",")
+    row = lines[1].split(",")
+    row[cols.index("context_tokens")] = "1e30"
+    bad = tmp_path / "c.csv"
+    bad.write_text(lines[0] + ",".join(row) + "".join(lines[2:5]))
+    with pytest.raises(CalibrationError, match="row 2, column context_tokens: '1e30' is not a whole number"):
+        read_cost_table(bad)
 
 
 def test_a_ramp_that_ends_counts_the_requests_that_never_arrived():

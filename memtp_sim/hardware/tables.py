@@ -35,6 +35,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+from .._io import MAX_EXACT_COUNT
 from ..errors import CalibrationError
 from .cost import AttentionCost, MeasuredDrafterCost, SPSTable
 
@@ -88,7 +89,8 @@ def _read_cost_table(path: str, mtime_ns: int, size: int) -> pd.DataFrame:  # st
         num = pd.to_numeric(text.where(text != "", np.nan), errors="coerce")
         bad = num.isna() & ((text != "") | (not optional))
         if col in _INT_COLUMNS:
-            bad |= num.notna() & ((num < (0 if col == "context_tokens" else 1)) | (num != num.round()))
+            bad |= num.notna() & ((num < (0 if col == "context_tokens" else 1)) | (num != num.round())
+                                  | (num > MAX_EXACT_COUNT))  # beyond: no exact count, and int64 would wrap
         else:
             bad |= num.notna() & ~(num > 0)
         if bad.any():
