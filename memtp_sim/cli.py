@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ._version import __version__
 from .errors import InvalidArgumentError, MemtpSimError
 from .memtp import MEMTP_DEFAULTS
 
@@ -471,6 +472,7 @@ def _positive_float(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=_prog(), description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run (or resume) a study YAML")

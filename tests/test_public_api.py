@@ -79,3 +79,11 @@ def test_every_submodule_is_an_attribute_after_a_bare_import():
             ".__name__)\nprint(json.dumps(ok))")
     out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [f"memtp_sim.{n}" for n in names]
+
+
+def test_the_cli_says_its_version():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "memtp_sim", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split()[-1] == memtp_sim.__version__
