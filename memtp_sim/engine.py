@@ -242,9 +242,8 @@ class Engine:
         width = self.drafter.max_draft_len
         self.temps = np.ones(width) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:width]
         self.head_rng = head_rng if head_rng is not None else np.random.default_rng(0)
-        self.diag_raw, self.diag_used = np.empty((self.DIAG_ROUNDS, width)), np.empty((self.DIAG_ROUNDS, width))
-        self.diag_ok = np.empty((self.DIAG_ROUNDS, width), dtype=bool)
-        self.diag_width = np.empty(self.DIAG_ROUNDS, dtype=np.int64)
+        self._diag_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # see _record_diag
+        self._diag_width = width
         self.diag_n = 0
         self.acc = acceptance
         self.wl = workload
@@ -923,17 +922,27 @@ class Engine:
 
     def _record_diag(self, raw: np.ndarray, used: np.ndarray, would: np.ndarray) -> None:
         # raw: head logits; used: confidences the policy saw; would: acceptance of every position.
-        # Rounds may draft fewer positions than the widest (elastic depth): pad and keep the width.
+        # The round's own arrays are kept (nothing writes to them after the round) and laid out
+        # once at the end of the run (_diag_arrays): a copy per round cost more than the rest of it.
         k = min(raw.shape[0], self.DIAG_ROUNDS - self.diag_n)
         if k > 0:
-            sl = slice(self.diag_n, self.diag_n + k)
-            w = raw.shape[1]
-            # raw logits now, their expit once at the end of the run (padding: logit 0 = 0.5)
-            self.diag_raw[sl, :w], self.diag_used[sl, :w], self.diag_ok[sl, :w] = raw[:k], used[:k], would[:k]
-            if w < self.diag_raw.shape[1]:
-                self.diag_raw[sl, w:], self.diag_used[sl, w:], self.diag_ok[sl, w:] = 0.0, 0.5, False
-            self.diag_width[sl] = w
+            self._diag_parts.append((raw[:k], used[:k], would[:k]))
             self.diag_n += k
+
+    def _diag_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(raw confidences, confidences used, outcomes, widths) of the recorded request-rounds:
+        ``(n_diag, width)`` each but the widths ``(n_diag,)``; a round that drafted fewer positions
+        than the widest (elastic depth) is padded (0.5, 0.5, False) and keeps its width."""
+        n, width = self.diag_n, self._diag_width
+        raw, used = np.zeros((n, width)), np.full((n, width), 0.5)  # raw logit 0 is confidence 0.5
+        ok, widths = np.zeros((n, width), dtype=bool), np.empty(n, dtype=np.int64)
+        row = 0
+        for r, u, w in self._diag_parts:
+            k, cols = r.shape
+            raw[row: row + k, :cols], used[row: row + k, :cols], ok[row: row + k, :cols] = r, u, w
+            widths[row: row + k] = cols
+            row += k
+        return expit(raw), used, ok, widths
 
     # ----------------------------------------------------------------- run
     def run(self) -> EngineState:
@@ -952,6 +961,7 @@ class Engine:
         env.run(until=proc)
         if not np.all((self.status == FINISHED) | (self.status == REJECTED)):
             raise EngineInvariantError("engine stopped with requests neither finished nor rejected")
+        diag_raw, diag_used, diag_ok, diag_width = self._diag_arrays()
         return EngineState(
             arrival_at_s=self.arrival_at, ready_at_s=self.ready_at, admitted_at_s=self.admitted_at,
             first_token_at_s=self.first_token_at, finished_at_s=self.finished_at,
@@ -962,8 +972,7 @@ class Engine:
             draft_tokens_accepted=self.accepted, rounds=self.log.arrays(),
             kv_capacity_blocks=self.kv.capacity, end_s=float(env.now), last_arrival_s=self.last_arrival,
             in_system_area=self.in_system_area,
-            confidence_raw=expit(self.diag_raw[: self.diag_n]), confidence_used=self.diag_used[: self.diag_n],
-            confidence_outcome=self.diag_ok[: self.diag_n], confidence_width=self.diag_width[: self.diag_n],
+            confidence_raw=diag_raw, confidence_used=diag_used, confidence_outcome=diag_ok, confidence_width=diag_width,
             num_depth_changes=self.drafter.num_depth_changes,
             num_not_arrived=self.wl.num_not_arrived, closed_loop=self.wl.closed_loop,
         )
