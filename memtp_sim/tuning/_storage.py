@@ -100,6 +100,34 @@ def storage_kind(url: str) -> str:
                       "postgresql+psycopg2://user:pass@host:port/db (or another SQLAlchemy URL), journal:///path.log")
 
 
+# what a process sees when another one is creating the same fresh database's tables at that moment
+_SCHEMA_RACE = re.compile(r"already exists|UNIQUE constraint failed|duplicate key|database is locked", re.IGNORECASE)
+
+
+def _first_open(make: Any, attempts: int = 8) -> Any:
+    """``make()`` (an RDBStorage), again after a short wait while its failure is another process
+    creating the same fresh database's tables (several workers started at once on a new
+    storage): Optuna creates the schema without a lock, so all but one of them fail once.
+
+    Raises:
+        Exception: ``make``'s own error when it is not that race, or after ``attempts`` tries.
+
+    Source:
+        Optuna issues #1092 and #4621 (concurrent first use of one RDB: "table ... already exists",
+        "UNIQUE constraint failed: alembic_version", "duplicate key value").
+    """
+    import time
+
+    for attempt in range(attempts):
+        try:
+            return make()
+        except Exception as e:  # sqlalchemy errors; the others are raised at once
+            if attempt == attempts - 1 or not _SCHEMA_RACE.search(str(e)):
+                raise
+            time.sleep(min(0.05 * 2**attempt, 1.0))
+    raise AssertionError("unreachable")
+
+
 def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: int = 30,
                  flag: str = "--storage") -> optuna.storages.BaseStorage:
     """Open an Optuna storage from a URL.
@@ -147,7 +175,7 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: in
             db = url[len("sqlite:///"):]
             if db and db != ":memory:":
                 Path(db).parent.mkdir(parents=True, exist_ok=True)
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+            return _first_open(lambda: optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}))
         if url.startswith("postgresql://"):
             try:
                 import psycopg  # noqa: F401  (SQLAlchemy 2 maps postgresql:// to psycopg 3)
@@ -161,9 +189,9 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: in
                  else "failed_trial_callback")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
+            return _first_open(lambda: optuna.storages.RDBStorage(
                 url, heartbeat_interval=heartbeat_interval_s, grace_period=grace_period_s,
-                engine_kwargs={"pool_pre_ping": True}, **{cb_kw: retry(max_retry=3)})
+                engine_kwargs={"pool_pre_ping": True}, **{cb_kw: retry(max_retry=3)}))
     except MemtpSimError:
         raise
     except Exception as e:  # driver import errors, connection refused, bad credentials ...

@@ -131,7 +131,8 @@ def test_ctrl_c_with_two_workers_is_one_clean_line_and_resumes(tmp_path):
             continue
         pids = {t.user_attrs["worker"]["pid"] for t in trials
                 if t.state == TrialState.RUNNING and "worker" in t.user_attrs}
-    assert len(pids) == 2, "never saw both workers in a trial"
+    assert len(pids) == 2, ("never saw both workers in a trial" if proc.poll() is None else
+                            f"tune ended first (exit {proc.returncode}): {proc.communicate()[1][-2000:]}")
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

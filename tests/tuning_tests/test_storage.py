@@ -154,3 +154,20 @@ def test_postgres_url_without_driver_is_a_clear_error(capsys, tmp_path):
     err = capsys.readouterr().err
     _assert_one_line_error(rc, err, "postgresql+psycopg2://")
     assert "secret" not in err
+
+
+def test_workers_started_together_on_a_fresh_storage_all_open_it(tmp_path):
+    """Six processes opening one new SQLite storage at the same moment (workers on several
+    terminals, or hosts on one PostgreSQL): Optuna creates the tables without a lock, so before
+    the fix all but one failed with "table ... already exists" / "UNIQUE constraint failed:
+    alembic_version" (Optuna issues #1092, #4621); now each retries until the schema is there."""
+    code = ("import sys; from memtp_sim.tuning import open_storage; import optuna; "
+            "s = open_storage(sys.argv[1]); optuna.create_study(study_name='race', storage=s, load_if_exists=True); "
+            "print('ok')")
+    for rep in range(2):
+        url = f"sqlite:///{tmp_path / f'race{rep}.db'}"
+        procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(6)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        bad = [err.strip().splitlines()[-1:] for p, (out, err) in zip(procs, outs) if p.returncode != 0]
+        assert not bad, bad
