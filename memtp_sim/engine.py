@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import simpy
@@ -86,6 +86,21 @@ ROUND_FIELDS = (
     "num_trimmed", "depth", "coherence", "heads_gib", "kv_gib", "free_gib", "kv_capacity_blocks",
     "head_load_s", "num_remote_prefill", "kv_read_tokens", "overhead_s", "cost_extrapolated",
 )
+
+
+class _PlainBlock(NamedTuple):
+    """Plain rounds to run as one block (:meth:`Engine._plan_plain_block`): ``times`` (rounds + 1,)
+    the clock at each round's start and at the last one's end; ``durations``, ``verify_s`` and
+    ``blocks`` (KV blocks after each round's token) (rounds,); the rest one value for every round."""
+
+    rounds: int
+    times: np.ndarray
+    durations: np.ndarray
+    verify_s: np.ndarray
+    blocks: np.ndarray
+    draft_s: float
+    overhead_s: float
+    extrapolated: int
 
 
 @dataclass(frozen=True)
@@ -494,12 +509,12 @@ class Engine:
             self._tables = None
             if plain_ok and not pre.size and not num_preempted:
                 ahead = self.policy.plain_rounds_ahead(round_index) if gamma > 0 else _UNBOUNDED
-                rounds, cost = self._plain_block_rounds(dec, ahead) if ahead > 1 else (0, ())
-                if rounds > 1:
-                    yield from self._plain_block(dec, rounds, cost, gamma, head_load_s, round_index)
+                plan = self._plan_plain_block(dec, ahead) if ahead > 1 else None
+                if plan is not None:
+                    yield from self._plain_block(dec, plan, gamma, head_load_s, round_index)
                     if gamma > 0:
-                        self.policy.skip_plain_rounds(round_index, rounds)
-                    round_index += rounds
+                        self.policy.skip_plain_rounds(round_index, plan.rounds)
+                    round_index += plan.rounds
                     continue
             k = self._draft_length(dec, gamma, round_index)
             if k:  # each decoding request reserves 1 + k KV slots (vLLM allocate_slots lookahead)
@@ -560,80 +575,62 @@ class Engine:
         (:meth:`~memtp_sim.policies.base.Policy.plain_rounds_ahead`)."""
         return self.PLAIN_BLOCKS and not self.drafter.elastic and not self.control.dynamic
 
-    def _plain_block_rounds(self, dec: np.ndarray, ahead: int) -> tuple[int, tuple]:
-        """How many plain rounds from now (all running requests decoding, nothing drafted) can run
-        as one block with the same outcome as round by round, and their costs (see
-        :meth:`_plain_round_costs`): at most ``ahead`` (the plain rounds the policy announced) and
-        :data:`_MAX_BLOCK_ROUNDS`, up to and including the round where the first request finishes,
-        while no other SimPy event falls inside a round but the last (the round-by-round path's
-        ``env.peek()`` check), and while every round's anchors fit the KV cache.
+    def _plan_plain_block(self, dec: np.ndarray, ahead: int) -> _PlainBlock | None:
+        """The plain rounds from now (all running requests decoding, nothing drafted) that can run as
+        one block with the same outcome as round by round, priced (None: fewer than two): at most
+        ``ahead`` (the plain rounds the policy announced) and :data:`_MAX_BLOCK_ROUNDS`, up to and
+        including the round where the first request finishes, while no other SimPy event falls
+        inside a round but the last (the round-by-round path's ``env.peek()`` check), and while
+        every round's anchors fit the KV cache. Each pass is priced at its own context (every
+        request one token longer a round) with the same float operations as the round path.
 
         Admission stays as it was: it failed this round (or nothing waits), and within a block no
         request finishes before the last round, so no KV or batch slot frees up."""
         num_dec = dec.size
         if not num_dec or len(self.running) != num_dec:
-            return 0, ()
+            return None
         now, next_event = self.env.now, self.env.peek()
         _, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
-        first = self._pass_time(decode_table, num_dec, num_dec, 0, False)
-        if now + (0.0 + self.drafter.prefill_time_s(0) + first[2] + first[0]) >= next_event:
-            return 0, ()  # an event falls inside this very round (checked first: at high load, most rounds)
+        first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
+        draft_s = 0.0 + self.drafter.prefill_time_s(0)
+        fixed_s = 0.0 + draft_s + overhead_s  # head load 0 + draft + overhead, as the round path adds them
+        if now + (fixed_s + first_s) >= next_event:
+            return None  # an event falls inside this very round (checked first: at high load, most rounds)
         rounds = min(int(_min(self.output[dec] - self.generated[dec])), ahead, _MAX_BLOCK_ROUNDS)
         if rounds < 2:
-            return 0, ()
-        cost = self._plain_round_costs(dec, rounds, first)
-        if cost is None:
-            return 0, ()
-        ends = _cumsum(np.concatenate(([now], cost[0])))[1:]
-        late = ends >= next_event
-        if _any(late):
-            rounds = int(late.argmax()) + 1  # a round may reach the next event only as the block's last
-        # KV: before round j every request holds t + j tokens and needs a slot for one more
-        kv = self.kv
-        steps = np.arange(1, rounds + 1)
-        need = _sum(-(-(kv.tokens[dec][:, None] + steps[None, :]) // kv.block_tokens), axis=0)
-        over = need > kv.capacity
-        if _any(over):
-            rounds = int(over.argmax())  # the rounds before the first that would preempt
-        return rounds, cost
-
-    def _plain_round_costs(self, dec: np.ndarray, rounds: int, first: tuple) -> tuple | None:
-        """``(durations (rounds,), draft_s, verify_s (rounds,), overhead_s, extrapolated)`` of the
-        next ``rounds`` plain rounds of the decoding requests ``dec``, each priced at its own
-        context (every request one token longer a round) with the same float operations as the
-        round-by-round path (``first``: :meth:`_pass_time` of this round); None when the pass is
-        priced by a rule this does not cover."""
-        num_dec = dec.size
+            return None
         tokens = self.kv.tokens[dec]
         steps = np.arange(rounds)
         verify_s = self.profile.decode_table.pass_times_along_s(
             num_dec, num_dec, int(_max(tokens)) + steps, int(_sum(tokens)) + num_dec * steps)
-        if verify_s is None:
+        if verify_s is None or verify_s[0] != first_s:  # a rule this does not cover: round by round
             return None
-        first_s, extrapolated, overhead_s = first
-        if verify_s[0] != first_s:  # both price the same context the same way; if not, round by round
+        durations = fixed_s + verify_s
+        times = _cumsum(np.concatenate(([now], durations)))
+        late = times[1:] >= next_event
+        if _any(late):
+            rounds = int(late.argmax()) + 1  # a round may reach the next event only as the block's last
+        # KV after round j's token, its peak: every request holds t + j + 1 tokens
+        blocks = _sum(-(-(tokens[:, None] + steps[None, :rounds] + 1) // self.kv.block_tokens), axis=0)
+        over = blocks > self.kv.capacity
+        if _any(over):
+            rounds = int(over.argmax())  # the rounds before the first that would preempt
+        if rounds < 2:
             return None
-        draft_s = 0.0 + self.drafter.prefill_time_s(0)
-        return 0.0 + draft_s + overhead_s + verify_s, draft_s, verify_s, overhead_s, extrapolated
+        return _PlainBlock(rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds],
+                           draft_s, overhead_s, extrapolated)
 
-    def _plain_block(self, dec: np.ndarray, rounds: int, cost: tuple, gamma: int, head_load_s: float,
-                     round_index: int):
-        """Run ``rounds`` plain rounds at once (see :meth:`_plain_block_rounds`): every request
+    def _plain_block(self, dec: np.ndarray, plan: _PlainBlock, gamma: int, head_load_s: float, round_index: int):
+        """Run the plain rounds of ``plan`` at once (see :meth:`_plan_plain_block`): every request
         emits one token a round; the clock moves round by round (the same float additions), and
         the round log gets the same rows, as the round-by-round path."""
         env, kv = self.env, self.kv
-        num_dec = dec.size
-        durations, draft_s, verify_s, overhead_s, extrapolated = cost
-        durations, verify_s = durations[:rounds], verify_s[:rounds]
+        num_dec, rounds, times, durations, blocks = dec.size, plan.rounds, plan.times, plan.durations, plan.blocks
         num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
         tokens0 = kv.tokens[dec]
-        steps = np.arange(rounds)
-        times = _cumsum(np.concatenate(([env.now], durations)))
-        # KV held after each round's token (the round's peak: it stores exactly its anchor)
-        blocks = _sum(-(-(tokens0[:, None] + steps[None, :] + 1) // kv.block_tokens), axis=0)
         # the round checks, on the block's extremes (its largest KV, shortest pass, longest round)
-        self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(verify_s)), draft_s, overhead_s,
-                         head_load_s, float(_max(durations)))
+        self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(plan.verify_s)), plan.draft_s,
+                         plan.overhead_s, head_load_s, float(_max(durations)))
         if env.peek() > times[-1]:
             env._now = float(times[-1])
         else:
@@ -654,15 +651,15 @@ class Engine:
         after = blocks.copy()
         after[-1] = kv.blocks_used  # the last round's row is written after its finished requests free their KV
         self.log.append_block({
-            "start_s": times[:-1], "duration_s": durations, "draft_s": draft_s, "verify_s": verify_s,
+            "start_s": times[:-1], "duration_s": durations, "draft_s": plan.draft_s, "verify_s": plan.verify_s,
             "num_decode": num_dec, "num_prefill": 0, "prefill_tokens": 0, "batch_tokens": num_dec, "gamma": 0,
             "verify_tokens": 0, "accepted_tokens": 0, "emitted_tokens": num_dec, "num_waiting": num_waiting,
             "num_running": num_running, "kv_blocks_peak": blocks, "kv_blocks_after": after, "theta": np.nan,
             "theta_global": np.nan, "num_preempted": 0, "num_trimmed": 0, "depth": gamma,
             "coherence": self.coherence.value, "heads_gib": self.drafter.held_gib, "kv_capacity_blocks": kv.capacity,
             "head_load_s": head_load_s, "num_remote_prefill": num_remote,
-            "kv_read_tokens": int(_sum(tokens0)) + num_dec * steps, "overhead_s": overhead_s,
-            "cost_extrapolated": extrapolated,
+            "kv_read_tokens": int(_sum(tokens0)) + num_dec * np.arange(rounds), "overhead_s": plan.overhead_s,
+            "cost_extrapolated": plan.extrapolated,
         }, rounds)
 
     def _check_pass(self, round_index: int, batch_tokens: int, kv_peak: int, verify_s: float, draft_s: float,

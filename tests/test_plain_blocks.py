@@ -38,7 +38,7 @@ def both_ways(monkeypatch, fn):
     monkeypatch.setattr(Engine, "PLAIN_BLOCKS", True)
     calls = []
     orig = Engine._plain_block
-    monkeypatch.setattr(Engine, "_plain_block", lambda self, *a: calls.append(a[1]) or orig(self, *a))
+    monkeypatch.setattr(Engine, "_plain_block", lambda self, *a: calls.append(a[1].rounds) or orig(self, *a))
     fast = fn()
     return slow, fast, calls
 
