@@ -468,29 +468,28 @@ class SPSTable:
         d = self._dense
         if not 0 < b < d.zero_ms.size:
             return None
-        idx = d.pad_index[b: b + 1]
-        q = idx / max(float(num_requests), 1.0)
-        kv = np.asarray(kv_tokens, dtype=np.float64)
-        out = (d.zero_ms[idx] + self.attention.ms(q, np.asarray(l_max, dtype=np.float64), kv, kv * q)) \
-            * d.factor[b: b + 1] / 1000.0
+        out = self._context_s(slice(b, b + 1), float(num_requests), np.asarray(l_max, dtype=np.float64),
+                              np.asarray(kv_tokens, dtype=np.float64))
         return None if np.isnan(out).any() else out
 
-    def _context_one_s(self, b: int) -> float:
-        """:meth:`_context_slice_s` for one B, on scalars (the same float operations, no arrays)."""
+    def _context_s(self, bs: Any, num_requests: float, l_max: Any, kv: Any) -> Any:
+        """The pass time in seconds at batch(es) ``bs`` (an int, or a slice of B) with the attention
+        term of ``num_requests`` requests, longest context ``l_max`` and ``kv`` KV tokens read (floats
+        or arrays, broadcast): the one formula every context pricing here uses, so that a scalar, a
+        range of B and a sequence of contexts agree bit for bit."""
         d = self._dense
-        idx = d.pad_index[b]
-        req, l_max, kv = self.context
-        q = idx / max(req, 1.0)
-        return float((d.zero_ms[idx] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[b] / 1000.0)
+        idx = d.pad_index[bs]
+        q = idx / max(num_requests, 1.0)
+        return (d.zero_ms[idx] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[bs] / 1000.0
+
+    def _context_one_s(self, b: int) -> float:
+        """:meth:`_context_slice_s` for one B, on scalars (no arrays)."""
+        return float(self._context_s(b, *self.context))
 
     def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
         evaluates only what it is asked for: a per-round dense array would cost more than the scan)."""
-        d = self._dense
-        idx = d.pad_index[b_first: b_last + 1]
-        req, l_max, kv = self.context
-        q = idx / max(req, 1.0)
-        return (d.zero_ms[idx] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[b_first: b_last + 1] / 1000.0
+        return self._context_s(slice(b_first, b_last + 1), *self.context)
 
     def _roofline_ms(self, b: np.ndarray, ms: np.ndarray | None = None) -> np.ndarray:
         return roofline_extrapolate(b, self.batch_tokens, self.pass_ms if ms is None else ms)
