@@ -139,9 +139,19 @@ class _RoundLog:
         self.append = self.rows.append
         self._pieces = 0  # block pieces appended since the last merge (append_block)
 
+    #: blocks of at most this many rounds are stored as tuples, like single rounds: 31 typed
+    #: arrays per block cost more than the rows themselves for the short blocks of a busy engine
+    SHORT_BLOCK = 64
+
     def append_block(self, cols: dict[str, np.ndarray | float | int], num_rows: int) -> None:
         """Append ``num_rows`` rounds at once: each ``_LOGGED`` field an array of that length or
         one value for every row (after the tuples appended so far, in order)."""
+        if num_rows <= self.SHORT_BLOCK:
+            self.rows.extend(zip(*[v.tolist() if isinstance(v, np.ndarray) else (v,) * num_rows
+                                   for v in map(cols.__getitem__, _LOGGED)]))
+            if len(self.rows) >= self.FLUSH:
+                self.flush()
+            return
         self.flush()
         for f in _LOGGED:
             v = cols[f]
