@@ -85,6 +85,13 @@ class AttentionCost:
         a = slopes[0] if qs.size == 1 else np.interp(q, qs, slopes)
         return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
 
+    def ms_float(self, q: float, l_max: float, kv: float, pairs: float) -> float:
+        """:meth:`ms` for Python floats, on floats: the same IEEE operations in the same order, so
+        the same bits (none of the terms is NaN), at a fraction of numpy's per-scalar cost."""
+        qs, slopes = self._a_arrays
+        a = float(slopes[0]) if qs.size == 1 else float(np.interp(q, qs, slopes))
+        return max(max(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
+
 
 @dataclass(frozen=True)
 class _Dense:
@@ -94,6 +101,18 @@ class _Dense:
     zero_ms: np.ndarray  # the same with the attention term removed (context 0)
     pad_index: np.ndarray  # the captured (graph) size a B is padded to
     factor: np.ndarray  # 1, or the eager factor above the largest captured size
+
+    @cached_property
+    def padded(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pad_index as float64, zero_ms at the padded size) per B: slices of them are views,
+        where indexing zero_ms by pad_index would copy every round."""
+        return self.pad_index.astype(np.float64), self.zero_ms[self.pad_index]
+
+    @cached_property
+    def padded_lists(self) -> tuple[list[float], list[float], list[float]]:
+        """:attr:`padded` and ``factor`` as Python lists: one B priced on floats, no numpy scalars."""
+        pad_f, zero_at_pad = self.padded
+        return pad_f.tolist(), zero_at_pad.tolist(), self.factor.tolist()
 
 
 def roofline_extrapolate(x: Any, xs: np.ndarray, ts: np.ndarray) -> Any:
@@ -478,13 +497,17 @@ class SPSTable:
         or arrays, broadcast): the one formula every context pricing here uses, so that a scalar, a
         range of B and a sequence of contexts agree bit for bit."""
         d = self._dense
-        idx = d.pad_index[bs]
-        q = idx / max(num_requests, 1.0)
-        return (d.zero_ms[idx] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[bs] / 1000.0
+        pad_f, zero_at_pad = d.padded
+        q = pad_f[bs] / max(num_requests, 1.0)
+        return (zero_at_pad[bs] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[bs] / 1000.0
 
     def _context_one_s(self, b: int) -> float:
-        """:meth:`_context_slice_s` for one B, on scalars (no arrays)."""
-        return float(self._context_s(b, *self.context))
+        """:meth:`_context_s` for one B on Python floats: the same operations in the same order
+        (tests/test_cost_context_scalar.py checks the bits against the array formula)."""
+        pad_f, zero_at_pad, factor = self._dense.padded_lists
+        num_requests, l_max, kv = self.context
+        q = pad_f[b] / max(num_requests, 1.0)
+        return (zero_at_pad[b] + self.attention.ms_float(q, l_max, kv, kv * q)) * factor[b] / 1000.0
 
     def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
