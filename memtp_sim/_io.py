@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import zipfile
 from pathlib import Path
@@ -31,7 +32,7 @@ import yaml
 from ._version import __version__
 from .errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "file_digest", "json_default", "yaml_loader",
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "load_yaml", "file_digest", "json_default", "yaml_loader",
            "cache_dir", "disk_cached", "disk_cached_arrays", "MAX_EXACT_COUNT", "CACHE_ENV", "check_writable_dir"]
 
 
@@ -149,9 +150,27 @@ def _construct_unique_mapping(loader: Any, node: yaml.MappingNode, deep: bool = 
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+# YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot and a signed exponent, so
+# `1e-3`, `5e6` and `1.0e5` were strings and a number field said "not a number" (a user's report).
+# Integers keep their own resolver, which is tried first.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
-#: The loader :func:`read_yaml` uses (safe, unique keys, C parser when available).
+#: The loader every YAML this package reads goes through (safe, unique keys, YAML 1.2 floats,
+#: the C parser when available): :func:`read_yaml` and :func:`load_yaml`.
 yaml_loader = _UniqueKeyLoader
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text with :data:`yaml_loader` (safe; a key given twice is refused; ``1e-3`` is a
+    float as in YAML 1.2).
+
+    Raises:
+        yaml.YAMLError: the text is not valid YAML or repeats a key (callers name their file).
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
 
 
 def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigError,
@@ -179,7 +198,7 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
     if not p.is_file():
         raise error(f"{path}: file not found")
     try:
-        doc = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - safe loader
+        doc = load_yaml(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise error(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError:

@@ -74,6 +74,7 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
+from ._io import load_yaml
 from .api import run
 from .config import (
     MAX_REQUESTS_PER_RUN,
@@ -313,7 +314,7 @@ def parse_policies(texts: Sequence[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for text in texts:
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text)
         except yaml.YAMLError:
             value = None
         items = value if isinstance(value, list) else [value]

@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
-import yaml
 
-from ._io import atomic_write_bytes, atomic_write_text, check_writable_dir, file_digest, json_default
+from ._io import atomic_write_bytes, atomic_write_text, check_writable_dir, file_digest, json_default, load_yaml
 from ._procs import FolderLock, die_with_parent
 from ._version import __version__
 from .acceptance import DEFAULT_ACCEPTANCE, acceptance_dir
@@ -69,7 +68,7 @@ def input_fingerprint(scenario: Scenario) -> dict[str, str]:
     hw = Path(scenario.hardware.profile)
     hw = hw if hw.suffix in (".yaml", ".yml") else list_profiles()[scenario.hardware.profile]
     out["hardware"] = file_digest(hw)
-    csv_name = (yaml.safe_load(hw.read_text()) or {}).get("measurements")
+    csv_name = (load_yaml(hw.read_text(encoding="utf-8")) or {}).get("measurements")
     if csv_name and (hw.parent / csv_name).is_file():
         out["measurements"] = file_digest(hw.parent / csv_name)
     if scenario.acceptance.alpha is None:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ValidationError
 
 import memtp_sim
 
-from .._io import atomic_write_bytes, atomic_write_text
+from .._io import atomic_write_bytes, atomic_write_text, load_yaml
 from ..config import Scenario, Study, format_validation_error
 from ..errors import MemtpSimError
 from ..hardware import DEFAULT_PROFILE, list_profiles, load_profile
@@ -192,7 +192,7 @@ class Workdir:
             CalibrationError: the profile cannot be read.
         """
         src = Path(load_profile(profile).path)
-        doc = yaml.safe_load(src.read_text())
+        doc = load_yaml(src.read_text(encoding="utf-8"))
         doc["measurements"] = str((src.parent / str(doc["measurements"])).resolve())
         doc["name"] = f"{doc['name']}{extra_gib:+g}GiB"
         mem = doc["memory"]

@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .._io import atomic_write_text, cache_dir
+from .._io import atomic_write_text, cache_dir, load_yaml
 from .._version import __version__
 from ..errors import CalibrationError
 from .memory import GIB
@@ -255,7 +255,7 @@ def from_table(path: Path) -> pd.DataFrame:
 
 def _table_from_yaml(path: Path) -> pd.DataFrame:
     try:
-        doc = yaml.safe_load(_read_text(path))
+        doc = load_yaml(_read_text(path))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"row {mark.line + 1}, column {mark.column + 1}" if mark else "row ?"
@@ -923,7 +923,7 @@ def _existing_doc(out: Path) -> dict[str, Any]:
     if not out.is_file():
         return {}
     try:
-        doc = yaml.safe_load(out.read_text(encoding="utf-8"))
+        doc = load_yaml(out.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise CalibrationError(f"{out}: exists but is not a readable YAML profile ({e.__class__.__name__}); "
                                "move it away or fix it") from None

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
+from .._io import load_yaml
 from ..errors import CalibrationError
 from .cost import BELOW_MIN_RULES, BEYOND_MAX_RULES, DrafterCost, Overheads, SPSTable
 from . import tables
@@ -328,7 +329,7 @@ def _stat_key(path: Path) -> tuple[int, int]:
 @lru_cache(maxsize=64)
 def _read_profile_doc(path_s: str, mtime_ns: int, size: int) -> dict[str, Any]:  # stat in the key: edits reload
     try:
-        doc = yaml.load(Path(path_s).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+        doc = load_yaml(Path(path_s).read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise CalibrationError(f"{path_s}: not valid YAML ({e.__class__.__name__})") from None
     if not isinstance(doc, dict):
