@@ -29,7 +29,10 @@ def _overview(page: HtmlPage, res: StudyResults) -> None:
         "(mean over seeds, bars = standard deviation).</li>"
         "<li><b>verify budget</b> = draft tokens verified per request per round + 1 bonus token "
         "(MTP-1 is always 2; no speculation is 1).</li>"
-        "<li>TTFT includes queueing and prefill; TPOT = 1000 / tok/s/user.</li></ul>")
+        "<li>TTFT = first token - arrival: the wait for prefill and the prefill itself. With disaggregated "
+        "prefill the first token comes from a prefill box, so the wait for a decode slot on this box "
+        "(queue_s) comes after it and lands in TPOT and tok/s/user, not in TTFT. "
+        "TPOT = 1000 / tok/s/user.</li></ul>")
 
 
 def _winners_and_losses(page: HtmlPage, res: StudyResults) -> None:
