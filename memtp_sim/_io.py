@@ -47,7 +47,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         data: the whole new content.
 
     Raises:
-        OSError: the folder cannot be created or written (the temporary file is removed first).
+        OSError: the folder cannot be created or written (the temporary file is removed first);
+            its ``filename`` is set (``path`` when the failing call named none, e.g. a full disk).
 
     Source:
         :func:`os.replace` is an atomic rename on POSIX (``rename(2)``) when source and
@@ -63,6 +64,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:  # a failed write (disk full) names no file: name the one being written
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -67,6 +67,10 @@ def _eta(elapsed_s: float, done: int, total: int) -> str:
     return f"{_duration(elapsed_s)}, about {_duration(elapsed_s / done * (total - done))} left"
 
 
+#: errors of the machine, not of the input: exit code 1 (a failure), not 2 (bad input)
+_OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
 def _fail(msg: str, code: int = 2) -> int:
     print(f"error: {msg}", file=sys.stderr)
     return code
@@ -640,6 +644,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as e:  # unreadable / unwritable files the checks above did not catch
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        if e.errno in _OUT_OF_SPACE:  # not bad input: the machine ran out; what was written is kept
+            return _fail(f"{where}{e.strerror}: free some space and run the same command again "
+                         "(finished results are kept)", code=1)
         return _fail(f"{where}{e.strerror or e}")
     except KeyboardInterrupt:
         kept = getattr(args, "on_interrupt", "")

@@ -130,3 +130,38 @@ def test_resume_does_not_reuse_results_from_a_changed_trace(tmp_path):
     second = json.loads(summary.read_text())
     assert second["inputs"]["trace"] != first["inputs"]["trace"]
     assert second["metrics"]["output_tokens_total"] > first["metrics"]["output_tokens_total"]
+
+
+# ------------------------------------------------------------------------------ a full disk
+def _disk_full(*_a, **_k):
+    import errno as _errno
+    raise OSError(_errno.ENOSPC, "No space left on device")  # as write/fsync raise it: no file named
+
+
+def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    from memtp_sim import _io
+    monkeypatch.setattr(_io.os, "fsync", _disk_full)
+    target = tmp_path / "sub" / "summary.json"
+    with pytest.raises(OSError) as exc:
+        _io.atomic_write_text(target, "{}")
+    assert exc.value.filename == str(target) and exc.value.errno == 28
+    assert not target.exists() and list(target.parent.iterdir()) == []
+
+
+def test_a_full_disk_during_a_study_is_exit_1_with_the_file_and_what_to_do(tmp_path, capsys, monkeypatch):
+    # a full disk is not bad input (exit 2): the run failed (exit 1), and the line says which file
+    # and that the same command resumes
+    from memtp_sim import _io
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE)
+    real_fsync = os.fsync
+
+    def fills_up(fd):  # the folder checks pass; the disk fills once runs write their results
+        return _disk_full() if any((tmp_path / "out").glob("*/runs/*")) else real_fsync(fd)
+
+    monkeypatch.setattr(_io.os, "fsync", fills_up)
+    rc = main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1, err
+    assert err[-1].startswith(f"error: {tmp_path / 'out'}"), err
+    assert "No space left on device" in err[-1] and "run the same command again" in err[-1], err
