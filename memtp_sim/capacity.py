@@ -21,6 +21,10 @@ workload built from the scenario's trace lengths (see :func:`poisson_scenario`):
    ``N / W0``.
 3. **Bracket** by doubling (while the rate passes) or halving (while it fails) until one rate
    passes and the next fails (at most :data:`MAX_DOUBLINGS` / :data:`MAX_HALVINGS` steps).
+   Halving stops early (status ``no_passing_rate``) when a failing term on a metric outside
+   :data:`LOAD_MONOTONE` (acceptance rate, throughput, ...) came no closer to its bound over the
+   last :data:`NO_GAIN_HALVINGS` halvings (by :data:`NO_GAIN_FRAC` of its gap): lower load does
+   not make it better, so no lower rate meets it.
 4. **Bisection on log rate**: the geometric midpoint of the bracket, until
    ``hi / lo <= 1 + rel_tol``.
 
@@ -33,8 +37,9 @@ to sampling noise.
 **Overload.** A finite run hides a queue that grows without bound: its percentiles describe the
 requests that happened to finish. A rate whose seed-mean ``offered_load_ratio`` (arrivals /
 completions while load is offered) exceeds :data:`memtp_sim.metrics.OVERLOAD_RATIO` therefore
-fails whatever its percentiles say. The flip side: an SLO so loose that it holds on any finite
-backlog can report up to about ``OVERLOAD_RATIO`` times the service capacity.
+fails whatever its percentiles say (:func:`memtp_sim.metrics.is_overloaded`: runs of fewer than
+``OVERLOAD_MIN_ARRIVALS`` requests are too short to tell). The flip side: an SLO so loose that it
+holds on any finite backlog can report up to about ``OVERLOAD_RATIO`` times the service capacity.
 
 **Run length.** Each run has ``n = max(scenario num_requests, min_requests,
 REQUESTS_PER_IN_SYSTEM x rate x W0)`` requests: enough that the p90s rest on many requests, and
@@ -86,7 +91,7 @@ from .config import (
     read_config_yaml,
 )
 from .errors import ConfigError, InvalidArgumentError
-from .metrics import METRIC_NAMES, OVERLOAD_RATIO
+from .metrics import METRIC_NAMES, OVERLOAD_RATIO, is_overloaded
 
 __all__ = [
     "SLO",
@@ -105,6 +110,8 @@ __all__ = [
     "MAX_DOUBLINGS",
     "MAX_HALVINGS",
     "LOAD_MONOTONE",
+    "NO_GAIN_HALVINGS",
+    "NO_GAIN_FRAC",
 ]
 
 #: Requests of the unloaded (one-user, closed-loop) run that estimates the start rate.
@@ -123,6 +130,12 @@ LOAD_MONOTONE: dict[str, str] = {
                          "e2e_s_p50", "e2e_s_p90", "e2e_s_p99", "mean_e2e_s", "queue_s_p50", "queue_s_p90")},
     **{m: ">=" for m in ("tok_per_s_user_p10", "tok_per_s_user_p50", "tok_per_s_user_p90", "tok_per_s_user_mean")},
 }
+#: While halving, a failing term outside LOAD_MONOTONE must come NO_GAIN_FRAC of its gap closer to its
+#: bound within this many halvings (load / 8); one that does not (acceptance rate, throughput) gets
+#: no better at lower load, and halving on would spend 20 more rates to say so.
+NO_GAIN_HALVINGS = 3
+#: The gain (fraction of the first gap) that counts as closer: more than run-to-run noise.
+NO_GAIN_FRAC = 0.1
 #: Extra metrics every point records besides the SLO's own.
 _ALWAYS = ("offered_load_ratio", "mean_in_system", "mean_e2e_s", "num_completed")
 
@@ -389,7 +402,8 @@ class CapacityPoint:
             ``mean_in_system``, ``mean_e2e_s``, ``num_completed``; units as named.
         per_seed: the same metrics, one value per seed (in seed order).
         seed_passed: per seed, whether that seed alone met the SLO and was not overloaded.
-        overloaded: the seed-mean ``offered_load_ratio`` exceeds ``OVERLOAD_RATIO``.
+        overloaded: the seed-mean ``offered_load_ratio`` exceeds ``OVERLOAD_RATIO`` (on runs of at
+            least ``OVERLOAD_MIN_ARRIVALS`` requests: :func:`memtp_sim.metrics.is_overloaded`).
         passed: the SLO holds on the seed means and the rate is not overloaded.
         failures: why the rate failed (empty when it passed).
         num_runs: runs spent on this rate (seeds, twice when rerun longer).
@@ -431,8 +445,9 @@ class CapacityResult:
             first; the interval is the bracket so far), ``no_passing_rate`` (a term on a
             :data:`LOAD_MONOTONE` metric failed on the unloaded run already: no rate was tried
             and the interval is ``(0, 0)``; or the SLO failed at every rate down to the start /
-            2**MAX_HALVINGS), ``no_failing_rate`` (it held at every rate up to the start x
-            2**MAX_DOUBLINGS).
+            2**MAX_HALVINGS, or down to where a term was seen not to get better at lower load:
+            see :data:`NO_GAIN_HALVINGS`), ``no_failing_rate`` (it held at every rate up to the
+            start x 2**MAX_DOUBLINGS).
         slo: the SLO.
         policy: the scenario's policy label.
         seeds: the seeds every rate ran.
@@ -486,6 +501,10 @@ class CapacityResult:
 # ------------------------------------------------------------------------------------ search
 class _OutOfRuns(Exception):
     """The run budget cannot pay for the next rate."""
+
+
+class _NoGain(Exception):
+    """A failing SLO term gets no better as the rate halves (the message says which)."""
 
 
 @dataclass
@@ -567,12 +586,12 @@ class _Search:
         names = list(runs[0])
         per_seed = {k: tuple(r[k] for r in runs) for k in names}
         means = {k: _nanmean(vals) for k, vals in per_seed.items()}
-        overloaded = bool(means["offered_load_ratio"] > OVERLOAD_RATIO)
+        overloaded = is_overloaded(means["offered_load_ratio"], n)
         failures = self.slo.failures(means)
         if overloaded:
             failures.append(f"overloaded: offered_load_ratio = {means['offered_load_ratio']:.3g} > {OVERLOAD_RATIO:g} "
                             "(the queue grows without bound)")
-        seed_passed = tuple(self.slo.holds(r) and not r["offered_load_ratio"] > OVERLOAD_RATIO for r in runs)
+        seed_passed = tuple(self.slo.holds(r) and not is_overloaded(r["offered_load_ratio"], n) for r in runs)
         return CapacityPoint(rate_per_s=float(rate), num_requests=n, means=means, per_seed=per_seed,
                              seed_passed=seed_passed, overloaded=overloaded, passed=not failures,
                              failures=tuple(failures), num_runs=spent)
@@ -656,11 +675,45 @@ def _bracket(search: _Search, start: float, rate_lo: float | None,
         lo, hi = (p, None) if p.passed else (lo, p)
         steps += 1
     steps = 0
+    failing = [hi] if hi is not None else []
     while lo is None and hi is not None and steps < MAX_HALVINGS:
         p = search.evaluate(hi.rate_per_s / 2.0)
         lo, hi = (p, hi) if p.passed else (None, p)
         steps += 1
+        if lo is None:
+            failing.append(p)
+            stuck = _no_gain(search.slo, failing[-(NO_GAIN_HALVINGS + 1):])
+            if stuck:
+                raise _NoGain(stuck)
     return lo, hi
+
+
+def _no_gain(slo: SLO, window: list[CapacityPoint]) -> str:
+    """Why halving is pointless, or ``""``: over ``window`` (consecutive halvings, all failing) a term
+    outside :data:`LOAD_MONOTONE` failed at every rate and came less than :data:`NO_GAIN_FRAC` of its
+    first gap closer to its bound (a NaN value counts as an infinite gap)."""
+    if len(window) <= NO_GAIN_HALVINGS:
+        return ""
+    for t in slo.terms:
+        if LOAD_MONOTONE.get(t.metric) == t.op:
+            continue  # gets better as load drops; the unloaded run judged it
+        vals = [p.means.get(t.metric, float("nan")) for p in window]
+        gaps = [(v - t.bound if t.op == "<=" else t.bound - v) if math.isfinite(v) else math.inf for v in vals]
+        if min(gaps) <= 0:
+            continue  # it held at some rate
+        gained = (min(gaps[1:]) <= gaps[0] * (1.0 - NO_GAIN_FRAC) if math.isfinite(gaps[0])
+                  else any(math.isfinite(g) for g in gaps[1:]))
+        if not gained:
+            first, last = window[0], window[-1]
+            return (f"the SLO fails at every rate tried, down to {last.rate_per_s:.4g} req/s, and {t.metric} does not "
+                    f"get better at lower load ({_val(vals[0])} at {first.rate_per_s:.4g} req/s, {_val(vals[-1])} at "
+                    f"{last.rate_per_s:.4g} req/s; needs {t.op} {t.bound:g}), so no rate meets it")
+    return ""
+
+
+def _val(v: float) -> str:
+    """A metric value for a note: ``-`` where nothing was measured."""
+    return f"{v:.4g}" if math.isfinite(v) else "- (nothing measured)"
 
 
 def sla_capacity(scenario: Scenario, slo: "SLO | str | Iterable[str]", *, seeds: Sequence[int] = (0, 1, 2),
@@ -712,6 +765,9 @@ def sla_capacity(scenario: Scenario, slo: "SLO | str | Iterable[str]", *, seeds:
         while lo is not None and hi is not None and hi.rate_per_s > lo.rate_per_s * (1.0 + rel_tol):
             p = search.evaluate(math.sqrt(lo.rate_per_s * hi.rate_per_s))
             lo, hi = (p, hi) if p.passed else (lo, p)
+    except _NoGain as e:
+        status, note = "no_passing_rate", str(e)
+        lo, hi = None, min(search.points, key=lambda p: p.rate_per_s)
     except _OutOfRuns:
         status, note = "max_runs", f"max_runs={max_runs} reached before the bracket was within rel_tol={rel_tol:g}"
         passed = [p for p in search.points if p.passed]

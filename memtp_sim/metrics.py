@@ -23,9 +23,11 @@ vLLM's spec-decode metrics):
   search over the same candidates would have found a higher expected rate (the paper's
   section 5.2 caveat about jagged SPS cliffs).
 * ``offered_load_ratio``: arrivals / completions while load is offered (open loop); above
-  ``OVERLOAD_RATIO`` (1.2) the offered load exceeds capacity and the queue grows without bound.
+  ``OVERLOAD_RATIO`` (1.2), on at least ``OVERLOAD_MIN_ARRIVALS`` (20) arrivals, the offered load
+  exceeds capacity and the queue grows without bound (:func:`is_overloaded`).
 * ``extrapolated_cost_frac``: fraction of rounds whose pass was priced outside the profile's
-  measured B range (by its below_min / beyond_max rule); ``mean_kv_read_tokens``: time-weighted
+  measured B range (by its below_min / beyond_max rule; reports warn above
+  ``EXTRAPOLATED_WARN_FRAC``); ``mean_kv_read_tokens``: time-weighted
   KV tokens a pass read; ``overhead_time_frac``: host and planner time / busy time.
 * ``num_not_arrived``: requests asked for that never arrived because a rate schedule ended first.
 * Little's law terms: ``mean_in_system`` (time average of requests in the system, integrated
@@ -149,6 +151,22 @@ def _request_metrics(st: EngineState, makespan: float) -> dict[str, Any]:
 
 #: ``offered_load_ratio`` above this flags a run whose queue grows without bound (see below).
 OVERLOAD_RATIO = 1.2
+#: Arrivals a run needs before its ratio can flag overload: requests still in flight when arrivals
+#: stop lift a stable system's ratio to arrivals / (arrivals - in flight), so on a handful it says
+#: nothing (2 arrivals, 1 in flight: 2.0); from 20 it takes 4 in flight to pass OVERLOAD_RATIO.
+OVERLOAD_MIN_ARRIVALS = 20
+
+
+#: ``extrapolated_cost_frac`` above this gets a warning: a few stray passes past the table's edge move
+#: little, but beyond 5% of passes the results lean on the extrapolation rule, not on measurements.
+EXTRAPOLATED_WARN_FRAC = 0.05
+
+
+def is_overloaded(offered_load_ratio: float, num_arrived: float) -> bool:
+    """The overload verdict every report and search uses: the ratio exceeds :data:`OVERLOAD_RATIO`
+    on at least :data:`OVERLOAD_MIN_ARRIVALS` arrivals (``num_requests``: every request that
+    arrived; NaN ratio, e.g. a closed loop: not overloaded)."""
+    return bool(num_arrived >= OVERLOAD_MIN_ARRIVALS and offered_load_ratio > OVERLOAD_RATIO)
 
 
 def _offered_load_ratio(st: EngineState) -> float:

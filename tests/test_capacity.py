@@ -32,6 +32,7 @@ import yaml
 from memtp_sim.api import run
 from memtp_sim.capacity import (
     LOAD_MONOTONE,
+    NO_GAIN_HALVINGS,
     SLO,
     SLOTerm,
     capacity_objective,
@@ -254,6 +255,27 @@ def test_an_unmeetable_slo_gives_zero(md1):
     assert res.status == "no_passing_rate" and res.capacity_per_s == 0.0 and not res.unreachable
     assert res.interval_per_s[0] == 0.0 and res.interval_per_s[1] == min(p.rate_per_s for p in res.points)
     assert "fails at every rate" in res.note
+
+
+@pytest.mark.parametrize("slo", ["throughput_tok_per_s >= 1e9", "acceptance_rate >= 0.5"])
+def test_an_slo_lower_load_does_not_help_stops_halving_early(md1, slo):
+    # fault (fresh user): such SLOs halved the rate 21 times (to 3.6e-05 req/s) before "fails at every rate"
+    # (throughput falls with the rate; no_spec verifies no draft, so its acceptance rate is never measured)
+    res = sla_capacity(md1, slo, seeds=(0,), min_requests=200)
+    assert res.status == "no_passing_rate" and res.capacity_per_s == 0.0 and not res.unreachable
+    assert len(res.points) == NO_GAIN_HALVINGS + 1, [p.rate_per_s for p in res.points]
+    assert res.interval_per_s[1] == min(p.rate_per_s for p in res.points)
+    assert "fails at every rate" in res.note and "does not get better at lower load" in res.note
+    assert slo.split()[0] in res.note and "\n" not in res.note
+
+
+@pytest.mark.parametrize("slo", ["mean_e2e_s <= 0.2", "offered_load_ratio <= 1.1"])
+def test_an_slo_lower_load_helps_halves_on_to_its_capacity(md1, slo):
+    # from 100x overload: a load-monotone latency barely moves while the backlog dominates, and the
+    # offered-load ratio falls with each halving; neither may stop the search early
+    res = sla_capacity(md1, slo, seeds=(0,), rate_lo=1000.0, min_requests=200, rel_tol=0.2)
+    assert res.converged and 0 < res.capacity_per_s <= MU * OVERLOAD_RATIO
+    assert sum(1 for p in res.points if p.rate_per_s < 1000.0 and not p.passed) >= NO_GAIN_HALVINGS
 
 
 def test_the_run_budget_stops_the_search(md1):

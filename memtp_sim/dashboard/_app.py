@@ -18,15 +18,20 @@ from typing import Any
 import diskcache
 from dash import Dash, Input, Output, State, dcc, html
 
+from ..errors import ConfigError
 from ._context import AppContext, default_cache_dir
 from ._jobs import JobManager, start_job_server
 from ._settings import query_to_settings
 from ._studies import register_studies, study_page
-from ._tuning import register_tuning, tuning_page
+from ._tuning import register_tuning, storage_url_of, tuning_page
 from ._whatif import register_whatif
 from ._whatif_layout import whatif_page
 
-__all__ = ["create_app", "serve"]
+__all__ = ["check_sources", "create_app", "serve"]
+
+#: serve()'s default folders: a fresh clone has neither yet, and the pages say so, so only a path
+#: the user named must exist.
+_DEFAULT_STUDY, _DEFAULT_RESULTS = "results/tune", "results"
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 0; color: #222; }
@@ -117,10 +122,12 @@ def serve(host: str = "127.0.0.1", port: int = 8050, *, study: str = "results/tu
         0 after Ctrl-C.
 
     Raises:
+        ConfigError: a path that is not there (:func:`check_sources`).
         OSError: the port cannot be bound (e.g. in use).
     """
     from werkzeug.serving import make_server
 
+    check_sources(study, results, cache_dir)  # first: a mistyped path is one line, nothing started
     sock = _bind(host, port)  # first: a busy port is one error, before anything starts
     app = create_app(cache_dir=cache_dir, results=results, study=study)
     start_job_server()  # before the server's threads exist (see _jobs)
@@ -143,6 +150,34 @@ def serve(host: str = "127.0.0.1", port: int = 8050, *, study: str = "results/tu
         server.server_close()
         _stop_jobs()
     return 0
+
+
+def check_sources(study: str = _DEFAULT_STUDY, results: str | Path = _DEFAULT_RESULTS,
+                  cache_dir: str | Path | None = None) -> None:
+    """Refuse, before anything starts, a ``--study``, ``--results`` or ``--cache-dir`` that is not there
+    (a typo would otherwise serve empty pages with no word why).
+
+    Raises:
+        ConfigError: one line naming the flag: a ``--study`` (other than the default) that is
+            neither a storage URL, a folder holding ``optuna.db`` nor a ``.db`` file; a
+            ``--results`` (other than the default) that is not a folder, or any that is a file;
+            a ``--cache-dir`` that is a file.
+    """
+    if str(study) != _DEFAULT_STUDY:
+        try:
+            storage_url_of(str(study))
+        except ConfigError as e:
+            raise ConfigError(f"--study {e}") from None
+    res = Path(results).expanduser()
+    if res.exists() and not res.is_dir():
+        raise ConfigError(f"--results {results}: is a file, not a folder (the folder `python -m memtp_sim run` "
+                          "writes studies into, e.g. results)")
+    if str(results) != _DEFAULT_RESULTS and not res.exists():
+        raise ConfigError(f"--results {results}: no such folder (the folder `python -m memtp_sim run` writes "
+                          "studies into, e.g. results)")
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else None
+    if cache is not None and cache.exists() and not cache.is_dir():
+        raise ConfigError(f"--cache-dir {cache_dir}: is a file, not a folder")
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -789,21 +789,30 @@ def import_profile(src: str | Path, fmt: str, out: str | Path, *, select: Iterab
         CalibrationError: a malformed measurement file, a selection that leaves nothing or
             several target models, a missing memory figure, or a profile that does not load.
     """
+    return _import(src, fmt, out, select=select, name=name, memory=memory, inline=False)
+
+
+def _import(src: str | Path, fmt: str, out: str | Path, *, select: Iterable[str], name: str | None,
+            memory: Iterable[str] | None, inline: bool) -> ImportResult:
+    """:func:`import_profile`; ``inline``: the table and memory came from a scenario's YAML
+    (``hardware.table`` / ``hardware.memory``), so the profile's provenance names them, not the CLI."""
     src, out = Path(src), Path(out)
     if out.suffix not in (".yaml", ".yml"):
         raise CalibrationError(f"-o {out}: the profile is a YAML file (e.g. calibration/<chip>/<name>.yaml)")
     select = list(select)
     df = import_measurements(src, fmt)
+    if inline:  # the rows came from the scenario YAML, not from the cache file they pass through
+        df["source"] = df["source"].str.replace(f"{src.name} key ", "scenario YAML hardware.table key ", regex=False)
     meta, notes = dict(df.attrs.get("meta", {})), list(df.attrs.get("notes", []))
     df = _select_target(df, select, src)
     existing = _existing_doc(out)
     name = name or (existing.get("name") if existing else None) or out.stem
     memory_section = _memory_section(meta, list(memory or []), existing, out, src, has_option=memory is not None,
-                                     drafter_rows=_drafter_kinds(df))
+                                     drafter_rows=_drafter_kinds(df), inline=inline)
     costs = out.with_name(f"{out.stem}.costs.csv")
     doc, assumed = _profile_doc(df, meta, memory_section, existing, name=str(name), src=src, fmt=fmt,
-                                select=select, costs=costs.name)
-    _write_checked(df, doc, costs, out)
+                                select=select, costs=costs.name, inline=inline)
+    _write_checked(df, doc, costs, out, inline=inline)
     b = sorted(set(df.loc[df["kind"] != "prefill", "batch_tokens"]))
     return ImportResult(costs=costs, profile=out, name=str(name), num_passes=len(df),
                         batch_range=(int(b[0]), int(b[-1])) if b else None, assumed=tuple(assumed),
@@ -878,7 +887,9 @@ def inline_table_profile(table: Mapping[Any, Any], memory: Mapping[str, Any], na
                                + "; ".join(f"{m} = {MEMORY_FIELDS[m]}" for m in missing) + ")")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise CalibrationError(f"hardware.name: {name!r}; allowed: letters, digits, '_', '.', '-'")
-    doc = {"table": {str(k): v for k, v in table.items()}, "memory": dict(memory), "name": name, "version": __version__}
+    # "origin": profiles cached before their provenance named the scenario YAML are not reused
+    doc = {"table": {str(k): v for k, v in table.items()}, "memory": dict(memory), "name": name, "version": __version__,
+           "origin": "scenario"}
     key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
     folder = (cache_dir() or Path(tempfile.gettempdir()) / "memtp_sim") / INLINE_DIR / key
     out = folder / f"{name}.yaml"
@@ -890,7 +901,7 @@ def inline_table_profile(table: Mapping[Any, Any], memory: Mapping[str, Any], na
                                            for k, v in table.items()}, sort_keys=True))
     pairs = [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in memory.items()]
     try:
-        import_profile(src, "table", out, name=name, memory=pairs)
+        _import(src, "table", out, select=(), name=name, memory=pairs, inline=True)
     except CalibrationError as e:  # name the Scenario's section, not the cache file
         msg = str(e).replace(f"{src}: ", "").replace(f"{out}: ", "").replace("--memory", "memory")
         raise CalibrationError(f"hardware.table: {msg}") from None
@@ -930,7 +941,12 @@ def _existing_doc(out: Path) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _parse_memory_pairs(pairs: list[str]) -> dict[str, Any]:
+def _given_where(key: str, inline: bool) -> str:
+    """Where a ``FIELD=VALUE`` memory figure was given: the command line, or a scenario's YAML."""
+    return f"given in the scenario YAML (hardware.memory.{key})" if inline else "given on the command line (--memory)"
+
+
+def _parse_memory_pairs(pairs: list[str], inline: bool = False) -> dict[str, Any]:
     """``FIELD=VALUE`` pairs -> {field: (value, source)}; ``kv_shape`` becomes ``kv_bytes_per_token``."""
     got: dict[str, Any] = {}
     for pair in pairs:
@@ -947,22 +963,22 @@ def _parse_memory_pairs(pairs: list[str]) -> dict[str, Any]:
             layers, heads, dim, nbytes = (nums + [2])[:4]
             got["kv_bytes_per_token"] = (layers * heads * dim * 2 * nbytes,
                                          f"{layers} layers x {heads} KV heads x {dim} head dim x 2 (K and V) x "
-                                         f"{nbytes} bytes (--memory kv_shape)")
+                                         f"{nbytes} bytes ({'hardware.memory.' if inline else '--memory '}kv_shape)")
             continue
         if not sep or key not in MEMORY_FIELDS:
             raise CalibrationError(f"--memory {pair!r}: expected FIELD=VALUE with FIELD one of "
                                    f"{', '.join(list(MEMORY_FIELDS) + ['kv_shape'])}")
         integer = key in ("weights_bytes", "kv_bytes_per_token", "max_model_len", "kv_block_tokens")
         got[key] = (_num(val, Path("--memory"), key, key, integer=integer,
-                         strict=key not in ("reserve_gib", "drafter_weights_gib")), "given on the command line (--memory)")
+                         strict=key not in ("reserve_gib", "drafter_weights_gib")), _given_where(key, inline))
     return got
 
 
 def _memory_section(meta: dict, pairs: list[str], existing: dict, out: Path, src: Path, *, has_option: bool,
-                    drafter_rows: list[str]) -> dict[str, Any]:
+                    drafter_rows: list[str], inline: bool = False) -> dict[str, Any]:
     """The profile's memory section: --memory, then the existing YAML, then the file's own facts,
     then stated defaults; one refusal line naming what is still missing."""
-    given = _parse_memory_pairs(pairs)
+    given = _parse_memory_pairs(pairs, inline)
     old = existing.get("memory") if isinstance(existing.get("memory"), dict) else {}
     facts = {k: (meta[k], meta.get(f"{k}_source", f"{src.name} ({meta.get('meta_file', 'the measurement file')})"))
              for k in ("gpu_allocatable_gib", "weights_bytes", "kv_bytes_per_token", "max_model_len",
@@ -981,7 +997,8 @@ def _memory_section(meta: dict, pairs: list[str], existing: dict, out: Path, src
         elif key in facts:
             sec[key], sec[src_key] = facts[key]
         elif key in _MEMORY_DEFAULTS:
-            sec[key], sec[src_key] = _MEMORY_DEFAULTS[key]
+            val, why = _MEMORY_DEFAULTS[key]
+            sec[key], sec[src_key] = val, why.replace(" memory.", " hardware.memory.") if inline else why
     if "drafter_weights_gib" in given:
         sec["_drafter_weights"] = given["drafter_weights_gib"]
     elif "drafter_weights_gib" in facts:
@@ -1000,7 +1017,7 @@ def _memory_section(meta: dict, pairs: list[str], existing: dict, out: Path, src
 
 
 def _profile_doc(df: pd.DataFrame, meta: dict, memory: dict, existing: dict, *, name: str, src: Path, fmt: str,
-                 select: list[str], costs: str) -> tuple[dict[str, Any], list[str]]:
+                 select: list[str], costs: str, inline: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The format-2 profile mapping and the assumptions it states (one line each)."""
     model = str(df.loc[~df["kind"].str.startswith("draft_"), "model"].iloc[0])
     curves, assumed = _curve_sections(df)
@@ -1008,8 +1025,10 @@ def _profile_doc(df: pd.DataFrame, meta: dict, memory: dict, existing: dict, *, 
     b = sorted(set(df.loc[df["kind"] != "prefill", "batch_tokens"]))
     doc: dict[str, Any] = {
         "format": 2, "name": name,
-        "description": f"Imported by calibrate import from {src.name} (format {fmt}{sel}): {len(df)} measured passes, "
-                       f"B {b[0]}..{b[-1]}. {meta.get('format_note', '')}".strip(),
+        "description": (("Imported from the scenario YAML's hardware.table" if inline
+                         else f"Imported by calibrate import from {src.name}")
+                        + f" (format {fmt}{sel}): {len(df)} measured passes, B {b[0]}..{b[-1]}. "
+                          f"{meta.get('format_note', '')}").strip(),
         "chip": str(meta.get("chip", existing.get("chip", "not given in the measurement file"))),
         "model": str(meta.get("model_label", model)),
         "engine": str(meta.get("engine", existing.get("engine", f"as measured ({fmt})"))),
@@ -1138,9 +1157,10 @@ def _overheads(fmt: str, meta: dict) -> dict[str, Any]:
     }
 
 
-def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path) -> None:
+def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: bool = False) -> None:
     """Write the cost table and the YAML, then load the profile; undo both if it does not load."""
-    header = ("# Hardware profile written by `python -m memtp_sim calibrate import` (format 2).\n"
+    by = "from a scenario YAML's inline hardware.table" if inline else "by `python -m memtp_sim calibrate import`"
+    header = (f"# Hardware profile written {by} (format 2).\n"
               "# Every number names its source or a stated assumption; the memory, drafters,\n"
               "# overheads and caveats sections survive a re-import (edit them here).\n")
     old = {p: p.read_bytes() for p in (costs, out) if p.is_file()}

@@ -24,6 +24,7 @@ from ._results import StudyResults, load_results
 from .numbers import (
     aggregate,
     dspark_losses,
+    extrapolation_notes,
     headline_table,
     overload_notes,
     phase_table,
@@ -37,6 +38,7 @@ __all__ = [
     "StudyResults",
     "aggregate",
     "dspark_losses",
+    "extrapolation_notes",
     "headline_table",
     "load_results",
     "overload_notes",

@@ -188,10 +188,19 @@ def _overload(page: HtmlPage, res: StudyResults) -> None:
                       "without bound):<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul></div>")
 
 
+def _extrapolation(page: HtmlPage, res: StudyResults) -> None:
+    """A warning at the top for load points whose passes were often priced beyond the measured table."""
+    notes = numbers.extrapolation_notes(res)
+    if notes:
+        page.add_html("<div class='warn'><b>Pass times extrapolated</b> beyond the profile's measurements at these "
+                      "points:<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul></div>")
+
+
 def write_report(root: str | Path) -> Path:
     """Build ``report.html`` for the study in ``root`` (written atomically) and return its path.
 
-    Sections: warnings (runs missing, runs that completed no request, overload); overview and how
+    Sections: warnings (runs missing, runs that completed no request, overload, pass times
+    extrapolated beyond the profile's table); overview and how
     to read it; rejected requests with their reasons (when any run rejected some or completed none);
     which policy wins where; where DSpark loses to a static policy and why; per facet the frontier,
     load-sweep and latency figures; confidence calibration; the MEMTP timeline and load phases (when
@@ -219,6 +228,7 @@ def write_report(root: str | Path) -> Path:
     _missing_runs(page, res)
     _nothing_measured(page, res)
     _overload(page, res)
+    _extrapolation(page, res)
     _overview(page, res)
     _rejections_section(page, res)
     _winners_and_losses(page, res)

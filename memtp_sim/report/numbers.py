@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..hardware.fidelity import find_cliffs
-from ..metrics import OVERLOAD_RATIO
+from ..metrics import EXTRAPOLATED_WARN_FRAC, OVERLOAD_MIN_ARRIVALS, is_overloaded
 from ._results import StudyResults, load_phases
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "TerminalTable",
     "Timeline",
     "aggregate",
+    "extrapolation_notes",
     "overload_notes",
     "calibration_table",
     "cliff_notes",
@@ -327,11 +328,13 @@ def overload_notes(res: StudyResults) -> list[str]:
 
     A point is flagged when its mean ``offered_load_ratio`` (arrivals / completions while load is
     offered, :func:`memtp_sim.metrics._offered_load_ratio`) exceeds
-    :data:`memtp_sim.metrics.OVERLOAD_RATIO`: the queue grows without bound there, so its TTFT and
-    queueing figures measure the backlog, not the system.
+    :data:`memtp_sim.metrics.OVERLOAD_RATIO` on a mean of at least
+    :data:`memtp_sim.metrics.OVERLOAD_MIN_ARRIVALS` arrivals (:func:`memtp_sim.metrics.is_overloaded`;
+    fewer are too few to tell): the queue grows without bound there, so its TTFT and queueing
+    figures measure the backlog, not the system.
 
     Args:
-        res: the study (runs.csv column ``offered_load_ratio``; ``ttft_s_p50`` in s).
+        res: the study (runs.csv columns ``offered_load_ratio``, ``num_requests``; ``ttft_s_p50`` in s).
 
     Returns:
         Plain-text lines (empty when no point is overloaded or every run is a closed loop).
@@ -343,15 +346,61 @@ def overload_notes(res: StudyResults) -> list[str]:
     if "offered_load_ratio" not in res.table or not res.table["offered_load_ratio"].notna().any():
         return []
     keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
-    agg = aggregate(res.table, keys, ["offered_load_ratio", "ttft_s_p50"])
+    arrived = "num_requests" if "num_requests" in res.table else None
+    agg = aggregate(res.table, keys, ["offered_load_ratio", "ttft_s_p50"] + ([arrived] if arrived else []))
+    n = agg[f"{arrived}_mean"] if arrived else pd.Series(OVERLOAD_MIN_ARRIVALS, index=agg.index)
+    over = [is_overloaded(r, a) for r, a in zip(agg["offered_load_ratio_mean"], n)]
     out = []
-    for _, row in agg[agg["offered_load_ratio_mean"] > OVERLOAD_RATIO].iterrows():
+    for _, row in agg[over].iterrows():
         where = ", ".join(f"{k} = {row[k]}" for k in keys)
         ttft = row["ttft_s_p50_mean"]
         out.append(f"{where}: offered load above capacity ({row['offered_load_ratio_mean']:.2f} arrivals per "
                    f"completion while load was offered): the queue grows without bound, so TTFT "
                    + (f"(p50 {ttft:.1f} s) " if np.isfinite(ttft) else "") + "measures the backlog")
     return out
+
+
+def extrapolation_notes(res: StudyResults) -> list[str]:
+    """One line per (facet, load point, policy) whose passes were often priced outside the measured B range.
+
+    A point is flagged when its mean ``extrapolated_cost_frac`` (fraction of rounds whose pass was
+    priced by the profile's below_min / beyond_max rule) exceeds
+    :data:`memtp_sim.metrics.EXTRAPOLATED_WARN_FRAC`: those timings come from the rule, not from
+    measurements. The line names the measured B range of the run's profile.
+
+    Args:
+        res: the study (runs.csv column ``extrapolated_cost_frac``; each run's summary for the
+            profile's measured ``batch_tokens``).
+
+    Returns:
+        Plain-text lines (empty when no point passes the threshold).
+
+    Source:
+        The profile's lookup rules (:mod:`memtp_sim.hardware.cost`); threshold in :mod:`memtp_sim.metrics`.
+    """
+    if "extrapolated_cost_frac" not in res.table or not res.table["extrapolated_cost_frac"].notna().any():
+        return []
+    keys = res.facet_keys + ([res.x_key] if res.x_key else []) + ["policy"]
+    table = res.table.copy()  # the profile may be swept: each run names its own measured range
+    table["_measured"] = [_measured_range(res.summaries.get(str(r), {})) for r in table["run_id"]]
+    agg = aggregate(table, keys + ["_measured"], ["extrapolated_cost_frac"])
+    out = []
+    for _, row in agg[agg["extrapolated_cost_frac_mean"] > EXTRAPOLATED_WARN_FRAC].iterrows():
+        where = ", ".join(f"{k} = {row[k]}" for k in keys)
+        rng = row["_measured"]
+        out.append(f"{where}: {row['extrapolated_cost_frac_mean']:.0%} of passes priced outside the measured B range"
+                   + (f" ({rng})" if rng else "") + " by the profile's extrapolation rule, not by measurements "
+                   "(extrapolated_cost_frac in runs.csv)")
+    return out
+
+
+def _measured_range(summary: dict[str, Any]) -> str:
+    """``"measured B 1..64, beyond that roofline"`` from a run summary's profile ('' when absent)."""
+    sps = ((summary.get("provenance") or {}).get("hardware") or {}).get("sps") or {}
+    b = sps.get("batch_tokens") or []
+    if not b:
+        return ""
+    return f"measured B {min(b)}..{max(b)}, beyond that {sps.get('beyond_max', 'extrapolated')}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,3 +31,24 @@ def test_a_port_outside_0_65535_is_refused_by_the_flag(capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith("python -m memtp_sim dashboard: error: argument --port: expected a TCP port 0-65535")
+
+
+def test_a_path_flag_that_is_not_there_is_one_error_line(tmp_path, capsys, monkeypatch):
+    # fault (fresh user): `dashboard --study NONEXISTENT.yaml` started and served empty pages without a word
+    from memtp_sim.dashboard import _app
+
+    def started(*_):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(_app, "_bind", started)  # a missed refusal fails here instead of serving forever
+    missing, a_file = tmp_path / "NONEXISTENT.yaml", tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [(["--study", str(missing)], f"--study {missing}: no Optuna study here"),
+             (["--study", str(tmp_path)], f"--study {tmp_path}: no Optuna study here"),
+             (["--results", str(tmp_path / "nope")], f"--results {tmp_path / 'nope'}: no such folder"),
+             (["--results", str(a_file)], f"--results {a_file}: is a file"),
+             (["--cache-dir", str(a_file)], f"--cache-dir {a_file}: is a file")]
+    for flags, says in cases:
+        rc = main(["dashboard", "--port", "0", *flags])
+        err = capsys.readouterr().err.splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: {says}"), (flags, err)
