@@ -2,6 +2,7 @@
 
 * :func:`atomic_write_bytes` / :func:`atomic_write_text`: write via a temporary file in the same
   folder and a rename, so a reader (or an interrupted run) never sees half a file.
+* :func:`not_a_file`: why a path given as an input file is none (a folder, or missing).
 * :func:`read_yaml`: a YAML mapping with one-line errors (file, line) that refuses a key given
   twice in one mapping (PyYAML silently keeps the last).
 * :func:`file_digest`: content hash of an input file, cached by (path, mtime, size).
@@ -32,7 +33,7 @@ import yaml
 from ._version import __version__
 from .errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "load_yaml", "file_digest", "json_default", "yaml_loader",
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "load_yaml", "not_a_file", "file_digest", "json_default", "yaml_loader",
            "cache_dir", "disk_cached", "disk_cached_arrays", "MAX_EXACT_COUNT", "CACHE_ENV", "check_writable_dir"]
 
 
@@ -179,6 +180,26 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
 
 
+def not_a_file(path: str | os.PathLike[str], what: str = "file") -> str | None:
+    """Why ``path`` cannot be read as an input file, or None when it is one.
+
+    A folder is told apart from a missing path: "not found" for a path that exists misleads.
+
+    Args:
+        path: the path as the message should show it.
+        what: what the file holds, e.g. ``"trace file"``.
+
+    Returns:
+        ``"<path>: is a directory, not a <what>; ..."``, ``"<path>: <what> not found"``, or None.
+    """
+    p = Path(path)
+    if p.is_file():
+        return None
+    if p.is_dir():
+        return f"{path}: is a directory, not {'an' if what[:1] in 'aeiou' else 'a'} {what}; give the path of the file itself"
+    return f"{path}: {what} not found"
+
+
 def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigError,
               what: str = "a mapping at the top level") -> dict[str, Any]:
     """Read a YAML file whose top level is a mapping.
@@ -192,7 +213,7 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
         The top-level mapping, as PyYAML's safe loader builds it.
 
     Raises:
-        ConfigError: (or the given ``error`` class) missing or unreadable file, not UTF-8, invalid
+        ConfigError: (or the given ``error`` class) missing file, a folder, unreadable file, not UTF-8, invalid
             YAML (with its line), a key given twice, or a top level that is not a mapping. One
             line naming the file.
 
@@ -201,8 +222,9 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
         follows the YAML 1.2 specification ("each of the keys is unique" in a mapping).
     """
     p = Path(path)
-    if not p.is_file():
-        raise error(f"{path}: file not found")
+    why = not_a_file(path)
+    if why is not None:
+        raise error(why)
     try:
         doc = load_yaml(p.read_text(encoding="utf-8"))
     except OSError as e:

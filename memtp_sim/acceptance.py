@@ -38,7 +38,7 @@ from typing import Callable, Any, Mapping, Sequence
 
 import numpy as np
 
-from ._io import disk_cached, read_yaml
+from ._io import disk_cached, not_a_file, read_yaml
 from ._lazy import brentq, expit, logit
 from .errors import CalibrationError
 from .hardware import calibration_dir
@@ -491,11 +491,13 @@ def load_acceptance(name_or_path: str | Path | None = None) -> AcceptanceModel:
         provenance: {...}            # optional, free-form (ignored)
 
     Raises:
-        CalibrationError: unknown profile, unreadable or invalid YAML, missing or invalid fields
+        CalibrationError: unknown profile, a folder, unreadable or invalid YAML, missing or invalid fields
             (one line naming the file and the field), or a target tau no ``mu`` can reach.
     """
     key = DEFAULT_ACCEPTANCE if name_or_path is None else str(name_or_path)
     path = Path(key)
+    if path.is_dir() and (path.name != key or key in (".", "..") or path.suffix in (".yaml", ".yml")):
+        raise CalibrationError(not_a_file(key, "acceptance profile file"))  # not "not found": it exists
     if path.suffix not in (".yaml", ".yml"):
         path = acceptance_dir() / f"{key}.yaml"
     if not path.is_file():

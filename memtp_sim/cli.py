@@ -76,13 +76,31 @@ def _fail(msg: str, code: int = 2) -> int:
     return code
 
 
+def _print_failed(failed: dict[str, str], n_runs: int, again: str, head: str = "") -> None:
+    """List failed runs on stderr, split by whether a rerun can help: a run that failed on its input
+    fails the same way until the input is fixed, so only the others get the retry hint."""
+    from .study import fails_again  # lazy: pandas
+
+    bad_input = {rid: why for rid, why in failed.items() if fails_again(why)}
+    other = {rid: why for rid, why in failed.items() if rid not in bad_input}
+    print(head or f"\n{len(failed)} of {n_runs} run(s) failed (the report says which):", file=sys.stderr)
+    for group, hint in ((bad_input, f"failed on their input, and fail the same way when run again: fix the input "
+                                    f"the error names, then {again}"),
+                        (other, f"may pass on a retry: {again} to retry them")):
+        if group:
+            print(f"{len(group)} {hint}:", file=sys.stderr)
+            for rid, why in list(group.items())[:10]:
+                print(f"  {rid}: {why}", file=sys.stderr)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
     from .config import load_study  # lazy: a subcommand loads only what it uses
-    from .report import load_results, overload_notes, rejection_notes, terminal_table, write_report  # lazy: pandas + plotly; keep --help fast
+    from .report import (extrapolation_notes, load_results, overload_notes, rejection_notes,  # lazy: pandas + plotly; keep --help fast
+                         terminal_table, write_report)
     from .study import check_executor, check_writable, plan_runs, run_study  # lazy: a subcommand loads only what it uses
 
     check_executor(args.executor, args.scheduler, args.jobs)  # before anything else: one line, exit 2
@@ -124,14 +142,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _print_table(summary.table)
         for line in summary.legend:
             print(f"  {line}")
-        for note in rejection_notes(res) + overload_notes(res):
+        for note in rejection_notes(res) + overload_notes(res) + extrapolation_notes(res):
             print(f"warning: {note}", file=sys.stderr)
         print(f"\n{n_runs} runs in {elapsed:.1f} s; results in {root}/ (every metric: runs.csv); report: {report}")
     if out.failed:
-        print(f"\n{len(out.failed)} of {n_runs} run(s) failed (the report says which); run the same command "
-              "again to retry them:", file=sys.stderr)
-        for rid, why in list(out.failed.items())[:10]:
-            print(f"  {rid}: {why}", file=sys.stderr)
+        _print_failed(out.failed, n_runs, "run the same command again")
         return 1
     return 0
 
@@ -203,9 +218,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
                      "rerun the study to rebuild them")
     missing = load_results(root).missing
     if missing:
-        print(f"warning: the report covers {len(load_results(root).table)} runs; {len(missing)} run(s) of the "
-              "study have no verified result (listed at the top of the report); run the study again to retry "
-              "them", file=sys.stderr)
+        _print_failed(missing, 0, "run the study again", head=(
+            f"warning: the report covers {len(load_results(root).table)} runs; {len(missing)} run(s) of the study "
+            "have no verified result (listed at the top of the report):"))
         return 1
     return 0
 

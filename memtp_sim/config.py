@@ -41,7 +41,7 @@ from pydantic import (
     model_validator,
 )
 
-from ._io import read_yaml
+from ._io import not_a_file, read_yaml
 from .acceptance import (
     AcceptanceModel,
     alpha_from_accepted_ratio,
@@ -54,9 +54,9 @@ from .drafting import DraftSpec
 from .errors import CalibrationError, ConfigError, InvalidArgumentError
 from .hardware import DrafterCost, load_profile
 from .memtp import MEMTP_DEFAULTS, MemtpSettings
-from .policies import policy_class
+from .policies import available_policies, policy_class
 from .policies.control import control_class, make_control
-from .workload import load_trace
+from .workload import load_trace, trace_replay_start
 
 __all__ = [
     "StrictModel",
@@ -123,17 +123,12 @@ class HardwareConfig(StrictModel):
             except CalibrationError as e:
                 raise ValueError(str(e).removeprefix("hardware.")) from None
             return {**v, "profile": str(path)}
-        if isinstance(v, dict):
-            # dumps carry every field: only a value a user set counts
-            idle = [k for k, unset in (("memory", None), ("name", "inline-table")) if v.get(k, unset) != unset]
-            if idle:
-                raise ValueError(f"{idle[0]}: has no effect without table (the profile {v.get('profile', 'default')!r} "
-                                 "has its own)")
-        return v
+        return v  # memory and name without table: refused per study (Scenario.ignored_fields)
 
     @field_validator("profile")
     @classmethod
     def _exists(cls, v: str, info: ValidationInfo) -> str:
+        _no_folder(v, info, "hardware profile file")
         v = _resolve_path(v, info) if v.endswith((".yaml", ".yml")) else v
         try:
             load_profile(v)
@@ -176,6 +171,10 @@ class DriftConfig(StrictModel):
 ACCEPTANCE_SOURCES = ("profile", "alpha", "conditional", "per_position", "mean_acceptance_length", "accepted_ratio")
 
 
+#: Acceptance sources given per draft length (``draft_len`` says which).
+_NEEDS_DRAFT_LEN = ("mean_acceptance_length", "accepted_ratio")
+
+
 class AcceptanceConfig(StrictModel):
     """YAML ``acceptance``: how likely each draft position is to be accepted (one source), the mix
     of request domains, and drift.
@@ -208,6 +207,8 @@ class AcceptanceConfig(StrictModel):
     @field_validator("profile")
     @classmethod
     def _profile_path(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None:
+            _no_folder(v, info, "acceptance profile file")
         return _resolve_path(v, info) if v is not None and v.endswith((".yaml", ".yml")) else v
 
     @property
@@ -221,12 +222,9 @@ class AcceptanceConfig(StrictModel):
         given = [k for k in ACCEPTANCE_SOURCES if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give one acceptance source, not {' and '.join(given)}")
-        needs_len = self.source in ("mean_acceptance_length", "accepted_ratio")
-        if needs_len != (self.draft_len is not None):
-            raise ValueError("draft_len: needed with (and only with) mean_acceptance_length or accepted_ratio")
-        if self.source in ("profile", "alpha") and (self.sigma_request is not None or self.sigma_round is not None):
-            raise ValueError("sigma_request / sigma_round: only for conditional, per_position, "
-                             "mean_acceptance_length or accepted_ratio (a profile states its own)")
+        # fields this source does not read are refused per study, not here (Scenario.ignored_fields)
+        if self.source in _NEEDS_DRAFT_LEN and self.draft_len is None:
+            raise ValueError(f"draft_len: needed with {self.source} (draft tokens per step behind it)")
         try:
             model = self.build()
         except (CalibrationError, ValueError) as e:
@@ -379,8 +377,9 @@ class WorkloadConfig(StrictModel):
     @classmethod
     def _trace_exists(cls, v: str, info: ValidationInfo) -> str:
         p = _resolve_path(v, info)
-        if not Path(p).is_file():
-            raise ValueError(f"trace file not found: {p}")
+        why = not_a_file(p, "trace file")
+        if why is not None:
+            raise ValueError(why)
         try:
             load_trace(p)  # cached; checks the columns now rather than when a run starts
         except ConfigError as e:
@@ -393,18 +392,24 @@ class WorkloadConfig(StrictModel):
             raise ValueError("mode poisson needs rate_per_s (> 0) or rate_schedule")
         if self.mode == "poisson" and self.rate_per_s is not None and self.rate_schedule:
             raise ValueError("give rate_per_s or rate_schedule, not both")
-        # a field another mode reads would be silently ignored: refuse it
-        only = {"concurrency": "closed_loop", "think_time_s": "closed_loop", "rate_per_s": "poisson",
-                "rate_schedule": "poisson", "rate_scale": "trace", "start_offset_s": "trace"}
-        for name, mode in only.items():
-            if getattr(self, name) != type(self).model_fields[name].default and self.mode != mode:
-                raise ValueError(f"{name}: only used with mode {mode} (this workload's mode is {self.mode}); "
-                                 "remove it or change mode")
         if self.rate_schedule and not any(seg.rate_per_s > 0 for seg in self.rate_schedule):
             raise ValueError("rate_schedule: at least one segment needs rate_per_s > 0")
         if self.mode == "closed_loop" and self.concurrency is None:
             raise ValueError("mode closed_loop needs concurrency (>= 1)")
+        if self.mode == "trace":  # at load, not in every run: the trace must hold the replay
+            try:
+                trace_replay_start(load_trace(self.trace), self.num_requests, self.start_offset_s)
+            except ConfigError as e:
+                raise ValueError(str(e)) from None
         return self
+
+
+#: Workload fields that one arrival mode alone reads, with that mode (:meth:`Scenario.ignored_fields`).
+_MODE_ONLY = {"concurrency": "closed_loop", "think_time_s": "closed_loop", "rate_per_s": "poisson",
+              "rate_schedule": "poisson", "rate_scale": "trace", "start_offset_s": "trace"}
+
+#: Policies the MEMTP ensemble cannot set the draft length of, and why (:meth:`Scenario.ignored_fields`).
+_NO_MEMTP = {"no_spec": "drafts nothing", "mtp1": "drafts one token with its own head"}
 
 
 class EngineConfig(StrictModel):
@@ -560,9 +565,6 @@ class Scenario(StrictModel):
                 and not isinstance(prof.drafter, DrafterCost):
             raise ValueError(f"drafter.kind: profile {prof.name} has no measured draft model; allowed here: "
                              f"{', '.join(k for k in DRAFTER_KINDS if k != 'draft_model')}")
-        if self.memtp.depth is not None and self.policy.name in ("no_spec", "mtp1"):
-            raise ValueError(f"memtp.depth: needs a policy that drafts (dspark, dspark_async, static, threshold, "
-                             f"goodput), not {self.policy.name!r}")
         if self.engine.prefill_chunk_tokens >= self.engine.max_batch_tokens:
             raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
         mem = prof.memory
@@ -586,17 +588,25 @@ class Scenario(StrictModel):
         set either changes the resolved scenario or is refused.
         """
         out: dict[str, str] = {}
+        for f, mode in _MODE_ONLY.items():
+            if self.workload.mode != mode:
+                out[f"workload.{f}"] = f"only used with workload.mode: {mode}"
         if self.engine.prefill == "colocated":
             out["engine.prefill_gpus"] = "only used with engine.prefill: disaggregated"
         memtp_only = [f for f in MemtpConfig.model_fields if f != "depth"]
         if self.memtp.depth is None:
             for f in memtp_only:
                 out[f"memtp.{f}"] = "only used with memtp.depth (elastic or a number of heads)"
-        elif self.memtp.coherence == "tower":
-            out["memtp.coherence_estimator"] = "only used with memtp.coherence: ewma"
-        if self.memtp.depth is not None and self.memtp.depth != "elastic":
-            for f in ("max_depth", "r_low", "r_high", "min_dwell_rounds", "initial_depth", "head_load_gb_per_s"):
-                out[f"memtp.{f}"] = "only used with memtp.depth: elastic (a fixed depth drafts its own number of heads)"
+        elif self.policy.name in _NO_MEMTP:  # a per-run fact: a study may mix it with policies that draft
+            for f in MemtpConfig.model_fields:
+                out[f"memtp.{f}"] = (f"policy {self.policy.name!r} {_NO_MEMTP[self.policy.name]}; the ensemble needs "
+                                     f"one of {', '.join(p for p in available_policies() if p not in _NO_MEMTP)}")
+        else:
+            if self.memtp.coherence == "tower":
+                out["memtp.coherence_estimator"] = "only used with memtp.coherence: ewma"
+            if self.memtp.depth != "elastic":
+                for f in ("max_depth", "r_low", "r_high", "min_dwell_rounds", "initial_depth", "head_load_gb_per_s"):
+                    out[f"memtp.{f}"] = "only used with memtp.depth: elastic (a fixed depth drafts its own number of heads)"
         if not self.draft_spec().speculative:
             for f in ConfidenceConfig.model_fields:
                 out[f"confidence.{f}"] = f"policy {self.policy.name!r} drafts nothing, so it reads no confidences"
@@ -610,6 +620,15 @@ class Scenario(StrictModel):
             out["confidence.sts_rounds"] = "only used with confidence.sts: fit"
         if self.acceptance.source != "profile":
             out["acceptance.domain_mix"] = "only used with an acceptance profile (the other sources give one model for every domain)"
+        if self.acceptance.source in ("profile", "alpha"):
+            for f in ("sigma_request", "sigma_round"):
+                out[f"acceptance.{f}"] = ("only used with acceptance conditional, per_position, mean_acceptance_length "
+                                          "or accepted_ratio; a profile states its own, alpha has none")
+        if self.acceptance.source not in _NEEDS_DRAFT_LEN:
+            out["acceptance.draft_len"] = "only used with acceptance mean_acceptance_length or accepted_ratio"
+        if self.hardware.table is None:
+            for f in ("memory", "name"):
+                out[f"hardware.{f}"] = "only used with hardware.table (a profile has its own)"
         if not self.draft_spec().speculative:
             for f in DrafterConfig.model_fields:
                 out[f"drafter.{f}"] = f"policy {self.policy.name!r} drafts nothing"
@@ -619,8 +638,11 @@ class Scenario(StrictModel):
         return out
 
     def memtp_settings(self) -> MemtpSettings | None:
-        """The MEMTP ensemble's settings, or None when the classic drafter runs."""
-        return MemtpSettings(**self.memtp.model_dump()) if self.memtp.depth is not None else None
+        """The MEMTP ensemble's settings, or None when the classic drafter runs (no ``memtp.depth``,
+        or a policy the ensemble cannot drive: :meth:`ignored_fields` names those settings)."""
+        if self.memtp.depth is None or self.policy.name in _NO_MEMTP:
+            return None
+        return MemtpSettings(**self.memtp.model_dump())
 
     def draft_spec(self) -> DraftSpec:
         """What the drafter drafts in this scenario (the one owner of the draft length): the block
@@ -743,8 +765,10 @@ class Study(StrictModel):
                     try:
                         scen = Scenario.model_validate(doc, context=context)
                     except ValidationError as e:
-                        where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={_show(v)}" for k, v in zip(keys, values)])
-                        raise ConfigError(format_validation_error(e, f"{source} ({where})")) from None
+                        # name the run that failed; a point with no sweep, variant or policy list is the base
+                        where = ", ".join([f"variant={vname}"] * bool(vname) + [f"{k}={_show(v)}" for k, v in zip(keys, values)]
+                                          + ([f"policy={pol.name}"] if pol is not None and len(policies) > 1 else []))
+                        raise ConfigError(format_validation_error(e, f"{source} ({where})" if where else source)) from None
                     reasons = scen.ignored_fields()
                     for path in user_paths | set(overrides):
                         applicable[path] = applicable.get(path, 0) + 1
@@ -821,6 +845,13 @@ def _resolve_path(v: str, info: ValidationInfo) -> str:
     if not p.is_absolute() and base_dir is not None:
         p = Path(base_dir) / p
     return str(p.resolve()) if p.exists() else str(p)
+
+
+def _no_folder(v: str, info: ValidationInfo, what: str) -> None:
+    """Refuse a path (not a bare profile name) that names a folder: the loaders would call it "not found"."""
+    p = Path(_resolve_path(v, info))
+    if p.is_dir() and (Path(v).name != v or v in (".", "..") or v.endswith((".yaml", ".yml"))):
+        raise ValueError(not_a_file(p, what))
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:

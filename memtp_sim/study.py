@@ -48,7 +48,8 @@ from .hardware import list_profiles
 from .errors import ConfigError, ExecutorUnavailableError, InvalidArgumentError
 
 __all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_fingerprint", "check_writable",
-           "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor"]
+           "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor", "INPUT_ERRORS",
+           "fails_again"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,24 @@ RUN_FILES = ("requests.csv", "rounds.parquet")
 
 def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+#: Errors that bad input raises: a run that failed with one fails the same way when run again.
+INPUT_ERRORS = ("ConfigError", "CalibrationError", "InvalidArgumentError")
+
+
+def fails_again(error: str) -> bool:
+    """Whether a failed run's recorded error (``failed.json``'s ``error``, ``"<class>: <message>"``)
+    comes from its input, so running it again fails the same way until the input is fixed.
+
+    Args:
+        error: the recorded reason, e.g. ``"ConfigError: trace.csv: ..."``.
+
+    Returns:
+        True for :data:`INPUT_ERRORS`; False for the rest (a lost worker, a full disk, files
+        damaged in transit), which a retry may get past.
+    """
+    return error.startswith(tuple(f"{name}: " for name in INPUT_ERRORS))
 
 
 def _failed_record(spec: RunSpec, error: str, trace: str | None = None) -> dict[str, Any]:
@@ -278,7 +297,8 @@ class StudyOutcome:
         num_runs: runs the study has.
         num_reused: finished runs found on disk with the same scenario, seed, inputs and intact files.
         num_ran: runs computed now.
-        failed: ``run_id -> reason`` for runs that could not complete (retried by the next ``run``).
+        failed: ``run_id -> reason`` for runs that could not complete (retried by the next ``run``;
+            :func:`fails_again` tells those that will fail the same way).
         num_stale: run folders under ``runs/`` that belong to no run of this study (left untouched).
         recomputed: ``run_id -> why`` for runs computed now although their folder held something:
             ``"forced (--force)"``, ``"failed before: <error>"``, ``"interrupted: summary.json

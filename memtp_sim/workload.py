@@ -28,10 +28,10 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from ._io import MAX_EXACT_COUNT, disk_cached_arrays, file_digest
+from ._io import MAX_EXACT_COUNT, disk_cached_arrays, file_digest, not_a_file
 from .errors import ConfigError
 
-__all__ = ["Trace", "Workload", "load_trace", "build_workload"]
+__all__ = ["Trace", "Workload", "load_trace", "trace_replay_start", "build_workload"]
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,9 @@ _TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "format")
 @lru_cache(maxsize=8)
 def _read_trace(path: str, mtime_ns: int = 0, size: int = 0) -> Trace:  # stat in the key: an edited file reloads
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{path}: trace file not found")
+    why = not_a_file(path, "trace file")
+    if why is not None:
+        raise ConfigError(why)
     try:
         digest = file_digest(p)
     except OSError as e:
@@ -203,7 +204,7 @@ def load_trace(path: str | Path) -> Trace:
         The :class:`Trace`, sorted by arrival (stable, so same-instant rows keep their order).
 
     Raises:
-        ConfigError: missing or unreadable file, unknown columns, or a row whose timestamp or
+        ConfigError: missing or unreadable file (or a folder), unknown columns, or a row whose timestamp or
             token count does not parse (message names the row and column).
 
     Source:
@@ -216,6 +217,38 @@ def load_trace(path: str | Path) -> Trace:
     except OSError:
         return _read_trace(str(p))  # reports the missing / unreadable file
     return _read_trace(str(p), st.st_mtime_ns, st.st_size)
+
+
+def trace_replay_start(trace: Trace, num_requests: int, start_offset_s: float = 0.0) -> int:
+    """Index of the first row a trace replay of ``num_requests`` from ``start_offset_s`` uses.
+
+    One check for load time (:class:`memtp_sim.config.WorkloadConfig`) and run time
+    (:func:`build_workload`), so a replay the trace cannot fill is refused before any run starts.
+
+    Args:
+        trace: the trace.
+        num_requests: requests the replay takes, in arrival order.
+        start_offset_s: skip requests that arrived earlier than this (trace time, s).
+
+    Returns:
+        The row index (the rows ``first .. first + num_requests - 1`` are replayed).
+
+    Raises:
+        ConfigError: ``start_offset_s`` lies past the trace's last arrival, or fewer than
+            ``num_requests`` rows arrive from it on; one line naming the trace, the field and
+            what is allowed.
+    """
+    first = int(np.searchsorted(trace.arrival_s, start_offset_s))
+    left = len(trace) - first
+    if left == 0:
+        last = float(trace.arrival_s[-1])
+        raise ConfigError(f"start_offset_s: {start_offset_s:g} s is past the last arrival of {trace.path} "
+                          f"({last:g} s); allowed: <= {last:g}")
+    if left < num_requests:
+        raise ConfigError(f"num_requests: {trace.path} has only {left} requests from start_offset_s="
+                          f"{start_offset_s:g} on, {num_requests} requested; allowed: <= {left}"
+                          + (" (or an earlier start_offset_s)" if first else ""))
+    return first
 
 
 def _piecewise_poisson(rng: np.random.Generator, n: int, schedule: list[tuple[float, float]]) -> np.ndarray:
@@ -271,9 +304,9 @@ def build_workload(
         rest counted in ``num_not_arrived``).
 
     Raises:
-        ConfigError: the trace has fewer rows than requested from ``start_offset_s`` on; a
-            poisson mode without a schedule and ``rate_per_s`` missing or <= 0; a closed loop
-            with ``concurrency`` missing or < 1; an unknown ``mode``.
+        ConfigError: the trace has fewer rows than requested from ``start_offset_s`` on
+            (:func:`trace_replay_start`); a poisson mode without a schedule and ``rate_per_s``
+            missing or <= 0; a closed loop with ``concurrency`` missing or < 1; an unknown ``mode``.
 
     Source:
         docs/model.md section 3 (the three modes); Poisson arrivals as i.i.d. exponential gaps;
@@ -284,12 +317,7 @@ def build_workload(
     n = int(num_requests)
     domain = rng.choice(domain_probs.size, size=n, p=domain_probs)
     if mode == "trace":
-        first = int(np.searchsorted(trace.arrival_s, start_offset_s))
-        if first + n > len(trace):
-            raise ConfigError(
-                f"{trace.path}: only {len(trace) - first} requests after start_offset_s={start_offset_s}, "
-                f"{n} requested"
-            )
+        first = trace_replay_start(trace, n, start_offset_s)
         sl = slice(first, first + n)
         arrival = (trace.arrival_s[sl] - trace.arrival_s[first]) / rate_scale
         return Workload(arrival, trace.prompt_tokens[sl].copy(), trace.output_tokens[sl].copy(), domain,

@@ -165,3 +165,78 @@ def test_a_full_disk_during_a_study_is_exit_1_with_the_file_and_what_to_do(tmp_p
     assert rc == 1, err
     assert err[-1].startswith(f"error: {tmp_path / 'out'}"), err
     assert "No space left on device" in err[-1] and "run the same command again" in err[-1], err
+
+
+# ------------------------------------------------- a trace replay the trace cannot fill (load time)
+# The kind: input that makes every run fail the same way is refused when the YAML loads (exit 2,
+# one line), by every command that loads scenarios, not found run by run (exit 1).
+def _short_trace(tmp_path: Path) -> Path:
+    trace = tmp_path / "short.csv"
+    trace.write_text("\n".join(TRACE.read_text().splitlines()[:4]) + "\n")  # 3 requests
+    return trace
+
+
+_REPLAYS = {  # workload fields -> the field the error names
+    "too_few_rows": ("mode: trace, num_requests: 30", "num_requests"),
+    "offset_past_the_end": ("mode: trace, num_requests: 1, start_offset_s: 1.0e9", "start_offset_s"),
+    "too_few_after_the_offset": ("mode: trace, num_requests: 3, start_offset_s: 0.001", "num_requests"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REPLAYS))
+@pytest.mark.parametrize("command", ["run", "capacity", "tune"])
+def test_a_trace_replay_the_trace_cannot_fill_is_refused_at_load(tmp_path, capsys, command, case):
+    trace = _short_trace(tmp_path)
+    fields, field = _REPLAYS[case]
+    workload = f"workload: {{trace: {trace}, {fields}}}"
+    f = tmp_path / "in.yaml"
+    if command == "run":
+        f.write_text(f"name: t\nbase:\n  {workload}\n  policy: {{name: no_spec}}\n")
+        argv = ["run", str(f), "--out", str(tmp_path / "out")]
+    elif command == "capacity":
+        f.write_text(f"{workload}\npolicy: {{name: no_spec}}\n")
+        argv = ["capacity", str(f), "--slo", "ttft_s_p90 <= 2"]
+    else:
+        f.write_text(f"name: t\nbase:\n  {workload}\n  policy: {{name: dspark}}\nsearch_space:\n"
+                     "  confidence.temperature: {type: float, low: 0.5, high: 2.0}\n"
+                     "objectives: [{metric: throughput_tok_per_s, direction: maximize}]\nn_trials: 1\n")
+        argv = ["tune", str(f), "--out", str(tmp_path / "out")]
+    _one_line_exit_2(argv, capsys, str(f), str(trace), f"{field}:", "allowed")
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_a_sweep_point_the_trace_cannot_fill_is_refused_at_load_naming_the_point(tmp_path, capsys):
+    trace = _short_trace(tmp_path)
+    f = tmp_path / "study.yaml"
+    f.write_text(f"name: t\nbase:\n  workload: {{trace: {trace}, mode: trace, num_requests: 2}}\n"
+                 "  policy: {name: no_spec}\nsweep: {workload.num_requests: [2, 3, 4]}\n")
+    _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, "workload.num_requests=4",
+                     "num_requests:", "allowed: <= 3")
+
+
+# ------------------------------------------------------- failed runs: retry only what a retry helps
+@pytest.mark.parametrize("error", ["ConfigError", "CalibrationError", "InvalidArgumentError", "RuntimeError"])
+def test_a_run_that_failed_on_its_input_is_not_told_to_retry(tmp_path, capsys, monkeypatch, error):
+    # an input error fails the same way on every rerun: "run again to retry" would loop the user
+    import memtp_sim.errors as errors
+    import memtp_sim.study as study
+
+    real = study.run
+
+    def fails_for_6(scenario, **kw):
+        if scenario.workload.num_requests == 6:
+            raise getattr(errors, error, RuntimeError)("bad on purpose")
+        return real(scenario, **kw)
+
+    monkeypatch.setattr(study, "run", fails_for_6)
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE + "sweep: {workload.num_requests: [5, 6]}\n")
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "1 of 2 run(s) failed" in err and f"{error}: bad on purpose" in err, err
+    input_error = error != "RuntimeError"
+    assert ("retry" not in err) == input_error, err
+    assert ("fix the input" in err) == input_error, err
+    assert main(["report", str(tmp_path / "out" / "t")]) == 1  # `report` words it the same way
+    err = capsys.readouterr().err
+    assert ("retry" not in err) == input_error and ("fix the input" in err) == input_error, err

@@ -468,3 +468,156 @@ def test_every_yaml_the_package_reads_goes_through_one_loader():
     found = [f"{p.relative_to(REPO)}:{i}" for p in sorted((REPO / "memtp_sim").rglob("*.py")) if p.name != "_io.py"
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pat.search(line)]
     assert not found, found
+
+
+# ------------------------------------------------------- a file-path field that names a folder
+# The kind: every path field in a YAML (and every loader behind one) calls a folder a folder; "not
+# found" for a path that exists sends the user looking for a typo.
+_PATH_FIELDS = {"workload.trace": "trace file", "hardware.profile": "hardware profile file",
+                "acceptance.profile": "acceptance profile file"}
+
+
+@pytest.mark.parametrize("name", ["data", "profile.yaml"])  # a plain folder, and one named like a file
+@pytest.mark.parametrize("path", sorted(_PATH_FIELDS))
+def test_a_path_field_naming_a_folder_says_folder(tmp_path, capsys, path, name):
+    (tmp_path / name).mkdir()
+    (tmp_path / "my").mkdir()
+    doc: dict[str, Any] = {"workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 2, "num_requests": 4}}
+    section, field = path.split(".")
+    doc.setdefault(section, {})[field] = f"../{name}"
+    f = tmp_path / "my" / "study.yaml"
+    f.write_text(yaml.safe_dump({"name": "t", "base": doc}))
+    rc = main(["run", str(f), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert f"base.{path}: {tmp_path / name}: is a directory, not a" in err, err
+    assert _PATH_FIELDS[path] in err and "not found" not in err, err
+
+
+def test_the_loaders_behind_the_path_fields_say_folder(tmp_path):
+    from memtp_sim._io import read_yaml
+    from memtp_sim.acceptance import load_acceptance
+    from memtp_sim.errors import CalibrationError
+    from memtp_sim.workload import load_trace
+
+    (tmp_path / "x.yaml").mkdir()
+    for load, err in ((load_trace, ConfigError), (load_acceptance, CalibrationError), (read_yaml, ConfigError)):
+        with pytest.raises(err) as exc:
+            load(str(tmp_path / "x.yaml"))
+        assert "is a directory" in str(exc.value) and "not found" not in str(exc.value), (load, exc.value)
+
+
+# ------------------------------------------- a setting with no effect in one run: refused per study
+# The kind: README's rule is that a setting is refused only when it takes effect in none of the
+# study's runs. A Scenario validator that refuses a setting for having no effect in *its* run breaks
+# the rule for every study that mixes runs (memtp.depth with policies [no_spec, dspark] was refused).
+# Scenario validation leaves such settings to ignored_fields; load_scenario / Study.expand decide.
+_WL = {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 2, "num_requests": 4}
+#: A scenario in which every setting below has no effect, each set to a valid non-default value.
+_IDLE = {
+    "workload": {**_WL, "rate_per_s": 2.0, "rate_schedule": [{"duration_s": 1.0, "rate_per_s": 1.0}],
+                 "rate_scale": 2.0, "start_offset_s": 1.0},
+    "hardware": {"name": "mybox", "memory": {"gpu_allocatable_gib": 10.0}},
+    "acceptance": {"sigma_round": 0.5, "sigma_request": 0.3, "draft_len": 4},
+    "engine": {"prefill": "colocated", "prefill_gpus": 2},
+    "memtp": {"depth": "elastic", "max_depth": 4, "head_cost_gib": 2.0, "r_low": 0.2, "r_high": 0.8,
+              "coherence_half_life_rounds": 8.0, "coherence_estimator": "per_tested", "min_dwell_rounds": 3,
+              "head_load_gb_per_s": 5.0, "initial_depth": 2},
+    "confidence": {"temperature": 2.0, "noise_sd": 0.1},
+    "drafter": {"kind": "mtp", "p_min": 0.1},
+    "policy": {"name": "no_spec"},
+}
+_IDLE_PATHS = sorted(f"{s}.{f}" for s, v in _IDLE.items() if s not in ("policy",) for f in v
+                     if f"{s}.{f}" not in ("workload.trace", "workload.mode", "workload.concurrency",
+                                           "workload.num_requests", "engine.prefill"))
+
+
+def test_scenario_validation_refuses_no_setting_for_having_no_effect():
+    scen = Scenario.model_validate(_IDLE)  # each is idle here, yet may take effect in another run
+    ignored = scen.ignored_fields()
+    assert set(_IDLE_PATHS) <= set(ignored), sorted(set(_IDLE_PATHS) - set(ignored))
+    assert scen.memtp_settings() is None and not scen.draft_spec().speculative  # it runs as plain no_spec
+
+
+@pytest.mark.parametrize("path", _IDLE_PATHS)
+def test_a_single_scenario_still_refuses_each_idle_setting(tmp_path, path):
+    section, field = path.split(".")
+    doc: dict[str, Any] = {"workload": dict(_WL), "policy": {"name": "no_spec"}}
+    if section == "memtp" and field != "depth":
+        doc["memtp"] = {"depth": "elastic"}
+    doc.setdefault(section, {})[field] = _IDLE[section][field]
+    f = tmp_path / "scen.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(f)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{f}: {path if section != 'memtp' else 'memtp.'}"), msg
+    assert "has no effect in this scenario" in msg, msg
+
+
+#: (base additions, what mixes the runs, the setting): the setting takes effect in some run only.
+_MIXED = {
+    "memtp_with_no_spec": ({"memtp": {"depth": "elastic"}},
+                           {"policies": [{"name": "no_spec"}, {"name": "dspark", "gamma": 7}]}, "memtp.depth"),
+    "memtp_with_mtp1": ({"memtp": {"depth": 2}}, {"policies": [{"name": "mtp1"}, {"name": "static", "k": 2}]},
+                        "memtp.depth"),
+    "rate_per_s_in_a_mode_sweep": ({"workload": {**_WL, "rate_per_s": 2.0}},
+                                   {"sweep": {"workload.mode": ["closed_loop", "poisson"]}}, "workload.rate_per_s"),
+    "concurrency_in_a_mode_sweep": ({"workload": {**_WL, "mode": "poisson", "rate_per_s": 2.0}},
+                                    {"sweep": {"workload.mode": ["poisson", "closed_loop"]}}, "workload.concurrency"),
+    "sigma_across_sources": ({"acceptance": {"sigma_round": 0.5}},
+                             {"variants": {"iid": {"acceptance.alpha": 0.7},
+                                           "cond": {"acceptance.conditional": "0.8/0.6/0.5"}}},
+                             "acceptance.sigma_round"),
+    "draft_len_across_sources": ({"acceptance": {"draft_len": 4}},
+                                 {"variants": {"iid": {"acceptance.alpha": 0.7},
+                                               "ratio": {"acceptance.accepted_ratio": 0.6}}}, "acceptance.draft_len"),
+    "temperature_with_no_spec": ({"confidence": {"temperature": 2.0}},
+                                 {"policies": [{"name": "no_spec"}, {"name": "dspark"}]}, "confidence.temperature"),
+}
+
+
+def _only_idle_runs(mix: dict[str, Any]) -> dict[str, Any]:
+    """``mix`` keeping only its first policy, sweep value or variant: the one run the setting idles in."""
+    key, val = next(iter(mix.items()))
+    if key == "policies":
+        return {key: val[:1]}
+    if key == "sweep":
+        return {key: {k: v[:1] for k, v in val.items()}}
+    return {key: dict(list(val.items())[:1])}
+
+
+@pytest.mark.parametrize("case", sorted(_MIXED))
+def test_a_setting_with_effect_in_some_run_of_a_study_is_accepted(tmp_path, case):
+    base_add, mix, path = _MIXED[case]
+    base = {"workload": dict(_WL), **base_add}
+    f = tmp_path / "study.yaml"
+    f.write_text(yaml.safe_dump({"name": "t", "base": base, **mix}))
+    load_study(f)
+    f.write_text(yaml.safe_dump({"name": "t", "base": base, **_only_idle_runs(mix)}))
+    with pytest.raises(ConfigError) as exc:
+        load_study(f)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{f}: {path}: has no effect in any run of this study"), msg
+
+
+def test_memtp_with_no_spec_in_the_list_runs_and_no_spec_runs_plain(tmp_path, capsys):
+    f = tmp_path / "study.yaml"
+    f.write_text(yaml.safe_dump({"name": "t", "base": {"workload": dict(_WL), "memtp": {"depth": "elastic"}},
+                                 "policies": [{"name": "no_spec"}, {"name": "dspark", "gamma": 7}]}))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 0, capsys.readouterr().err
+    import json
+    depth = {json.loads(p.read_text())["labels"]["policy"]: json.loads(p.read_text())["metrics"]["mean_depth"]
+             for p in (tmp_path / "out" / "t" / "runs").glob("*/summary.json")}
+    assert depth["no_spec"] == 0 and depth[next(k for k in depth if k != "no_spec")] > 0, depth
+
+
+def test_a_run_point_error_never_prints_empty_parentheses(tmp_path):
+    # a point with no sweep value, variant or second policy is named by the file alone, not "file ()"
+    f = tmp_path / "study.yaml"
+    f.write_text(yaml.safe_dump({"name": "t", "base": {"workload": dict(_WL), "policy": {"name": "no_spec"},
+                                                       "memtp": {"depth": 1, "head_cost_gib": 1000.0}},
+                                 "policies": [{"name": "static", "k": 1}]}))
+    with pytest.raises(ConfigError) as exc:
+        load_study(f)
+    assert str(exc.value).startswith(f"{f}: memtp.head_cost_gib: no KV block fits"), str(exc.value)

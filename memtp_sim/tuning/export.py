@@ -85,7 +85,8 @@ def _yaml(doc: Any) -> str:
 _SUFFIX = {"vllm": ".vllm.json", "sglang": ".sglang.args", "memtp": ".memtp.yaml"}
 
 #: Why ``--format memtp`` is refused when the MEMTP ensemble was not simulated (memtp.depth unset).
-_NOT_SIMULATED = ("--format memtp: {what} did not simulate the MEMTP ensemble (memtp.depth unset), so its r_low, "
+_NOT_SIMULATED = ("--format memtp: {what} did not simulate the MEMTP ensemble (memtp.depth unset, or a policy "
+                  "such as no_spec or mtp1 that the ensemble cannot drive), so its r_low, "
                   "r_high and head_cost_gib would be library defaults, not tuned settings; export --format vllm or "
                   "sglang, or tune with `memtp: {{depth: elastic}}` in the base scenario")
 
@@ -469,10 +470,14 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     else:
         selection = f"trial {chosen.number} (chosen by hand)"
     scen = scenario_for(spec, chosen.params)
-    if fmt == "memtp" and scen.memtp.depth is None:  # before validation runs anything
+    # memtp_settings(), not memtp.depth: a trial of a policy the ensemble cannot drive (no_spec, mtp1)
+    # ran without it although the base sets memtp.depth
+    if fmt == "memtp" and scen.memtp_settings() is None:  # before validation runs anything
         raise ConfigError(_NOT_SIMULATED.format(what=f"study {study_name!r} (trial {chosen.number})"))
-    settings = deployment_settings(scen.model_dump(mode="json") | {"policy": {"name": scen.policy.name,
-                                                                              **scen.policy.params}},
+    dump = scen.model_dump(mode="json")
+    if scen.memtp_settings() is None:
+        dump["memtp"]["depth"] = None
+    settings = deployment_settings(dump | {"policy": {"name": scen.policy.name, **scen.policy.params}},
                                    chosen.user_attrs.get("applied_temperatures"))
     validation = study.user_attrs.get("validation", {}).get(str(chosen.number))
     if validation is None:
