@@ -240,3 +240,5 @@ def test_a_run_that_failed_on_its_input_is_not_told_to_retry(tmp_path, capsys, m
     assert main(["report", str(tmp_path / "out" / "t")]) == 1  # `report` words it the same way
     err = capsys.readouterr().err
     assert ("retry" not in err) == input_error and ("fix the input" in err) == input_error, err
+    page = (tmp_path / "out" / "t" / "report.html").read_text(encoding="utf-8")  # and so does the page
+    assert (f"<i>input</i> r" in page) == input_error, page[:2000]

@@ -498,10 +498,12 @@ def test_the_loaders_behind_the_path_fields_say_folder(tmp_path):
     from memtp_sim._io import read_yaml
     from memtp_sim.acceptance import load_acceptance
     from memtp_sim.errors import CalibrationError
+    from memtp_sim.hardware import load_profile
     from memtp_sim.workload import load_trace
 
     (tmp_path / "x.yaml").mkdir()
-    for load, err in ((load_trace, ConfigError), (load_acceptance, CalibrationError), (read_yaml, ConfigError)):
+    for load, err in ((load_trace, ConfigError), (load_acceptance, CalibrationError), (read_yaml, ConfigError),
+                      (load_profile, CalibrationError)):
         with pytest.raises(err) as exc:
             load(str(tmp_path / "x.yaml"))
         assert "is a directory" in str(exc.value) and "not found" not in str(exc.value), (load, exc.value)

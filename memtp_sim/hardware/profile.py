@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .._io import load_yaml
+from .._io import load_yaml, not_a_file
 from ..errors import CalibrationError
 from .cost import BELOW_MIN_RULES, BEYOND_MAX_RULES, DrafterCost, Overheads, SPSTable
 from . import tables
@@ -291,8 +291,9 @@ def _resolve_profile_path(name_or_path: str | Path | None) -> Path:
                 )
             path = profiles[key]
             _PROFILE_BY_NAME[key] = (path, _stat_key(path))
-    if not path.is_file():
-        raise CalibrationError(f"{path}: hardware profile file not found")
+    why = not_a_file(path, "hardware profile file")
+    if why is not None:
+        raise CalibrationError(why)
     return path
 
 
