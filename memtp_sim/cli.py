@@ -273,6 +273,17 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
             sps = {int(k): float(v) for k, v in (pair.split("=") for pair in args.sps.split(","))}
         except ValueError:
             return _fail(f"--sps: expected B=steps_per_second pairs, e.g. 1=1.0,2=0.5 (got {args.sps!r})")
+        if all(v > 0 for v in sps.values()):  # the plausibility rules every profile's curve passes
+            import numpy as np  # lazy: --help stays fast
+
+            from .errors import CalibrationError
+            from .hardware.profile import check_curve  # lazy: a subcommand loads only what it uses
+
+            bs = sorted(sps)
+            try:  # on pass times (1000 / SPS ms), as a profile's curve
+                check_curve(np.array(bs), np.array([1000.0 / sps[b] for b in bs]), where="--sps")
+            except CalibrationError as e:
+                return _fail(str(e))
     try:
         r = hardware_aware_prefix_scheduler(conf, sps, early_stop=not args.global_search,
                                             max_batch_tokens=args.max_batch_tokens)

@@ -242,3 +242,14 @@ def test_a_run_that_failed_on_its_input_is_not_told_to_retry(tmp_path, capsys, m
     assert ("retry" not in err) == input_error and ("fix the input" in err) == input_error, err
     page = (tmp_path / "out" / "t" / "report.html").read_text(encoding="utf-8")  # and so does the page
     assert (f"<i>input</i> r" in page) == input_error, page[:2000]
+
+
+@pytest.mark.parametrize("sps, says", [
+    ("1=1,2=5", "5.0x faster"),  # a 5x faster pass at twice the batch: the rule every profile obeys
+    ("1=100,2=10", "10.0x slower"),  # 10x slower for twice the batch
+])
+def test_schedule_sps_passes_the_same_plausibility_rules_as_a_profile(capsys, sps, says):
+    rc = main(["schedule", "0.9,0.8", "--sps", sps])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: --sps: B=2:") and says in err, err
+    assert main(["schedule", "0.9,0.8", "--sps", "1=100,2=90,3=80,4=70"]) == 0  # a plausible one runs
