@@ -241,7 +241,7 @@ def test_a_run_that_failed_on_its_input_is_not_told_to_retry(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert ("retry" not in err) == input_error and ("fix the input" in err) == input_error, err
     page = (tmp_path / "out" / "t" / "report.html").read_text(encoding="utf-8")  # and so does the page
-    assert (f"<i>input</i> r" in page) == input_error, page[:2000]
+    assert ("<i>input</i> r" in page) == input_error, page[:2000]
 
 
 @pytest.mark.parametrize("sps, says", [
