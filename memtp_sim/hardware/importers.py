@@ -77,7 +77,7 @@ from .._io import atomic_write_text, cache_dir, load_yaml
 from .._version import __version__
 from ..errors import CalibrationError
 from .memory import GIB
-from .profile import load_profile
+from .profile import check_curve, load_profile
 from .tables import COST_COLUMNS
 
 __all__ = ["FORMATS", "import_measurements", "write_cost_table", "from_gpu_costs_csv", "from_table",
@@ -895,6 +895,12 @@ def inline_table_profile(table: Mapping[Any, Any], memory: Mapping[str, Any], na
     out = folder / f"{name}.yaml"
     if out.is_file() and out.with_name(f"{name}.costs.csv").is_file():
         return out
+    points = sorted((int(k), float(v)) for k, v in table.items()
+                    if isinstance(k, (int, np.integer)) and isinstance(v, (int, float)) and not isinstance(v, bool))
+    if len(points) == len(table) and all(ms > 0 for _, ms in points):  # others: the import names the bad key
+        # the plausibility rules a profile's curve passes, checked here so that the message names the
+        # YAML's keys (when the cached profile loads, it would name the cache's CSV rows)
+        check_curve(np.array([b for b, _ in points]), np.array([ms for _, ms in points]), where="hardware.table")
     folder.mkdir(parents=True, exist_ok=True)
     src = folder / f"{name}.table.yaml"
     atomic_write_text(src, yaml.safe_dump({int(k) if isinstance(k, (int, np.integer)) else k: v
