@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ._version import __version__
-from .errors import InvalidArgumentError, MemtpSimError
+from .errors import CalibrationError, InvalidArgumentError, MemtpSimError
 from .memtp import MEMTP_DEFAULTS
 
 __all__ = ["main"]
@@ -276,7 +276,6 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         if all(v > 0 for v in sps.values()):  # the plausibility rules every profile's curve passes
             import numpy as np  # lazy: --help stays fast
 
-            from .errors import CalibrationError
             from .hardware.profile import check_curve  # lazy: a subcommand loads only what it uses
 
             bs = sorted(sps)
