@@ -897,7 +897,7 @@ def inline_table_profile(table: Mapping[Any, Any], memory: Mapping[str, Any], na
         return out
     points = sorted((int(k), float(v)) for k, v in table.items()
                     if isinstance(k, (int, np.integer)) and isinstance(v, (int, float)) and not isinstance(v, bool))
-    if len(points) == len(table) and all(ms > 0 for _, ms in points):  # others: the import names the bad key
+    if len(points) == len(table) and all(0 < ms < math.inf for _, ms in points):  # others: the import names the bad key
         # the plausibility rules a profile's curve passes, checked here so that the message names the
         # YAML's keys (when the cached profile loads, it would name the cache's CSV rows)
         check_curve(np.array([b for b, _ in points]), np.array([ms for _, ms in points]), where="hardware.table")
