@@ -602,6 +602,16 @@ class Scenario(StrictModel):
                 out[f"memtp.{f}"] = (f"policy {self.policy.name!r} {_NO_MEMTP[self.policy.name]}; the ensemble needs "
                                      f"one of {', '.join(p for p in available_policies() if p not in _NO_MEMTP)}")
         else:
+            # the ensemble owns the draft length: DraftSpec.resolve overwrites a policy's gamma with
+            # it, so a gamma the user set would be silently replaced (a fresh user's report: a sweep
+            # of policy.gamma under MEMTP gave identical runs labelled 3 and 7)
+            width = "memtp.max_depth" if self.memtp.depth == "elastic" else "memtp.depth"
+            if "gamma" in policy_class(self.policy.name).Params.model_fields:
+                out["policy.gamma"] = f"with memtp.depth set the ensemble's draft length ({width}) replaces it"
+            k = self.policy.params.get("k")
+            if self.memtp.depth != "elastic" and k is not None and int(k) >= int(self.memtp.depth):
+                out["policy.k"] = (f"memtp.depth {self.memtp.depth} drafts {self.memtp.depth} tokens and k >= "
+                                   "that verifies all of them")
             if self.memtp.coherence == "tower":
                 out["memtp.coherence_estimator"] = "only used with memtp.coherence: ewma"
             if self.memtp.depth != "elastic":
@@ -770,7 +780,8 @@ class Study(StrictModel):
                                           + ([f"policy={pol.name}"] if pol is not None and len(policies) > 1 else []))
                         raise ConfigError(format_validation_error(e, f"{source} ({where})" if where else source)) from None
                     reasons = scen.ignored_fields()
-                    for path in user_paths | set(overrides):
+                    run_policy = pol if pol is not None else self.base.policy
+                    for path in user_paths | set(overrides) | {f"policy.{k}" for k in run_policy.params}:
                         applicable[path] = applicable.get(path, 0) + 1
                         if path in reasons:
                             ignored.setdefault(path, []).append(reasons[path])
@@ -1030,7 +1041,7 @@ def check_no_ignored_fields(scenario: Scenario, source: str) -> None:
         ConfigError: one line naming ``source``, the field and why it has no effect.
     """
     reasons = scenario.ignored_fields()
-    for path in sorted(set_paths(scenario)):
+    for path in sorted(set_paths(scenario) | {f"policy.{k}" for k in scenario.policy.params}):
         if path in reasons:
             raise ConfigError(f"{source}: {path}: has no effect in this scenario ({reasons[path]}); "
                               "remove it or change the setting it depends on")

@@ -560,8 +560,8 @@ def test_a_single_scenario_still_refuses_each_idle_setting(tmp_path, path):
 #: (base additions, what mixes the runs, the setting): the setting takes effect in some run only.
 _MIXED = {
     "memtp_with_no_spec": ({"memtp": {"depth": "elastic"}},
-                           {"policies": [{"name": "no_spec"}, {"name": "dspark", "gamma": 7}]}, "memtp.depth"),
-    "memtp_with_mtp1": ({"memtp": {"depth": 2}}, {"policies": [{"name": "mtp1"}, {"name": "static", "k": 2}]},
+                           {"policies": [{"name": "no_spec"}, {"name": "dspark"}]}, "memtp.depth"),
+    "memtp_with_mtp1": ({"memtp": {"depth": 2}}, {"policies": [{"name": "mtp1"}, {"name": "static"}]},
                         "memtp.depth"),
     "rate_per_s_in_a_mode_sweep": ({"workload": {**_WL, "rate_per_s": 2.0}},
                                    {"sweep": {"workload.mode": ["closed_loop", "poisson"]}}, "workload.rate_per_s"),
@@ -606,7 +606,7 @@ def test_a_setting_with_effect_in_some_run_of_a_study_is_accepted(tmp_path, case
 def test_memtp_with_no_spec_in_the_list_runs_and_no_spec_runs_plain(tmp_path, capsys):
     f = tmp_path / "study.yaml"
     f.write_text(yaml.safe_dump({"name": "t", "base": {"workload": dict(_WL), "memtp": {"depth": "elastic"}},
-                                 "policies": [{"name": "no_spec"}, {"name": "dspark", "gamma": 7}]}))
+                                 "policies": [{"name": "no_spec"}, {"name": "dspark"}]}))
     assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 0, capsys.readouterr().err
     import json
     depth = {json.loads(p.read_text())["labels"]["policy"]: json.loads(p.read_text())["metrics"]["mean_depth"]
@@ -623,3 +623,33 @@ def test_a_run_point_error_never_prints_empty_parentheses(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_study(f)
     assert str(exc.value).startswith(f"{f}: memtp.head_cost_gib: no KV block fits"), str(exc.value)
+
+
+# ------------------------------------------- a policy's draft length under MEMTP
+# The kind: with memtp.depth set the ensemble owns the draft length (DraftSpec.resolve replaces a
+# policy's gamma), so a gamma the user set was replaced without a word: a sweep of policy.gamma
+# under MEMTP gave identical runs labelled 3 and 7 (a fresh user's report).
+@pytest.mark.parametrize("extra, path", [
+    ({"sweep": {"policy.gamma": [3, 7]}}, "policy.gamma"),
+    ({"policies": [{"name": "dspark", "gamma": 7}, {"name": "threshold", "gamma": 5}]}, "policy.gamma"),
+    ({"policies": [{"name": "goodput", "gamma": 4}]}, "policy.gamma"),
+])
+def test_a_draft_length_the_memtp_ensemble_replaces_is_refused(tmp_path, extra, path):
+    f = tmp_path / "study.yaml"
+    f.write_text(yaml.safe_dump({"name": "t", "base": {"workload": dict(_WL), "memtp": {"depth": "elastic"}}, **extra}))
+    with pytest.raises(ConfigError) as exc:
+        load_study(f).expand(source=str(f))
+    msg = str(exc.value)
+    assert msg.startswith(f"{f}: {path}: has no effect in any run of this study") and "memtp.max_depth" in msg, msg
+
+
+def test_static_k_under_a_fixed_depth_is_refused_only_when_it_changes_nothing(tmp_path):
+    doc = {"workload": dict(_WL), "memtp": {"depth": 3}}
+    with pytest.raises(ConfigError, match=r"policy\.k: has no effect in this scenario \(memtp\.depth 3 drafts 3"):
+        load_scenario(_write(tmp_path, {**doc, "policy": {"name": "static", "k": 5}}))
+    # k below the depth caps what is verified: it has an effect, and the run shows it
+    scen = load_scenario(_write(tmp_path, {**doc, "policy": {"name": "static", "k": 2}}))
+    from memtp_sim import run
+    assert run(scen, seed=0).metrics["mean_verify_len"] == pytest.approx(2.0, abs=0.05)
+    # without MEMTP the same gamma and k are the policy's own
+    load_scenario(_write(tmp_path, {"workload": dict(_WL), "policy": {"name": "dspark", "gamma": 3}}))
