@@ -377,6 +377,21 @@ def test_a_typo_in_one_measured_row_names_file_row_and_column(tmp_path):
         load_profile(p)
 
 
+@pytest.mark.parametrize("times_ms, refused_at", [
+    ([100.0, 50.0, 25.0, 12.5], 4),  # 2x faster at each doubling: 8x in all, refused where it passes 3x
+    ([100.0, 40.0, 35.0, 30.0], 8),  # 2.5x, then slowly on: 3.3x below the slowest at B=8
+    ([40.0, 100.0, 45.0, 30.0], 8),  # measured from the slowest (100 ms at B=2), not from B=1
+    ([100.0, 60.0, 130.0, 40.0], 8),  # a new slowest point (B=4) moves the reference (2.5x from B=1)
+])
+def test_a_curve_falling_in_several_steps_is_refused_like_one_steep_fall(times_ms, refused_at):
+    # the rule compared neighbours only: 2x faster at each of several doublings passed, however far
+    # the curve fell in all (a fresh user's report, on `schedule --sps`; profiles share the rule)
+    from memtp_sim.hardware.profile import check_curve
+    with pytest.raises(CalibrationError, match=rf"^x: B={refused_at}: .* faster than"):
+        check_curve(np.array([1, 2, 4, 8]), np.array(times_ms), where="x")
+    assert check_curve(np.array([1, 2, 4, 8]), np.array([100.0, 60.0, 45.0, 40.0]), where="x")  # 2.5x: a warning
+
+
 @pytest.mark.parametrize("old, new, needle", [
     ("mem_bandwidth_gb_s: 212.0", "mem_bandwidth_gb_s: 0", "mem_bandwidth_gb_s"),
     ("weights_bytes: 4912898304", "weights_bytes: 490000000000", "does not add up"),
