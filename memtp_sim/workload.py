@@ -242,11 +242,12 @@ def trace_replay_start(trace: Trace, num_requests: int, start_offset_s: float = 
     left = len(trace) - first
     if left == 0:
         last = float(trace.arrival_s[-1])
-        raise ConfigError(f"start_offset_s: {start_offset_s:g} s is past the last arrival of {trace.path} "
-                          f"({last:g} s); allowed: <= {last:g}")
+        # repr, not :g: six digits can round the limit above the value refused (8.464985 -> 8.46499)
+        raise ConfigError(f"start_offset_s: {float(start_offset_s)!r} s is past the last arrival of {trace.path} "
+                          f"({last!r} s); allowed: <= {last!r}")
     if left < num_requests:
-        raise ConfigError(f"num_requests: {trace.path} has only {left} requests from start_offset_s="
-                          f"{start_offset_s:g} on, {num_requests} requested; allowed: <= {left}"
+        raise ConfigError(f"num_requests: {trace.path} has only {left} request{'s' * (left != 1)} from "
+                          f"start_offset_s={float(start_offset_s)!r} on, {num_requests} requested; allowed: <= {left}"
                           + (" (or an earlier start_offset_s)" if first else ""))
     return first
 

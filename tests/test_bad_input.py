@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from memtp_sim.cli import main
@@ -253,3 +254,21 @@ def test_schedule_sps_passes_the_same_plausibility_rules_as_a_profile(capsys, sp
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: --sps: B=2:") and says in err, err
     assert main(["schedule", "0.9,0.8", "--sps", "1=100,2=90,3=80,4=70"]) == 0  # a plausible one runs
+
+
+def test_the_stated_trace_limits_are_exact(tmp_path):
+    # ':g' printed 8.464985 as 8.46499: "8.46499 s is past ... allowed: <= 8.46499" contradicted itself
+    import re as _re
+
+    from memtp_sim.errors import ConfigError
+    from memtp_sim.workload import load_trace, trace_replay_start
+    trace = load_trace(_short_trace(tmp_path))
+    last = float(trace.arrival_s[-1])
+    just_past = float(np.nextafter(last, np.inf))
+    with pytest.raises(ConfigError) as exc:
+        trace_replay_start(trace, 1, just_past)
+    allowed = float(_re.search(r"allowed: <= (\S+)$", str(exc.value)).group(1))
+    assert allowed == last and just_past > allowed, str(exc.value)
+    assert trace_replay_start(trace, 1, allowed) == len(trace) - 1  # the stated limit is accepted
+    with pytest.raises(ConfigError, match=r"has only 1 request from"):
+        trace_replay_start(trace, 2, allowed)
