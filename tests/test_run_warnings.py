@@ -103,3 +103,16 @@ def test_passes_priced_beyond_the_measured_table_are_warned(tmp_path, capsys, ca
     assert f"{fracs[256]:.0%} of passes" in lines[0] and "measured B 1..64" in lines[0]
     html = (root / "report.html").read_text()
     assert "Pass times extrapolated" in html and "measured B 1..64" in html
+
+
+def test_the_measured_range_names_the_rule_on_each_side_that_can_apply():
+    # a table measured from B=64 prices a 1-user pass by its below_min rule: "beyond that roofline"
+    # alone named the wrong rule (a fresh user's report)
+    from memtp_sim.report.numbers import _measured_range
+
+    def summary(b, below, beyond):
+        return {"provenance": {"hardware": {"sps": {"batch_tokens": b, "below_min": below, "beyond_max": beyond}}}}
+    assert _measured_range(summary([64, 128, 512], "flat", "roofline")) == \
+        "measured B 64..512, below that flat, beyond that roofline"
+    assert _measured_range(summary([1, 16, 64], "flat", "roofline")) == "measured B 1..64, beyond that roofline"
+    assert _measured_range({}) == ""

@@ -395,12 +395,14 @@ def extrapolation_notes(res: StudyResults) -> list[str]:
 
 
 def _measured_range(summary: dict[str, Any]) -> str:
-    """``"measured B 1..64, beyond that roofline"`` from a run summary's profile ('' when absent)."""
+    """``"measured B 64..512, below that flat, beyond that roofline"`` from a run summary's profile
+    ('' when absent): both rules, since passes outside the range may lie on either side."""
     sps = ((summary.get("provenance") or {}).get("hardware") or {}).get("sps") or {}
     b = sps.get("batch_tokens") or []
     if not b:
         return ""
-    return f"measured B {min(b)}..{max(b)}, beyond that {sps.get('beyond_max', 'extrapolated')}"
+    below = f", below that {sps.get('below_min', 'extrapolated')}" if min(b) > 1 else ""
+    return f"measured B {min(b)}..{max(b)}{below}, beyond that {sps.get('beyond_max', 'extrapolated')}"
 
 
 # ---------------------------------------------------------------------------------------------
