@@ -144,7 +144,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"  {line}")
         for note in rejection_notes(res) + overload_notes(res) + extrapolation_notes(res):
             print(f"warning: {note}", file=sys.stderr)
-        ran = f" ({out.num_ran} ran now, {out.num_reused} reused from an earlier run)" if out.num_reused else ""
+        parts = ([f"{out.num_ran} ran now", f"{out.num_reused} reused from an earlier run"] if out.num_reused else []) \
+            + ([f"{len(out.failed)} failed"] if out.failed else [])
+        ran = f" ({', '.join(parts)})" if parts else ""
         print(f"\n{n_runs} runs{ran} in {elapsed:.1f} s; results in {root}/ (every metric: runs.csv); report: {report}")
     if out.failed:
         _print_failed(out.failed, n_runs, "run the same command again")

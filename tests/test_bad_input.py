@@ -233,8 +233,10 @@ def test_a_run_that_failed_on_its_input_is_not_told_to_retry(tmp_path, capsys, m
     f = tmp_path / "study.yaml"
     f.write_text(BASE + "sweep: {workload.num_requests: [5, 6]}\n")
     assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 1
-    err = capsys.readouterr().err
+    got = capsys.readouterr()
+    err = got.err
     assert "1 of 2 run(s) failed" in err and f"{error}: bad on purpose" in err, err
+    assert "2 runs (1 failed) in" in got.out, got.out  # the closing line does not count it as done
     input_error = error != "RuntimeError"
     assert ("retry" not in err) == input_error, err
     assert ("fix the input" in err) == input_error, err
