@@ -502,11 +502,22 @@ def test_the_loaders_behind_the_path_fields_say_folder(tmp_path):
     from memtp_sim.workload import load_trace
 
     (tmp_path / "x.yaml").mkdir()
+    from memtp_sim.hardware.importers import import_measurements
+    from memtp_sim.hardware.tables import read_cost_table
+
     for load, err in ((load_trace, ConfigError), (load_acceptance, CalibrationError), (read_yaml, ConfigError),
-                      (load_profile, CalibrationError)):
+                      (load_profile, CalibrationError), (read_cost_table, CalibrationError),
+                      (lambda p: import_measurements(p, "table"), CalibrationError)):
         with pytest.raises(err) as exc:
             load(str(tmp_path / "x.yaml"))
         assert "is a directory" in str(exc.value) and "not found" not in str(exc.value), (load, exc.value)
+    # a profile whose cost table or measurements file is a folder
+    (tmp_path / "d.csv").mkdir()
+    for field in ("costs", "measurements"):
+        prof = tmp_path / f"p_{field}.yaml"
+        prof.write_text(f"name: p\n{field}: d.csv\n")
+        with pytest.raises(CalibrationError, match=rf"{field}: .*d\.csv: is a directory"):
+            load_profile(str(prof))
 
 
 # ------------------------------------------- a setting with no effect in one run: refused per study

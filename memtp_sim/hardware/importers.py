@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .._io import atomic_write_text, cache_dir, load_yaml
+from .._io import atomic_write_text, cache_dir, load_yaml, not_a_file
 from .._version import __version__
 from ..errors import CalibrationError
 from .memory import GIB
@@ -685,8 +685,9 @@ def import_measurements(path: str | Path, fmt: str) -> pd.DataFrame:
     p = Path(path)
     if fmt not in FORMATS:
         raise CalibrationError(f"--format {fmt!r}: unknown; allowed: {', '.join(sorted(FORMATS))}")
-    if not p.is_file():
-        raise CalibrationError(f"{p}: file not found")
+    why = not_a_file(p, "measurements file")
+    if why is not None:
+        raise CalibrationError(why)
     df = FORMATS[fmt](p)
     if df.empty:
         why = f" ({'; '.join(df.attrs.get('notes', [])[:3])})" if df.attrs.get("notes") else ""

@@ -318,12 +318,14 @@ def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
     doc = _read_profile_doc(str(path), *_stat_key(path))
     if "costs" in doc:  # format 2: a memtp cost table (hardware.tables)
         csv_path = path.parent / str(doc["costs"])
-        if not csv_path.is_file():
-            raise CalibrationError(f"{path}: costs: file {csv_path} not found")
+        why = not_a_file(csv_path, "cost table")
+        if why is not None:
+            raise CalibrationError(f"{path}: costs: {why}")
         return _build_profile_v2(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
     csv_path = path.parent / str(_require(doc, "measurements", str(path)))
-    if not csv_path.is_file():
-        raise CalibrationError(f"{path}: measurements: file {csv_path} not found")
+    why = not_a_file(csv_path, "measurements file")
+    if why is not None:
+        raise CalibrationError(f"{path}: measurements: {why}")
     return _build_profile(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
 
 

@@ -35,7 +35,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from .._io import MAX_EXACT_COUNT
+from .._io import MAX_EXACT_COUNT, not_a_file
 from ..errors import CalibrationError
 from .cost import AttentionCost, MeasuredDrafterCost, SPSTable
 
@@ -60,10 +60,10 @@ def read_cost_table(path: str | Path) -> pd.DataFrame:
             right kind (whole counts, positive times), or B != R x v; naming file, row and column.
     """
     p = Path(path)
-    try:
-        st = p.stat()
-    except OSError:
-        raise CalibrationError(f"{path}: cost table not found") from None
+    why = not_a_file(p, "cost table")
+    if why is not None:
+        raise CalibrationError(why)
+    st = p.stat()
     return _read_cost_table(str(p.resolve()), st.st_mtime_ns, st.st_size).copy()
 
 
