@@ -53,6 +53,7 @@ __all__ = [
     "fit_per_position_logits",
     "load_acceptance",
     "parse_conditional_acceptance",
+    "parse_rates",
     "population_conditional_acceptance",
     "DEFAULT_ACCEPTANCE",
     "EXTRAPOLATED_POSITIONS",
@@ -322,18 +323,27 @@ class AcceptanceModel:
         return out
 
 
+def parse_rates(text: str, what: str) -> tuple[float, ...]:
+    """``"0.84/0.60/0.39/0.27"`` (or comma-separated) -> (0.84, 0.6, 0.39, 0.27): the one parser of
+    every rate vector given as text (``conditional``, ``per_position``).
+
+    Raises:
+        ValueError: not a list of numbers; the message names ``what`` and quotes the text.
+    """
+    parts = [p.strip() for p in str(text).replace(",", "/").split("/") if p.strip()]
+    try:
+        return tuple(float(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{what}: expected numbers separated by '/', e.g. 0.84/0.60/0.39 (got {text!r})") from None
+
+
 def parse_conditional_acceptance(text: str) -> tuple[float, ...]:
     """``"0.84/0.60/0.39/0.27"`` (or comma-separated) -> (0.84, 0.6, 0.39, 0.27).
 
     Raises:
         ValueError: not a list of numbers, or a value outside (0, 1); the message quotes the text.
     """
-    parts = [p.strip() for p in str(text).replace(",", "/").split("/") if p.strip()]
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ValueError(f"conditional acceptance: expected numbers separated by '/', e.g. 0.84/0.60/0.39 "
-                         f"(got {text!r})") from None
+    values = parse_rates(text, "conditional acceptance")
     _check_conditional(values, "conditional acceptance")
     return values
 

@@ -49,6 +49,7 @@ from .acceptance import (
     conditional_from_per_position,
     load_acceptance,
     parse_conditional_acceptance,
+    parse_rates,
 )
 from .drafting import DraftSpec
 from .errors import CalibrationError, ConfigError, InvalidArgumentError
@@ -267,7 +268,7 @@ class AcceptanceConfig(StrictModel):
             return AcceptanceModel.per_position(vec, source="acceptance.conditional", **sig)
         if src == "per_position":
             rates = self.per_position if isinstance(self.per_position, list) else \
-                [float(x) for x in str(self.per_position).replace(",", "/").split("/") if x.strip()]
+                parse_rates(self.per_position, "per_position")
             return AcceptanceModel.per_position(conditional_from_per_position(rates),
                                                 source="acceptance.per_position (vLLM rates, joint)", **sig)
         if src == "mean_acceptance_length":

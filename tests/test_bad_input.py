@@ -47,6 +47,9 @@ def _one_line_exit_2(argv, capsys, *needles):
     ("  engine:", "  memtp: {depth: 0}\n  engine:", "memtp.depth"),
     ("  engine:", "  confidence: {sts: maybe}\n  engine:", "sts"),
     ("  engine:", "  acceptance: {profile: dspark-qwen3, alpha: 0.7}\n  engine:", "alpha"),
+    # every rate vector given as text names its field when a part is not a number
+    ("  engine:", "  acceptance: {conditional: 0.8/x}\n  engine:", "conditional acceptance: expected numbers"),
+    ("  engine:", "  acceptance: {per_position: 0.8/0.6/x}\n  engine:", "per_position: expected numbers"),
 ])
 def test_bad_study_is_one_line(tmp_path, capsys, old, new, field):
     f = tmp_path / "study.yaml"
