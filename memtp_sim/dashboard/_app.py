@@ -163,6 +163,9 @@ def check_sources(study: str = _DEFAULT_STUDY, results: str | Path = _DEFAULT_RE
             ``--results`` (other than the default) that is not a folder, or any that is a file;
             a ``--cache-dir`` that is a file.
     """
+    if str(study).endswith((".yaml", ".yml")):  # a tune spec or study file, not its results
+        raise ConfigError(f"--study {study}: takes a tuning results folder (e.g. results/tune) or an Optuna "
+                          f"storage URL, not a YAML; run `python -m memtp_sim tune {study}` first, then give its --out")
     if str(study) != _DEFAULT_STUDY:
         try:
             storage_url_of(str(study))

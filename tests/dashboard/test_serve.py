@@ -43,7 +43,11 @@ def test_a_path_flag_that_is_not_there_is_one_error_line(tmp_path, capsys, monke
     monkeypatch.setattr(_app, "_bind", started)  # a missed refusal fails here instead of serving forever
     missing, a_file = tmp_path / "NONEXISTENT.yaml", tmp_path / "a_file"
     a_file.write_text("x")
-    cases = [(["--study", str(missing)], f"--study {missing}: no Optuna study here"),
+    spec = tmp_path / "tune.yaml"
+    spec.write_text("name: t\n")
+    cases = [(["--study", str(missing)], f"--study {missing}: takes a tuning results folder"),
+             (["--study", str(spec)], f"--study {spec}: takes a tuning results folder"),  # a spec, not its results
+             (["--study", str(tmp_path / "nope")], f"--study {tmp_path / 'nope'}: no Optuna study here"),
              (["--study", str(tmp_path)], f"--study {tmp_path}: no Optuna study here"),
              (["--results", str(tmp_path / "nope")], f"--results {tmp_path / 'nope'}: no such folder"),
              (["--results", str(a_file)], f"--results {a_file}: is a file"),
