@@ -194,6 +194,7 @@ def test_memtp_ensemble_depth_and_gate_come_from_the_memtp_section():
 def test_tuned_memtp_ensemble_exports_its_knobs(tmp_path, capsys):
     doc = _doc("ens")
     doc["base"]["memtp"] = {"depth": "elastic", "max_depth": 4}
+    doc["base"]["policy"] = {"name": "dspark"}  # no gamma: the ensemble sets the draft length
     doc["search_space"] = {
         "memtp.max_depth": {"type": "int", "low": 2, "high": 6},
         "memtp.r_low": {"type": "float", "low": 0.1, "high": 0.7},

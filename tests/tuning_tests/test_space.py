@@ -39,6 +39,7 @@ def test_pair_rule_holds_for_every_int_draw():
 def test_pair_rule_float_with_gap():
     doc = tiny_doc()
     doc["base"]["memtp"] = {"depth": "elastic", "max_depth": 4}
+    doc["base"]["policy"] = {"name": "dspark"}  # no gamma: the ensemble sets the draft length
     doc["search_space"] = {
         "memtp.r_low": {"type": "float", "low": 0.1, "high": 0.9},
         "memtp.r_high": {"type": "float", "low": 0.3, "high": 0.95},

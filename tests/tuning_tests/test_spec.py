@@ -268,8 +268,8 @@ def test_a_tuned_path_that_changes_no_trial_is_refused(base, entry, reason):
 
 
 @pytest.mark.parametrize(("base", "space"), [
-    # r_low matters in the trials where the tuned depth is elastic
-    ({}, {"memtp.depth": {"type": "categorical", "choices": [1, "elastic"]},
+    # r_low matters in the trials where the tuned depth is elastic (no gamma: the ensemble sets it)
+    ({"policy": {"name": "dspark"}}, {"memtp.depth": {"type": "categorical", "choices": [1, "elastic"]},
           "memtp.r_low": {"type": "float", "low": 0.1, "high": 0.5}}),
     # the temperature matters in the trials that draft
     ({"policy": {"name": "no_spec"}}, {"policy.name": {"type": "categorical", "choices": ["no_spec", "dspark"]},
@@ -279,4 +279,17 @@ def test_a_path_that_matters_in_some_trial_is_accepted(base, space):
     doc = tiny_doc()
     doc["base"].update(base)
     doc["search_space"] = dict(space)
+    parse_tune_spec(doc, source="t.yaml")
+
+
+def test_a_base_gamma_the_memtp_ensemble_replaces_is_refused():
+    # the kind of the study check: with memtp.depth set in every trial, the base policy's gamma is
+    # replaced by the ensemble's depth in every trial (run refuses it in a study the same way)
+    doc = tiny_doc()
+    doc["base"]["memtp"] = {"depth": "elastic"}
+    doc["base"]["policy"] = {"name": "dspark", "gamma": 7}
+    doc["search_space"] = {"memtp.max_depth": {"type": "int", "low": 2, "high": 8}}
+    with pytest.raises(ConfigError, match=r"^t\.yaml: base\.policy\.gamma: has no effect in any trial"):
+        parse_tune_spec(doc, source="t.yaml")
+    doc["base"]["policy"] = {"name": "dspark"}
     parse_tune_spec(doc, source="t.yaml")
