@@ -235,6 +235,28 @@ def hardware_aware_prefix_scheduler(
     return _schedule(vals, mask, table, early_stop, int(prefill_tokens), max_batch_tokens, overhead_s, no_draft_pass_s)
 
 
+def _ranked_candidates(vals: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every candidate's joint survival ``a_{r,j}`` in descending order, ties in (request,
+    position) order, and ``order`` with ``order // L`` the candidate's request (None for one
+    request: its candidates are its row, in order). Padding (``mask`` False) is never a candidate.
+    (ufunc and ndarray methods throughout: the np.* wrappers cost ~1 us each, every drafted round.)"""
+    if mask is None and vals.shape[0] == 1:
+        # one request: its row is already in that order (a[j+1] <= a[j] for values in [0, 1]), so
+        # the stable sort below would return 0..L-1 (a single user's round skips it: ~3 us)
+        return _cumprod(vals, axis=1).ravel(), None
+    if mask is None:
+        a = _cumprod(vals, axis=1).ravel()
+        # Descending a; a stable sort keeps ties in row-major (request, position) order, so each
+        # request's candidates stay a prefix (a[r, j+1] <= a[r, j] always holds).
+        order = (-a).argsort(kind="stable")
+        return a[order], order
+    surv = _cumprod(np.where(mask, vals, 1.0), axis=1)
+    rows, cols = np.nonzero(mask)
+    a = surv[rows, cols]
+    order = np.lexsort((cols, rows, -a))
+    return a[order], rows[order] * vals.shape[1]  # so that order // width is the row
+
+
 def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_stop: bool, prefill_tokens: int,
               max_batch_tokens: int | None, overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult:
     """Algorithm 1 on checked inputs (:func:`hardware_aware_prefix_scheduler` checks them once;
@@ -245,27 +267,8 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
     if num_req == 0:
         return ScheduleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, base_b, 0.0, base_b)
 
-    # Joint survival along each row; padding never becomes a candidate. (ufunc and ndarray
-    # methods throughout: the np.* wrappers cost ~1 us each, and this runs every drafted round.)
     width = vals.shape[1]
-    if mask is None and num_req == 1:
-        # one request: its row is already in that order (a[j+1] <= a[j] for values in [0, 1]), so
-        # the stable sort below would return 0..L-1 (a single user's round skips it: ~3 us)
-        a_sorted = _cumprod(vals, axis=1).ravel()
-        order = None
-    elif mask is None:
-        a = _cumprod(vals, axis=1).ravel()
-        # Descending a; a stable sort keeps ties in row-major (request, position) order, so each
-        # request's candidates stay a prefix (a[r, j+1] <= a[r, j] always holds).
-        order = (-a).argsort(kind="stable")
-        a_sorted = a[order]
-    else:
-        surv = _cumprod(np.where(mask, vals, 1.0), axis=1)
-        rows, cols = np.nonzero(mask)
-        a = surv[rows, cols]
-        order = np.lexsort((cols, rows, -a))
-        a_sorted = a[order]
-        order = rows[order] * width  # so that order // width below is the row
+    a_sorted, order = _ranked_candidates(vals, mask)
 
     # Algorithm 1: only drafts with positive probability are candidates (they sort last; a >= 0,
     # so nonzero is positive).
