@@ -171,8 +171,8 @@ def _compute(spec: RunSpec, progress: Callable[[int, int], None] | None = None,
     try:
         inputs = input_fingerprint(spec.scenario)
         why = _input_mismatch(spec, inputs, expect)
-        if why is not None:
-            return _failed_record(spec, why), {}
+        if why is not None:  # a setup to fix (version, files): a retry alone fails the same way
+            return _failed_record(spec, f"ConfigError: {why}"), {}
         res = run(spec.scenario, seed=spec.seed, progress=progress)
         buf = io.StringIO()
         res.requests_frame().to_csv(buf, index=False)

@@ -139,3 +139,25 @@ def test_a_recomputed_run_says_why(tmp_path):
     assert changed.ran_note() == "ran 6: recomputed 6 (6 x input changed: trace)"
     forced = run_study(study, out_dir=out, jobs=1, source=str(f), force=True)
     assert forced.ran_note() == "ran 6: recomputed 6 (6 x forced (--force))"
+
+
+def test_a_worker_that_differs_computes_nothing_and_is_not_told_to_retry(tmp_path):
+    # a Dask worker with another memtp_sim version or other input files fails every run the same
+    # way until its setup is fixed: recorded as an input error (not "run again to retry")
+    from _sim_helpers import tiny_study_doc
+
+    from memtp_sim._version import __version__
+    from memtp_sim.config import load_study
+    from memtp_sim.study import _compute, fails_again, input_fingerprint, plan_runs
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(tiny_study_doc()))
+    spec = plan_runs(load_study(path))[0]
+    good = {"version": __version__, "inputs": input_fingerprint(spec.scenario)}
+    for expect, says in (({**good, "version": "0.0.0-other"}, "this worker runs memtp_sim"),
+                         ({**good, "inputs": {k: "0" * 16 for k in good["inputs"]}}, "input files differ")):
+        record, blobs = _compute(spec, expect=expect)
+        assert record["status"] == "failed" and blobs == {}, record
+        assert says in record["error"] and fails_again(record["error"]), record["error"]
+    record, blobs = _compute(spec, expect=good)
+    assert record["status"] == "ok" and set(blobs) == {"requests.csv", "rounds.parquet"}
