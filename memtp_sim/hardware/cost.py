@@ -272,14 +272,14 @@ class SPSTable:
         items.sort()
         return cls(np.array([i[0] for i in items]), np.array([i[1] for i in items]), source=source)
 
-    @property
+    @cached_property
     def min_batch_tokens(self) -> int:
-        """Smallest B with a value (1 when ``below_min`` is ``flat``)."""
+        """Smallest B with a value (1 when ``below_min`` is ``flat``); cached: asked several times a round."""
         return 1 if self.below_min == "flat" else int(self.batch_tokens[0])
 
-    @property
+    @cached_property
     def max_batch_tokens(self) -> int:
-        """Largest measured B (the end of the interpolation's domain)."""
+        """Largest measured B (the end of the interpolation's domain); cached: asked several times a round."""
         return int(self.batch_tokens[-1])
 
     @cached_property
