@@ -92,7 +92,7 @@ def open_tune_study(url: str, name: str | None) -> tuple[optuna.Study, TuneSpec,
     """
     import optuna
 
-    storage = open_storage(url)
+    storage = open_storage(url, flag="study", must_exist=True)  # looking must not create files on the server
     names = sorted(s.study_name for s in storage.get_all_studies())
     if not names:
         raise ConfigError(f"{url}: the storage holds no study yet")

@@ -129,7 +129,7 @@ def _first_open(make: Any, attempts: int = 8) -> Any:
 
 
 def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: int = 30,
-                 flag: str = "--storage") -> optuna.storages.BaseStorage:
+                 flag: str = "--storage", must_exist: bool = False) -> optuna.storages.BaseStorage:
     """Open an Optuna storage from a URL.
 
     ``sqlite:///`` gives an RDBStorage with a 60 s lock timeout (several local processes);
@@ -141,15 +141,19 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: in
         url: storage URL.
         heartbeat_interval_s: RDB (non-SQLite) heartbeat period, seconds.
         grace_period_s: RDB (non-SQLite) silence after which a RUNNING trial is stale, seconds.
-        flag: the command-line flag the URL came from, named in errors: ``--storage`` (given), or
-            ``--out`` (the default storage under the results folder, :func:`default_storage_url`).
+        flag: where the URL came from, named in errors: ``--storage`` (given), ``--out`` (the
+            default storage under the results folder, :func:`default_storage_url`), or another
+            name (the dashboard's study box).
+        must_exist: for readers (export, the dashboard): a SQLite or journal file that is not
+            there is refused instead of created (opening a storage creates its file and tables).
 
     Returns:
         The storage.
 
     Raises:
         ConfigError: unsupported URL, a journal URL without a file name, missing database driver,
-            or the storage cannot be opened (first line of the underlying error).
+            or the storage cannot be opened (first line of the underlying error); with
+            ``must_exist``, a SQLite or journal file that does not exist.
 
     Source:
         Optuna documentation: ``optuna.storages.RDBStorage`` (``heartbeat_interval``,
@@ -160,7 +164,7 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: in
 
     kind = storage_kind(url)
     shown = mask_url(url)
-    if flag != "--storage":
+    if flag == "--out":
         shown += f" (the default storage under {flag})"
     try:
         if kind == "journal":
@@ -169,10 +173,14 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: in
             path = Path(url[len("journal://"):])
             if not path.name:
                 raise ConfigError(f"{flag}: {shown}: name a file, e.g. journal:///tmp/study.log")
+            if must_exist and not path.is_file():
+                raise ConfigError(f"{flag}: {shown}: no such journal file (nothing was created)")
             path.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
         if kind == "sqlite":
             db = url[len("sqlite:///"):]
+            if must_exist and (not db or db == ":memory:" or not Path(db).is_file()):
+                raise ConfigError(f"{flag}: {shown}: no such SQLite file (nothing was created)")
             if db and db != ":memory:":
                 Path(db).parent.mkdir(parents=True, exist_ok=True)
             return _first_open(lambda: optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}))

@@ -452,7 +452,7 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
         storage_url = default_storage_url(study_name, out_dir)
         storage = open_storage(storage_url, flag="--out")
     else:
-        storage = open_storage(storage_url)
+        storage = open_storage(storage_url, must_exist=True)  # export reads: a typo must not create a database
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:

@@ -171,3 +171,22 @@ def test_workers_started_together_on_a_fresh_storage_all_open_it(tmp_path):
         outs = [p.communicate(timeout=120) for p in procs]
         bad = [err.strip().splitlines()[-1:] for p, (out, err) in zip(procs, outs) if p.returncode != 0]
         assert not bad, bad
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_readers_never_create_a_storage(tmp_path, kind):
+    # fault (fresh user): typing sqlite:////nonexistent/x.db in the dashboard's study box created
+    # the folder and an empty database on the server; `export --storage` did the same
+    from memtp_sim.cli import main
+    from memtp_sim.dashboard._tuning import open_tune_study
+    from memtp_sim.errors import ConfigError
+
+    target = tmp_path / "nowhere" / ("x.db" if kind == "sqlite" else "x.log")
+    url = f"sqlite:///{target}" if kind == "sqlite" else f"journal://{target}"
+    with pytest.raises(ConfigError, match=r"^study: .*no such .* file \(nothing was created\)"):
+        open_tune_study(url, None)
+    assert main(["export", "--study", "t", "--storage", url, "--format", "vllm"]) == 2
+    assert not (tmp_path / "nowhere").exists()
+    # the writer (tune) still creates it
+    open_storage(url)
+    assert target.is_file()
