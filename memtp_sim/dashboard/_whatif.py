@@ -358,11 +358,14 @@ def show_sweep(store: RunStore, data: dict[str, Any] | None, spec: dict[str, Any
     return figs["frontier"], figs["load"]
 
 
-def _check_file(kind: str, paths: list, checker: Callable[[str], Any]) -> tuple[str | None, str]:
-    """The first path of ``kind`` that the library loads, or its error line."""
+def _check_file(kind: str, paths: list, checker: Callable[[str], Any], typed: bool = False) -> tuple[str | None, str]:
+    """The first path of ``kind`` that the library loads, or its error line (``typed``: one path
+    the user typed, not uploaded files, and the message says so)."""
     want = (".yaml", ".yml") if kind == "profile" else (".csv",)
     picked = [str(p) for p in paths if str(p).lower().endswith(want)]
     if not picked:
+        if typed:
+            return None, f"{paths[0]}: not a {' or '.join(want)} file (give the path of a hardware profile YAML)"
         return None, f"no {' or '.join(want)} file among the uploaded ones"
     try:
         checker(picked[0])
@@ -462,9 +465,9 @@ def _register_files(app: Dash, app_ctx: AppContext) -> None:
             good, err = _check_file("profile", saved, load_profile)
             errors = (err, "")
         else:
-            if not path:
-                raise PreventUpdate
-            good, err = _check_file("profile", [path], load_profile)
+            if not path:  # the box was cleared: so is its error
+                return no_update, no_update, no_update, ""
+            good, err = _check_file("profile", [path], load_profile, typed=True)
             errors = ("", err)
         if good is None:
             return no_update, no_update, *errors

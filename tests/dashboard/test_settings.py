@@ -206,3 +206,17 @@ def test_uploaded_files_are_checked_by_the_library(tmp_path):
     assert again == saved  # stored by content: a link to it stays valid
     ok, err = _check_file("profile", [load_profile("gfx1151-llama31-8b-q4km-vulkan").path], load_profile)
     assert ok is not None and err == ""
+
+
+def test_a_typed_profile_path_that_is_not_a_yaml_says_so():
+    # fault (fresh user): typing /etc/passwd in "or a profile YAML path" said "no .yaml or .yml file
+    # among the uploaded ones", about uploads the user never made
+    from memtp_sim.dashboard._whatif import _check_file
+    from memtp_sim.hardware import load_profile
+
+    good, err = _check_file("profile", ["/etc/passwd"], load_profile, typed=True)
+    assert good is None and err.startswith("/etc/passwd: not a .yaml or .yml file") and "uploaded" not in err
+    good, err = _check_file("profile", ["/nonexistent.yaml"], load_profile, typed=True)
+    assert good is None and "not found" in err
+    good, err = _check_file("profile", ["a.csv"], load_profile)  # uploads keep their wording
+    assert good is None and "among the uploaded ones" in err
