@@ -511,6 +511,10 @@ def test_the_loaders_behind_the_path_fields_say_folder(tmp_path):
         with pytest.raises(err) as exc:
             load(str(tmp_path / "x.yaml"))
         assert "is a directory" in str(exc.value) and "not found" not in str(exc.value), (load, exc.value)
+    # a profile that is not text names itself (it was the codec's bare message)
+    (tmp_path / "bin.yaml").write_bytes(b"\x80\x81\x00binary")
+    with pytest.raises(CalibrationError, match=r"bin\.yaml: not a UTF-8 text file"):
+        load_profile(str(tmp_path / "bin.yaml"))
     # a profile whose cost table or measurements file is a folder
     (tmp_path / "d.csv").mkdir()
     for field in ("costs", "measurements"):

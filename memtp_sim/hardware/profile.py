@@ -340,6 +340,8 @@ def _read_profile_doc(path_s: str, mtime_ns: int, size: int) -> dict[str, Any]: 
         doc = load_yaml(Path(path_s).read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise CalibrationError(f"{path_s}: not valid YAML ({e.__class__.__name__})") from None
+    except UnicodeDecodeError:
+        raise CalibrationError(f"{path_s}: not a UTF-8 text file (a hardware profile is YAML text)") from None
     if not isinstance(doc, dict):
         raise CalibrationError(f"{path_s}: expected a mapping at the top level")
     return doc
