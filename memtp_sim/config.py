@@ -537,6 +537,12 @@ class PolicySpec(BaseModel):
         """The policy's parameters (every key but ``name``)."""
         return dict(self.model_extra or {})
 
+    @property
+    def param_paths(self) -> set[str]:
+        """``policy.<param>`` for every parameter given: the paths the no-effect rule checks
+        (:func:`set_paths` counts a policy as one field)."""
+        return {f"policy.{k}" for k in self.model_extra or {}}
+
 
 class Scenario(StrictModel):
     """One simulated run (without its seed)."""
@@ -782,7 +788,7 @@ class Study(StrictModel):
                         raise ConfigError(format_validation_error(e, f"{source} ({where})" if where else source)) from None
                     reasons = scen.ignored_fields()
                     run_policy = pol if pol is not None else self.base.policy
-                    for path in user_paths | set(overrides) | {f"policy.{k}" for k in run_policy.params}:
+                    for path in user_paths | set(overrides) | run_policy.param_paths:
                         applicable[path] = applicable.get(path, 0) + 1
                         if path in reasons:
                             ignored.setdefault(path, []).append(reasons[path])
@@ -1042,7 +1048,7 @@ def check_no_ignored_fields(scenario: Scenario, source: str) -> None:
         ConfigError: one line naming ``source``, the field and why it has no effect.
     """
     reasons = scenario.ignored_fields()
-    for path in sorted(set_paths(scenario) | {f"policy.{k}" for k in scenario.policy.params}):
+    for path in sorted(set_paths(scenario) | scenario.policy.param_paths):
         if path in reasons:
             raise ConfigError(f"{source}: {path}: has no effect in this scenario ({reasons[path]}); "
                               "remove it or change the setting it depends on")

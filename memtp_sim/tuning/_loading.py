@@ -250,7 +250,7 @@ def _check_effects(spec: TuneSpec, source: str) -> None:
     else:
         points = [_assign(spec, end, c) for c in combos for end in ("low", "high")]
     paths = {f"base.{p}": p for p in set_paths(spec.base)} | {
-        f"base.policy.{k}": f"policy.{k}" for k in spec.base.policy.params if f"policy.{k}" not in space} | {
+        f"base.{p}": p for p in spec.base.policy.param_paths if p not in space} | {
         f"search_space.{k}": k for k in space if not k.startswith("policy.")}  # policy params: _check_paths
     reasons: dict[str, str] = {}
     for values in points:
