@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -343,7 +344,7 @@ class MemtpConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "MemtpConfig":
         if self.r_low >= self.r_high:
-            raise ValueError(f"r_low ({self.r_low}) must be below r_high ({self.r_high})")
+            raise ValueError(f"r_low: {self.r_low} must be below r_high ({self.r_high})")
         if isinstance(self.depth, int) and self.depth > self.max_depth:
             raise ValueError(f"depth: fixed depth {self.depth} exceeds max_depth {self.max_depth}")
         if self.initial_depth is not None and self.initial_depth > self.max_depth:
@@ -390,13 +391,13 @@ class WorkloadConfig(StrictModel):
     @model_validator(mode="after")
     def _mode_fields(self) -> "WorkloadConfig":
         if self.mode == "poisson" and self.rate_per_s is None and not self.rate_schedule:
-            raise ValueError("mode poisson needs rate_per_s (> 0) or rate_schedule")
+            raise ValueError("rate_per_s: mode poisson needs it (> 0), or a rate_schedule")
         if self.mode == "poisson" and self.rate_per_s is not None and self.rate_schedule:
             raise ValueError("give rate_per_s or rate_schedule, not both")
         if self.rate_schedule and not any(seg.rate_per_s > 0 for seg in self.rate_schedule):
             raise ValueError("rate_schedule: at least one segment needs rate_per_s > 0")
         if self.mode == "closed_loop" and self.concurrency is None:
-            raise ValueError("mode closed_loop needs concurrency (>= 1)")
+            raise ValueError("concurrency: mode closed_loop needs it (an integer >= 1)")
         if self.mode == "trace":  # at load, not in every run: the trace must hold the replay
             try:
                 trace_replay_start(load_trace(self.trace), self.num_requests, self.start_offset_s)
@@ -918,7 +919,14 @@ def format_validation_error(e: ValidationError, source: str, model: type[BaseMod
     elif err["type"] == "value_error" or "input" not in err:
         # a model-level check names its own field(s) in the message
         named = not loc or msg.startswith((f"{field}.", f"{field}:"))  # e.g. "policy.gamma: ..." under policy
-        line = f"{source}: {msg}" if named else f"{source}: {field}: {msg}"
+        head, sep, rest = msg.partition(": ")
+        if (not named and sep and model is not None and re.fullmatch(r"\w+(\.\w+)*", head)
+                and head.split(".")[0] in (_allowed_keys(model, loc) or ())):
+            # a section's check about one of its fields ("concurrency: ..." under workload): the
+            # field's dotted path, as a field's own error has it (the dashboard shows it there)
+            line = f"{source}: {field}.{head}: {rest}"
+        else:
+            line = f"{source}: {msg}" if named else f"{source}: {field}: {msg}"
     else:
         line = f"{source}: {field}: {msg} (got {_show(err['input'])})"
     if len(errs) > 1:

@@ -58,6 +58,23 @@ def test_bad_study_is_one_line(tmp_path, capsys, old, new, field):
     _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, str(f), field)
 
 
+@pytest.mark.parametrize("old, new, path", [
+    ("concurrency: 2, ", "", "base.workload.concurrency: mode closed_loop needs it"),
+    ("mode: closed_loop, concurrency: 2", "mode: poisson", "base.workload.rate_per_s: mode poisson needs it"),
+    ("  engine:", "  memtp: {depth: elastic, r_low: 0.95, r_high: 0.9}\n  engine:", "base.memtp.r_low: 0.95 must be"),
+    ("  engine:", "  acceptance: {profile: dspark-qwen3, domain_mix: {chat: 0.5}}\n  engine:",
+     "base.acceptance.domain_mix: probabilities must sum to 1"),
+    ("  engine:", "  memtp: {depth: 9, max_depth: 7}\n  engine:", "base.memtp.depth: fixed depth 9 exceeds"),
+])
+def test_a_sections_check_about_one_field_names_that_fields_path(tmp_path, capsys, old, new, path):
+    """A check that spans a section (pydantic locates it at the section) still names the field
+    it is about, as that field's own check would: the dashboard shows the line beside that field."""
+    f = tmp_path / "study.yaml"
+    assert old in BASE
+    f.write_text(BASE.replace(old, new, 1))
+    _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, f"{f}: {path}")
+
+
 def test_hardware_accepts_a_profile_name_shorthand(tmp_path, capsys):
     f = tmp_path / "study.yaml"
     f.write_text(BASE.replace("  engine:", "  hardware: gfx1151-llama31-8b-q4km-vulkan\n  engine:"))

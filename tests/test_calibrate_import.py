@@ -274,15 +274,15 @@ def test_inline_table_in_a_scenario_is_the_imported_table(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("hw, says", [
     ({"table": {1: 10.0}, "memory": {"gpu_allocatable_gib": 10, "weights_bytes": 1, "max_model_len": 10}},
-     "hardware: memory: missing kv_bytes_per_token"),
-    ({"table": {}, "memory": INLINE_MEM}, "hardware: table: expected a non-empty mapping"),
-    ({"table": {1: 10.0}, "memory": {**INLINE_MEM, "vram": 3}}, "hardware: memory.vram: unknown figure; allowed:"),
+     "hardware.memory: missing kv_bytes_per_token"),
+    ({"table": {}, "memory": INLINE_MEM}, "hardware.table: expected a non-empty mapping"),
+    ({"table": {1: 10.0}, "memory": {**INLINE_MEM, "vram": 3}}, "hardware.memory.vram: unknown figure; allowed:"),
     ({"table": {1: 10.0}, "memory": INLINE_MEM, "profile": "h200-llama31-8b-bf16"}, "give either profile"),
     ({"table": {0: 10.0}, "memory": INLINE_MEM}, "batch_tokens"),
     ({"table": {1: -3.0}, "memory": INLINE_MEM}, "pass_ms"),
     # implausible curves name the YAML's B, not the cached profile's CSV rows
-    ({"table": {1: 24.0, 16: 2.4, 64: 135.4}, "memory": INLINE_MEM}, "hardware: table: B=16: 2.4 ms at B=16 is 10.0x faster"),
-    ({"table": {1: 10.0, 2: 200.0}, "memory": INLINE_MEM}, "hardware: table: B=2: 200 ms at B=2 is 20.0x slower"),
+    ({"table": {1: 24.0, 16: 2.4, 64: 135.4}, "memory": INLINE_MEM}, "hardware.table: B=16: 2.4 ms at B=16 is 10.0x faster"),
+    ({"table": {1: 10.0, 2: 200.0}, "memory": INLINE_MEM}, "hardware.table: B=2: 200 ms at B=2 is 20.0x slower"),
 ])
 def test_inline_table_errors_are_one_line_naming_the_field(tmp_path, monkeypatch, hw, says):
     monkeypatch.setenv("MEMTP_SIM_CACHE_DIR", str(tmp_path / "cache"))

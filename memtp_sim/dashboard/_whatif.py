@@ -85,6 +85,9 @@ def full_settings(values: dict[str, Any], params: dict[str, Any]) -> dict[str, A
         The settings before :func:`~memtp_sim.dashboard._settings.applicable` keeps those that apply.
     """
     mode = values["memtp-mode"]
+    heads = values["memtp-heads"]
+    if mode == "fixed" and heads is None:
+        heads = ""  # an emptied box: refused under it, not read as memtp.depth null (MEMTP off)
     full = {
         "hardware.profile": values["hw-profile"], "extra_gib": values["hw-extra"],
         "workload.trace": values["wl-trace"], "workload.mode": values["wl-mode"],
@@ -94,7 +97,7 @@ def full_settings(values: dict[str, Any], params: dict[str, Any]) -> dict[str, A
         "policy.name": values["pol-name"], "policy.gamma": values["pol-depth"], "memtp.max_depth": values["pol-depth"],
         "confidence.temperature": values["conf-temp"], "confidence.sts": values["conf-sts"],
         "confidence.sts_rounds": values["conf-sts-rounds"],
-        "memtp.depth": None if mode == "off" else ("elastic" if mode == "elastic" else values["memtp-heads"]),
+        "memtp.depth": None if mode == "off" else ("elastic" if mode == "elastic" else heads),
         "memtp.head_cost_gib": values["memtp-head-cost"], "memtp.r_low": values["memtp-r-low"],
         "memtp.r_high": values["memtp-r-high"], "seeds": values["seeds"],
     }

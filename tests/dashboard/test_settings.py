@@ -117,8 +117,32 @@ def test_bad_seeds_and_pair_rules_get_the_library_message(tmp_path):
     dup = validate(applicable({**full, "seeds": "1,1"}), None, Workdir(tmp_path))
     assert isinstance(dup, Invalid) and dup.path == "seeds" and "duplicate seed(s) [1]" in dup.message
     pair = validate(applicable({**full, "memtp.depth": "elastic", "memtp.r_low": 0.95}), None, Workdir(tmp_path))
-    assert isinstance(pair, Invalid) and error_target(pair.path) == "memtp-mode"
-    assert "r_low (0.95) must be below r_high (0.9)" in pair.message
+    assert isinstance(pair, Invalid) and error_target(pair.path) == "memtp-r-low"
+    assert "memtp.r_low: 0.95 must be below r_high (0.9)" in pair.message
+
+
+#: Numeric boxes of the page, each with the settings under which it shows.
+_BOXES = {"wl-concurrency": {}, "wl-rate": {"workload.mode": "poisson"}, "wl-rate-scale": {"workload.mode": "trace"},
+          "wl-requests": {}, "eng-prefill-gpus": {"engine.prefill": "disaggregated"}, "pol-depth": {},
+          "conf-temp": {}, "conf-sts-rounds": {"confidence.sts": "fit"}, "memtp-heads": {"memtp.depth": 3},
+          "memtp-head-cost": {"memtp.depth": "elastic"}, "memtp-r-low": {"memtp.depth": "elastic"},
+          "memtp-r-high": {"memtp.depth": "elastic"}}
+
+
+@pytest.mark.parametrize("box", sorted(_BOXES))
+@pytest.mark.parametrize("bad", [None, -1, 0.5])
+def test_every_boxs_bad_value_shows_beside_that_box(box, bad, tmp_path):
+    """A box emptied (the browser sends None), negative or fractional: wherever the library
+    catches it (the field's own check or its section's), the error line is the box's own, never
+    its section's, and nothing is dropped silently (an emptied concurrency box showed its error
+    under the workload mode; an emptied head count ran without MEMTP)."""
+    values = control_values({**DEFAULTS, **_BOXES[box]})
+    values[box] = bad
+    out = validate(applicable(full_settings(values, {})), None, Workdir(tmp_path))
+    if bad is None:
+        assert isinstance(out, Invalid), f"an empty {box} box was accepted"
+    if isinstance(out, Invalid):
+        assert error_target(out.path) == box, out.message
 
 
 def test_free_memory_makes_a_derived_profile(tmp_path):
