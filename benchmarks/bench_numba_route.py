@@ -7,7 +7,9 @@ engine's default path) to a temporary folder with ``cache=True``, and prints:
 
 1. per call: the kernel against memtp_sim's own scan (``policies.dspark._schedule``) on the same
    round, with a check that both choose the same lengths and Theta;
-2. a fresh process (machine code already in numba's on-disk cache): bare interpreter, ``import
+2. what passing a numpy Generator to a compiled function costs a call (numba unboxes it each
+   time), against a call with one array;
+3. a fresh process (machine code already in numba's on-disk cache): bare interpreter, ``import
    numba``, defining the kernel, and its first call; the sum is what every study worker, tuning
    worker and dashboard job would pay before its first round, next to the 1 s budget of a cold
    what-if point.
@@ -57,6 +59,17 @@ def scan(vals, times, overhead_s):
     for t in range(best):
         lengths[order[t] // width] += 1
     return lengths, best_theta
+
+
+@njit(cache=True)
+def first_with_rng(rng, x):
+    """Nothing but a numpy Generator passed in: what its unboxing costs a call."""
+    return x[0]
+
+
+@njit(cache=True)
+def first(x):
+    return x[0]
 '''
 
 COLD = [
@@ -112,6 +125,15 @@ def main() -> None:
           f"(same lengths and Theta: {'yes' if same else 'NO'})")
     print(f"  memtp_sim scan (numpy)    {t_numpy * 1e6:8.2f} us a call")
     print(f"  numba kernel              {t_kernel * 1e6:8.2f} us a call   x{t_numpy / t_kernel:.1f}")
+
+    # the round's draws come from numpy Generators (bit-identical inside numba for random() and
+    # normal()), but handing one to a compiled function unboxes it on every call
+    x, rng = np.ones(3), np.random.default_rng(0)
+    kernel.first_with_rng(rng, x), kernel.first(x)
+    t_rng = best_s(lambda: kernel.first_with_rng(rng, x), 20000)
+    t_bare = best_s(lambda: kernel.first(x), 20000)
+    print(f"  a call that takes a Generator {t_rng * 1e6:8.2f} us (one array only: {t_bare * 1e6:.2f} us); a round "
+          "uses two Generators, so a compiled round needs its random numbers drawn outside it")
 
     print("a fresh process, kernel machine code already cached (best of 3):")
     prev = 0.0
