@@ -38,13 +38,13 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ._io import atomic_write_bytes, atomic_write_text, check_writable_dir, file_digest, json_default, load_yaml
+from ._io import atomic_write_bytes, atomic_write_text, check_writable_dir, file_digest, json_default
 from ._procs import FolderLock, die_with_parent
 from ._version import __version__
 from .acceptance import DEFAULT_ACCEPTANCE, acceptance_dir
 from .api import run
 from .config import Scenario, Study
-from .hardware import list_profiles
+from .hardware import profile_files
 from .errors import ConfigError, ExecutorUnavailableError, InvalidArgumentError
 
 __all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_fingerprint", "check_writable",
@@ -66,12 +66,9 @@ def input_fingerprint(scenario: Scenario) -> dict[str, str]:
     """Content digests of the files a run reads (trace, hardware profile and its measurements,
     acceptance profile), so that resuming never reuses results computed from different inputs."""
     out = {"trace": file_digest(Path(scenario.workload.trace))}
-    hw = Path(scenario.hardware.profile)
-    hw = hw if hw.suffix in (".yaml", ".yml") else list_profiles()[scenario.hardware.profile]
+    hw, data = profile_files(scenario.hardware.profile)  # the loader's own list: format 1 and 2 alike
     out["hardware"] = file_digest(hw)
-    csv_name = (load_yaml(hw.read_text(encoding="utf-8")) or {}).get("measurements")
-    if csv_name and (hw.parent / csv_name).is_file():
-        out["measurements"] = file_digest(hw.parent / csv_name)
+    out["measurements"] = file_digest(data)
     if scenario.acceptance.alpha is None:
         acc = Path(scenario.acceptance.profile or DEFAULT_ACCEPTANCE)
         acc = acc if acc.suffix in (".yaml", ".yml") else acceptance_dir() / f"{acc}.yaml"

@@ -6,7 +6,7 @@ paged KV geometry), :mod:`.profile` (named profiles under ``calibration/<chip>/`
 
 from .cost import AttentionCost, DrafterCost, MeasuredDrafterCost, Overheads, SPSTable
 from .memory import GIB, MemorySpec
-from .profile import DEFAULT_PROFILE, HardwareProfile, calibration_dir, list_profiles, load_profile
+from .profile import DEFAULT_PROFILE, HardwareProfile, calibration_dir, list_profiles, load_profile, profile_files
 
 __all__ = [
     "SPSTable",
@@ -21,4 +21,5 @@ __all__ = [
     "calibration_dir",
     "list_profiles",
     "load_profile",
+    "profile_files",
 ]

@@ -33,6 +33,7 @@ __all__ = [
     "calibration_dir",
     "list_profiles",
     "load_profile",
+    "profile_files",
 ]
 
 DEFAULT_PROFILE = "gfx1151-llama31-8b-q4km-vulkan"
@@ -314,19 +315,38 @@ def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
             measured curve, or a memory budget that leaves no room for KV (one line: file, field,
             and for measurement cells row and column).
     """
+    path, csv_path = profile_files(name_or_path)
+    build = _build_profile_v2 if _is_format2(path) else _build_profile  # format 2: a memtp cost table
+    return build(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
+
+
+def _is_format2(path: Path) -> bool:
+    return "costs" in _read_profile_doc(str(path), *_stat_key(path))
+
+
+def profile_files(name_or_path: str | Path | None = None) -> tuple[Path, Path]:
+    """The files a hardware profile is read from: its YAML and the measured data behind it (the
+    ``costs:`` cost table of format 2, the ``measurements:`` CSV of format 1). Every reader of a
+    profile's inputs (the loader, a study's resume fingerprint) asks here, so none misses one.
+
+    Args:
+        name_or_path: a shipped profile name or a YAML path (``None`` = the default profile).
+
+    Returns:
+        (the profile YAML, its data CSV), both resolved.
+
+    Raises:
+        CalibrationError: unknown name, a missing or unreadable YAML, or a data file that is not
+            there (naming the YAML and its field).
+    """
     path = _resolve_profile_path(name_or_path).resolve()
     doc = _read_profile_doc(str(path), *_stat_key(path))
-    if "costs" in doc:  # format 2: a memtp cost table (hardware.tables)
-        csv_path = path.parent / str(doc["costs"])
-        why = not_a_file(csv_path, "cost table")
-        if why is not None:
-            raise CalibrationError(f"{path}: costs: {why}")
-        return _build_profile_v2(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
-    csv_path = path.parent / str(_require(doc, "measurements", str(path)))
-    why = not_a_file(csv_path, "measurements file")
+    key, what = ("costs", "cost table") if "costs" in doc else ("measurements", "measurements file")
+    csv_path = path.parent / str(_require(doc, key, str(path)))
+    why = not_a_file(csv_path, what)
     if why is not None:
-        raise CalibrationError(f"{path}: measurements: {why}")
-    return _build_profile(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
+        raise CalibrationError(f"{path}: {key}: {why}")
+    return path, csv_path
 
 
 def _stat_key(path: Path) -> tuple[int, int]:
