@@ -390,13 +390,25 @@ class Engine:
 
     def _prefill_time_s(self, prompt: int) -> float:
         """A remote prefill GPU's time for one prompt: passes of max_batch_tokens, each attending
-        to the prompt tokens before it (the profile's prefill table)."""
+        to the prompt tokens before it (the profile's prefill table).
+
+        A table with a context term prices that attention itself. A table without one was
+        measured on whole prompts from an empty cache (llama-bench pp, the H200 prefill rows), so
+        T(P) holds the attention of P tokens over each other but a chunk priced alone holds none
+        over the chunks before it: a later chunk costs what it adds to the whole prompt,
+        T(done + chunk) - T(done), and never less than the chunk alone, T(chunk). The chunks
+        then sum to at least T(prompt) where the table prices it (one pass is never slower).
+        """
         m = self.cfg.max_batch_tokens
         table = self.profile.prefill_table
+        whole_prompts = not table.has_context_term
         t, done = 0.0, 0
         while done < prompt:
             chunk = min(m, prompt - done)
-            t += float(table.at_context(1, done, done).pass_time_s(chunk))
+            t_chunk = float(table.at_context(1, done, done).pass_time_s(chunk))
+            if done and whole_prompts and table.covers(done + chunk):
+                t_chunk = max(t_chunk, float(table.pass_time_s(done + chunk)) - float(table.pass_time_s(done)))
+            t += t_chunk
             done += chunk
         return t
 
