@@ -351,8 +351,9 @@ def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = N
     """The scenarios a ``capacity`` command searches: the scenario file, once per policy.
 
     Without ``policies``: the file as :func:`memtp_sim.config.load_scenario` reads it. With them:
-    the file's scenario with its policy replaced by each (as a study's ``policies`` list does; a
-    field that has no effect under every policy is refused, one that matters under some is kept).
+    the file's scenario with its policy replaced by each (as a study's ``policies`` list does: a
+    bare name takes the library's defaults, not the file's parameters for that policy; a field
+    that has no effect under every policy is refused, one that matters under some is kept).
 
     Args:
         path: a scenario YAML (relative paths inside resolve against its folder).
@@ -372,7 +373,8 @@ def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = N
     items = parse_policies(policies)
     try:
         Scenario.model_validate(doc, context=context)  # the file's own errors, named as in a scenario
-        study = Study.model_validate({"name": "capacity", "base": doc, "policies": items}, context=context)
+        base = {k: v for k, v in doc.items() if k != "policy"}  # the flag's policies replace the file's
+        study = Study.model_validate({"name": "capacity", "base": base, "policies": items}, context=context)
     except ValidationError as e:
         err = e.errors()[0]
         loc = err["loc"]

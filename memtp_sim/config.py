@@ -12,9 +12,9 @@ YAML shape of a study::
       workload: {trace: ../data/traces/azure2023_conv.csv, mode: closed_loop, concurrency: 8,
                  num_requests: 300}
       engine: {max_batch_tokens: 512, prefill_chunk_tokens: 256}
-      policy: {name: dspark, gamma: 7}
+      policy: {name: dspark, gamma: 7}   # or, instead, a policies list below
     sweep: {workload.concurrency: [1, 2, 4, 8]}   # cartesian product of dotted paths
-    policies: [{name: no_spec}, {name: dspark}]  # optional: overrides base.policy
+    # policies: [{name: no_spec}, {name: dspark}]  # optional: one run per policy (then no base.policy)
     seeds: [0, 1]
 """
 
@@ -625,6 +625,9 @@ class Scenario(StrictModel):
             if self.memtp.depth != "elastic":
                 for f in ("max_depth", "r_low", "r_high", "min_dwell_rounds", "initial_depth", "head_load_gb_per_s"):
                     out[f"memtp.{f}"] = "only used with memtp.depth: elastic (a fixed depth drafts its own number of heads)"
+        params = policy_class(self.policy.name).Params.model_fields
+        if "probe_every" in params and not self.policy.params.get("fallback", params["fallback"].default):
+            out["policy.probe_every"] = "only used with policy.fallback: true (it spaces the probes while falling back)"
         if not self.draft_spec().speculative:
             for f in ConfidenceConfig.model_fields:
                 out[f"confidence.{f}"] = f"policy {self.policy.name!r} drafts nothing, so it reads no confidences"
@@ -741,6 +744,10 @@ class Study(StrictModel):
                                      "so set it in one place")
         if self.policies is None:
             return self
+        if self.base.policy.params:  # the list replaces base.policy whole: these would never run
+            given = ", ".join(f"{k}: {v}" for k, v in self.base.policy.params.items())
+            raise ValueError(f"base.policy: the study's policies list chooses every run's policy, so {given} "
+                             "never runs; put it in the list's entries (or drop the list)")
         keys = [("sweep", k) for k in self.sweep] + [
             (f"variants.{v}", k) for v, over in (self.variants or {}).items() for k in over]
         for where, k in keys:

@@ -42,6 +42,11 @@ def _one_line_exit_2(argv, capsys, *needles):
     ("concurrency: 2, num_requests: 6", "concurrency: 2, num_requests: 6, rate_per_s: 5", "rate_per_s"),
     ("mode: closed_loop, concurrency: 2", "mode: poisson, rate_per_s: 1, concurrency: 2", "concurrency"),
     ("policy: {name: no_spec}", "policy: {name: static, k: true}", "policy.k"),
+    # set but never used: base.policy's parameters under a policies list; probes without the fallback
+    ("policy: {name: no_spec}", "policy: {name: dspark, gamma: 3}\npolicies: [{name: dspark}]", "base.policy"),
+    ("policy: {name: no_spec}", "policy: {name: dspark, fallback: false, probe_every: 2}", "policy.probe_every"),
+    ("policy: {name: no_spec}", "policy: {name: no_spec}\npolicies: [{name: goodput, fallback: false, probe_every: 2}]",
+     "policy.probe_every"),
     ("seeds: [0]", "seeds: [0]\npolicies: []", "policies"),
     ("seeds: [0]", "seeds: [0]\nseeds: [1]", "twice"),
     ("  engine:", "  memtp: {depth: 0}\n  engine:", "memtp.depth"),
