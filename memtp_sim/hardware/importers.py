@@ -1048,6 +1048,10 @@ def _profile_doc(df: pd.DataFrame, meta: dict, memory: dict, existing: dict, *, 
     doc["drafters"], doc["default_drafter"] = drafters, default
     assumed += d_assumed
     doc["overheads"] = existing.get("overheads") or _overheads(fmt, meta)
+    ov = doc["overheads"]
+    assumed += [f"overheads.{k}: {ov[k]} ({ov[s]})" for k, s in (("host_ms_per_round", "host_source"),
+                                                                 ("planner_ms_per_round", "planner_source"))
+                if str(ov.get(s, "")).startswith("assumption")]
     mem = {k: v for k, v in memory.items() if not k.startswith("_")}
     doc["memory"] = mem
     assumed += [f"memory.{k}: {mem[k]} ({mem[s]})" for k, s in (("reserve_gib", "reserve_source"),
@@ -1154,9 +1158,11 @@ def _overheads(fmt: str, meta: dict) -> dict[str, Any]:
         "host_ms_per_round": 0.0 if host_zero else 0.5,
         "host_source": ("the measured times include the engine's host work per pass (whole llama_decode calls / "
                         "server steps)" if host_zero else
-                        "assumption (calibrate import default): per-step CPU work not hidden behind the GPU; the "
-                        "measured passes are CUDA-graph replays that exclude it (vLLM's v0.6.0 performance post, "
-                        "blog.vllm.ai 2024-09-05, found scheduling at 29% of execution time before overlapping it)"),
+                        "assumption (calibrate import default): per-step CPU work not hidden behind the GPU, "
+                        + ("which a hand-made table's pass times are taken not to include (set 0 if yours do)"
+                           if fmt == "table" else "which CUDA-graph replays of the passes exclude")
+                        + " (vLLM's v0.6.0 performance post, blog.vllm.ai 2024-09-05, found scheduling at 29% of "
+                          "execution time before overlapping it)"),
         "planner_ms_per_round": 0.05,
         "planner_source": "assumption (calibrate import default): a confidence-ranking policy planning on the CPU "
                           "in the critical path; numpy Algorithm 1 takes tens of microseconds at 64 requests "
