@@ -566,6 +566,14 @@ class Scenario(StrictModel):
                 f"engine.max_batch_tokens: {self.engine.max_batch_tokens} exceeds the largest measured B "
                 f"({prof.sps.max_batch_tokens}) of profile {prof.name}; allowed: <= {prof.sps.max_batch_tokens}"
             )
+        tables = [("decode", prof.decode_table)] + ([("prefill", prof.prefill_table)]
+                                                   if self.engine.prefill == "disaggregated" else [])
+        for curve, table in tables:  # one request decoding (or a prompt's last chunk) is a pass of B = 1
+            if not table.covers(1):
+                raise ValueError(
+                    f"hardware.profile: {prof.path or prof.name}: its {curve} curve starts at B = "
+                    f"{table.min_batch_tokens} with below_min: error, so a pass of one token (one request "
+                    "decoding) cannot be priced; allowed: a curve measured from B = 1, or below_min: flat")
         if self.confidence.head == "profile" and not self.acceptance.build().confidence:
             raise ValueError("confidence.head: profile needs an acceptance profile that measured its head "
                              "(the drafter lab's lab-*.yaml do); this one has none")

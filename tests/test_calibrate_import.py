@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import yaml
+from pydantic import ValidationError
 
 import memtp_sim
-from memtp_sim.config import Scenario, load_scenario
+from memtp_sim.config import Scenario, format_validation_error, load_scenario
 from memtp_sim.errors import CalibrationError, ConfigError
 from memtp_sim.hardware import list_profiles, load_profile
 from memtp_sim.hardware.importers import (cli_import, import_measurements,
@@ -396,3 +397,21 @@ def test_every_assumed_number_the_import_writes_is_printed(tmp_path, capsys, fix
             assert f"assumed: overheads.{key}: {doc['overheads'][key]} (" in said, said
     if fmt == "table":
         assert "CUDA-graph" not in doc["overheads"]["host_source"]  # nothing says the table was graph replays
+
+
+def test_a_curve_that_cannot_price_one_request_is_refused_at_load_naming_the_profile(tmp_path):
+    # review: a table measured from B = 4 with below_min: error loaded, then every run failed at
+    # run time with "sps: no value for B=1" and no file named
+    table = tmp_path / "from4.csv"
+    table.write_text("batch_tokens,pass_ms\n4,25.0\n16,30.0\n64,45.0\n256,120.0\n")
+    out = tmp_path / "from4.yaml"
+    assert cli_import(ns(table, "table", out)) == 0
+    text = out.read_text()
+    assert "below_min: flat" in text  # the import's own default prices B < 4 at the B = 4 pass
+    load_scenario_doc = {"hardware": {"profile": str(out)}, "workload": WORKLOAD, "engine": {"max_batch_tokens": 256, "prefill_chunk_tokens": 128}}
+    Scenario.model_validate(load_scenario_doc)  # runnable as imported
+    out.write_text(text.replace("below_min: flat", "below_min: error"))
+    with pytest.raises(ValidationError) as e:
+        Scenario.model_validate(load_scenario_doc)
+    msg = format_validation_error(e.value, "s.yaml", Scenario)
+    assert f"hardware.profile: {out}: its decode curve starts at B = 4 with below_min: error" in msg, msg
