@@ -119,13 +119,14 @@ def fails_again(error: str) -> bool:
     comes from its input, so running it again fails the same way until the input is fixed.
 
     Args:
-        error: the recorded reason, e.g. ``"ConfigError: trace.csv: ..."``.
+        error: the recorded reason, e.g. ``"ConfigError: trace.csv: ..."`` (or as ``run`` and
+            ``report`` say it, ``"failed before: ConfigError: ..."``).
 
     Returns:
         True for :data:`INPUT_ERRORS`; False for the rest (a lost worker, a full disk, files
         damaged in transit), which a retry may get past.
     """
-    return error.startswith(tuple(f"{name}: " for name in INPUT_ERRORS))
+    return error.removeprefix("failed before: ").startswith(tuple(f"{name}: " for name in INPUT_ERRORS))
 
 
 def _failed_record(spec: RunSpec, error: str, trace: str | None = None) -> dict[str, Any]:
@@ -230,9 +231,10 @@ def verify_run_files(run_dir: Path, summary: dict[str, Any]) -> str | None:
     return None
 
 
-def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str | None]:
-    """``(summary, None)`` if the run finished with these inputs and its files verify, else
-    ``(None, why)``: why it must be computed (again), in words, or None for a run never tried."""
+def _read_summary(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """A run folder's ``summary.json``, or None and why there is none, in the words both ``run``
+    and ``report`` print: ``"failed before: <error>"``, ``"interrupted: summary.json missing"``,
+    ``"damaged: summary.json unreadable"``, or None for a run never tried."""
     f = run_dir / "summary.json"
     if not f.is_file():
         failed = run_dir / "failed.json"
@@ -250,6 +252,15 @@ def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str
         return None, "damaged: summary.json unreadable"
     if not isinstance(s, dict):
         return None, "damaged: summary.json unreadable"
+    return s, None
+
+
+def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str | None]:
+    """``(summary, None)`` if the run finished with these inputs and its files verify, else
+    ``(None, why)``: why it must be computed (again), in words, or None for a run never tried."""
+    s, why = _read_summary(run_dir)
+    if s is None:
+        return None, why
     if s.get("seed") != spec.seed or s.get("scenario") != spec.scenario.model_dump(mode="json"):
         return None, "damaged: summary.json records another scenario or seed"
     inputs = input_fingerprint(spec.scenario)
@@ -600,15 +611,13 @@ def collect_runs(root: str | Path) -> tuple[pd.DataFrame, dict[str, dict[str, An
     for r in meta.get("runs", []):
         rid = r["run_id"]
         d = root / "runs" / rid
-        try:
-            s = json.loads((d / "summary.json").read_text())
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-            failed = d / "failed.json"
-            missing[rid] = json.loads(failed.read_text()).get("error", "failed") if failed.is_file() else "not run"
+        s, why = _read_summary(d)
+        if s is None:
+            missing[rid] = why or "not run"
             continue
         why = verify_run_files(d, s)
         if why is not None:
-            missing[rid] = why
+            missing[rid] = f"damaged: {why}"
             continue
         summaries[rid] = s
     return runs_table(list(summaries.values())), summaries, missing

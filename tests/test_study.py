@@ -161,3 +161,30 @@ def test_a_worker_that_differs_computes_nothing_and_is_not_told_to_retry(tmp_pat
         assert says in record["error"] and fails_again(record["error"]), record["error"]
     record, blobs = _compute(spec, expect=good)
     assert record["status"] == "ok" and set(blobs) == {"requests.csv", "rounds.parquet"}
+
+
+def test_run_and_report_give_the_same_reason_for_each_unfinished_run(tmp_path):
+    """A damaged, interrupted, failed or missing run: `report` (collect_runs) says what `run`
+    says when it recomputes it (review: report called an unreadable summary.json "not run")."""
+    from memtp_sim.config import load_study
+    from memtp_sim.study import collect_runs, run_study
+
+    study = tmp_path / "tiny.yaml"
+    study.write_text(yaml.safe_dump(_study_doc(), sort_keys=False))
+    out = tmp_path / "results"
+    run_study(load_study(study), out_dir=out, jobs=1, source=str(study))
+    root = out / "tiny"
+    runs = sorted(d for d in (root / "runs").iterdir() if d.is_dir())
+    (runs[0] / "summary.json").write_text('{"garbage')                       # damaged
+    (runs[1] / "summary.json").unlink()                                        # interrupted (files left)
+    (runs[2] / "summary.json").unlink()                                        # failed before
+    (runs[2] / "failed.json").write_text(json.dumps({"status": "failed", "error": "ConfigError: x.csv: bad"}))
+    for f in (runs[3] / "rounds.parquet",):                                    # a result file damaged
+        f.write_bytes(f.read_bytes()[:-7])
+    _, _, missing = collect_runs(root)
+    assert missing == {runs[0].name: "damaged: summary.json unreadable",
+                       runs[1].name: "interrupted: summary.json missing",
+                       runs[2].name: "failed before: ConfigError: x.csv: bad",
+                       runs[3].name: "damaged: rounds.parquet is damaged (size or digest differs from summary.json)"}
+    again = run_study(load_study(study), out_dir=out, jobs=1, source=str(study))
+    assert {rid: why for rid, why in again.recomputed.items()} == missing
