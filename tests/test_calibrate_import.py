@@ -415,3 +415,25 @@ def test_a_curve_that_cannot_price_one_request_is_refused_at_load_naming_the_pro
         Scenario.model_validate(load_scenario_doc)
     msg = format_validation_error(e.value, "s.yaml", Scenario)
     assert f"hardware.profile: {out}: its decode curve starts at B = 4 with below_min: error" in msg, msg
+
+
+def test_a_refused_import_leaves_no_folder_behind(tmp_path):
+    # review: a failed `calibrate import -o newdir/x.yaml` left newdir/ empty
+    table = tmp_path / "cliff.csv"
+    table.write_text("batch_tokens,pass_ms\n1,10.0\n2,200.0\n")  # 20x slower for one more token: implausible
+    out = tmp_path / "new" / "deeper" / "x.yaml"
+    with pytest.raises(CalibrationError, match="slower"):
+        cli_import(ns(table, "table", out))
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_hand_table_giving_one_pass_two_times_is_refused(tmp_path):
+    # review: rows "1,10" and "1,30" were averaged to 20 ms without a word
+    table = tmp_path / "dup.csv"
+    table.write_text("batch_tokens,pass_ms\n1,10\n4,12\n1,30\n")
+    with pytest.raises(CalibrationError) as e:
+        import_measurements(table, "table")
+    assert str(e.value) == (f"{table}: rows 2 and 4 both give batch_tokens 1 (num_requests 1, context_tokens 0): "
+                            "10 and 30 ms; give each pass once")
+    table.write_text("batch_tokens,pass_ms\n1,10\n4,12\n1,10\n")  # the same pass twice says nothing new
+    assert import_measurements(table, "table")["batch_tokens"].tolist() == [1, 4, 1]

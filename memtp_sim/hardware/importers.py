@@ -241,6 +241,7 @@ def from_table(path: Path) -> pd.DataFrame:
     if path.suffix in (".yaml", ".yml"):
         return _table_from_yaml(path)
     out = []
+    seen: dict[tuple[int, int, int], tuple[Any, float]] = {}
     for r in _csv_rows(path, ("batch_tokens", "pass_ms"), "table"):
         i = r["_row"]
         b = _num(r["batch_tokens"], path, i, "batch_tokens", integer=True)
@@ -249,6 +250,10 @@ def from_table(path: Path) -> pd.DataFrame:
         req = _num(r.get("num_requests") or 1, path, i, "num_requests", integer=True)
         if b % req:
             raise CalibrationError(f"{path}: row {i}, column num_requests: {req} does not divide batch_tokens {b}")
+        first = seen.setdefault((b, req, ctx), (i, ms))
+        if first[1] != ms:  # a hand table states each pass once; two values are a typo, not a mean
+            raise CalibrationError(f"{path}: rows {first[0]} and {i} both give batch_tokens {b} (num_requests {req}, "
+                                   f"context_tokens {ctx}): {first[1]:g} and {ms:g} ms; give each pass once")
         out.append(_row("verify", path.stem, b, req, b // req, ctx, ms, f"{path.name} row {i}"))
     return _frame(out, {"format_note": "a hand-made table of pass times"})
 
@@ -1177,6 +1182,7 @@ def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: 
               "# Every number names its source or a stated assumption; the memory, drafters,\n"
               "# overheads and caveats sections survive a re-import (edit them here).\n")
     old = {p: p.read_bytes() for p in (costs, out) if p.is_file()}
+    made = [d for d in (out.parent, *out.parent.parents) if not d.exists()]  # folders the writes create
     write_cost_table(df, costs)
     atomic_write_text(out, header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
     try:
@@ -1187,4 +1193,6 @@ def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: 
                 p.write_bytes(old[p])
             else:
                 p.unlink(missing_ok=True)
+        for d in made:  # innermost first; nothing else was written there
+            d.rmdir()
         raise
