@@ -134,3 +134,16 @@ def test_profiles_command_lists_the_default(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "gfx1151-llama31-8b-q4km-vulkan (default)" in out
+
+
+def test_cliffs_are_jumps_the_measurements_localise():
+    from memtp_sim.hardware.fidelity import find_cliffs
+
+    # gfx1151-like powers of two: x1.83 from 8 to 16 is a jump; flat 16 -> 32 is not
+    dense = find_cliffs([8, 16, 32, 64], [47.27, 86.47, 89.37, 95.0])
+    assert dense[["b_from", "b_to", "kind"]].values.tolist() == [[8, 16, "pass_jump"]]
+    # review: a sparse hand table (x8 in B, x5.9 in time) was reported as a cliff; its rate rises
+    # (512 / 5.91 > 64 / 1), so nothing says the growth was not smooth
+    assert find_cliffs([64, 512], [30.0, 30.0 * 5.91]).empty
+    # a falling rate is a cliff at any span: x8 in B for x9 in time
+    assert find_cliffs([64, 512], [30.0, 270.0])["kind"].tolist() == ["rate_drop"]

@@ -49,6 +49,7 @@ __all__ = [
     "CURVES",
     "CLIFF_RATE_DROP",
     "CLIFF_PASS_JUMP",
+    "CLIFF_MAX_SPAN",
     "PASS_KINDS",
     "Fidelity",
     "profile_curves",
@@ -67,8 +68,11 @@ __all__ = [
 CURVES = ("verify", "decode", "prefill")
 #: A cliff: verify tokens per second (B / pass time) falls below this fraction of the previous point's.
 CLIFF_RATE_DROP = 0.95
-#: A cliff: the pass time grows by more than this factor from one measured point to the next.
+#: A cliff: the pass time grows by more than this factor from one measured point to the next...
 CLIFF_PASS_JUMP = 1.6
+#: ...at most this factor of B further on: between sparser points (B = 64 and 512) a pass that grows
+#: x5.9 may grow smoothly, so the measurements cannot call it a jump (a rate drop is a cliff at any span).
+CLIFF_MAX_SPAN = 2.0
 #: Cost-table kinds whose rows form the pass curves (drafter kinds are left alone by variants).
 PASS_KINDS = ("verify", "decode", "prefill")
 
@@ -205,7 +209,7 @@ def find_cliffs(batch_tokens: Any, pass_ms: Any) -> pd.DataFrame:
 
     A ``rate_drop``: B / pass time (verify tokens per second) falls below
     :data:`CLIFF_RATE_DROP` of the previous point's; else a ``pass_jump``: the pass time grows by
-    more than :data:`CLIFF_PASS_JUMP`. The study report's cliffs (:func:`memtp_sim.report.numbers.cliffs`)
+    more than :data:`CLIFF_PASS_JUMP` while B grows by at most :data:`CLIFF_MAX_SPAN`. The study report's cliffs (:func:`memtp_sim.report.numbers.cliffs`)
     are these.
 
     Args:
@@ -225,7 +229,8 @@ def find_cliffs(batch_tokens: Any, pass_ms: Any) -> pd.DataFrame:
     rows = []
     for i in range(1, b.size):
         kind = ("rate_drop" if b[i] / t[i] < b[i - 1] / t[i - 1] * CLIFF_RATE_DROP
-                else "pass_jump" if t[i] / t[i - 1] > CLIFF_PASS_JUMP else None)
+                else "pass_jump" if t[i] / t[i - 1] > CLIFF_PASS_JUMP and b[i] <= b[i - 1] * CLIFF_MAX_SPAN
+                else None)
         if kind:
             rows.append((int(b[i - 1]), int(b[i]), float(t[i - 1]), float(t[i]), kind))
     return pd.DataFrame(rows, columns=["b_from", "b_to", "pass_ms_from", "pass_ms_to", "kind"])
