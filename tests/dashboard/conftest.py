@@ -70,7 +70,7 @@ def finished_study(results_dir: Path) -> Path:
         "name": "small",
         "base": {"workload": {"trace": str(REPO / "data" / "traces" / "azure2023_conv.csv"), "mode": "closed_loop",
                               "concurrency": 2, "num_requests": 24},
-                 "confidence": {"sts": "none"}, "policy": {"name": "dspark", "gamma": 4}},
+                 "confidence": {"sts": "none"}},
         "sweep": {"workload.concurrency": [2, 4]},
         "policies": [{"name": "no_spec"}, {"name": "dspark", "gamma": 4}],
         "seeds": [0]})
