@@ -220,6 +220,7 @@ def _run_in_process(spec: TuneSpec, study: optuna.Study, remaining: int, existin
     if on_progress is not None:
         callbacks.append(lambda st, tr: on_progress(count_trials(st, TrialState.COMPLETE), n_trials))
     callbacks.append(stop_callback(stop.is_set))
+    callbacks.append(_enough_complete(n_trials))
     with SigintSetsEvent(stop):
         try:
             study.optimize(make_objective(spec, stop.is_set), n_trials=remaining, callbacks=callbacks,
@@ -242,9 +243,21 @@ def _validate_top(study: optuna.Study, spec: TuneSpec, out_dir: str | Path) -> d
 
 
 # ------------------------------------------------------------------------------------ workers
+def _enough_complete(n_trials: int) -> Any:
+    """Optuna's own stop rule for a shared study: stop once it holds ``n_trials`` COMPLETE trials,
+    whoever ran them (every ``tune`` process on the storage counts its quota at start; without this,
+    two processes started together each ran the full ``n_trials``). Trials in flight when it is
+    reached still finish, so concurrent processes may end up to one trial each over."""
+    from optuna.study import MaxTrialsCallback  # lazy: importing memtp_sim.tuning must not import optuna
+    from optuna.trial import TrialState
+
+    return MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE,))
+
+
 def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: tuple[int, int],
-                 stop: Any = None) -> None:
-    """Entry point of one worker process: load the shared study and run ``n_trials`` trials.
+                 stop: Any = None, total_trials: int | None = None) -> None:
+    """Entry point of one worker process: load the shared study and run ``n_trials`` trials (fewer
+    once the study holds ``total_trials`` COMPLETE ones).
 
     Ctrl-C is the parent's business: the worker ignores SIGINT (the terminal sends it to the whole
     process group) and stops when the parent sets ``stop`` (a multiprocessing Event): between two
@@ -260,6 +273,8 @@ def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: 
         storage = open_storage(url, heartbeat_interval_s=heartbeat[0], grace_period_s=heartbeat[1])
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=_make_sampler(spec, seed))
         callbacks = [stop_callback(should_stop)] if should_stop is not None else []
+        if total_trials is not None:
+            callbacks.append(_enough_complete(total_trials))
         study.optimize(make_objective(spec, should_stop), n_trials=n_trials, callbacks=callbacks,
                        gc_after_trial=False)
     except (Stopped, KeyboardInterrupt):
@@ -292,7 +307,7 @@ def _run_workers(spec: TuneSpec, url: str, study: optuna.Study, remaining: int, 
             if q == 0:
                 continue
             p = ctx.Process(target=_worker_main, name=f"memtp-tune-{i}",
-                            args=(spec, url, q, _sampler_seed(spec, existing, i), heartbeat, stop))
+                            args=(spec, url, q, _sampler_seed(spec, existing, i), heartbeat, stop, n_trials))
             p.start()
             procs.append(p)
     finally:
