@@ -107,7 +107,8 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
     Returns:
         ``{"max_depth", "depth_source", "policy", "policy_params", "temperature",
         "position_temperatures", "memtp": {"enabled", "depth", "max_depth", "r_low", "r_high",
-        "head_cost_gib", "source"}}``.
+        "head_cost_gib", "source", "controller"}}`` (``controller``: the memtp section's other
+        fields as the trial ran them; empty without the ensemble).
 
     Raises:
         ConfigError: ``r_low >= r_high``, or a policy that does not draft (nothing to export).
@@ -155,7 +156,10 @@ def deployment_settings(scenario: dict[str, Any], applied_temperatures: list[flo
         "sts": conf.get("sts", "fit"),
         "position_temperatures": [float(t) for t in (applied_temperatures or [])],
         "memtp": {"enabled": bool(enabled), "depth": mem.get("depth") if isinstance(mem, dict) else None,
-                  "max_depth": max_depth, **gate, "source": gate_source},
+                  "max_depth": max_depth, **gate, "source": gate_source,
+                  # the rest of the simulated controller (dwell, coherence estimator, head loading...)
+                  "controller": ({k: v for k, v in mem.items() if k not in ("depth", "max_depth", *gate)}
+                                 if enabled else {})},
     }
 
 
@@ -329,6 +333,7 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
                 "temperature": settings["temperature"],
                 "position_temperatures": settings["position_temperatures"],
                 "depth": mem["depth"] if mem["enabled"] else "fixed (policy draft length)",
+                **mem["controller"],  # every other knob of the simulated controller, as the trial ran it
                 "policy": settings["policy"],
                 "policy_params": settings["policy_params"],
             },
@@ -380,6 +385,43 @@ _METHOD_KIND = {
 }
 
 
+#: Policies a stock engine runs as simulated: every drafted token verified, a fixed count a round.
+_STOCK_POLICIES = ("static", "mtp1")
+#: Draft-length controllers each stock engine's flags can carry (vLLM: PR #32374's schedule and
+#: SpeculativeConfig.disable_by_batch_size; SGLang: none).
+_STOCK_CONTROLS = {"vllm": ("always", "batch_table", "disable_by_batch_size"), "sglang": ("always",)}
+
+
+def stock_engine_gaps(fmt: str, settings: dict[str, Any]) -> str | None:
+    """One line naming what of a trial a stock engine's flags cannot run (they draft and verify a
+    fixed number of tokens a round), or None when the flags carry all of it.
+
+    Args:
+        fmt: ``vllm`` or ``sglang`` (anything else: None).
+        settings: :func:`deployment_settings` of the trial.
+
+    Returns:
+        The warning: the confidence-scheduled policy, a draft-length controller the flags do not
+        carry, or the MEMTP ensemble; each is kept in the file's ``dspark`` block for a
+        DSpark-aware build.
+    """
+    if fmt not in _STOCK_CONTROLS:
+        return None
+    gaps = []
+    if settings["policy"] not in _STOCK_POLICIES:
+        gaps.append(f"policy {settings['policy']} (it verifies a confidence-chosen subset of the drafted tokens)")
+    control = (settings.get("draft_control") or {}).get("name", "always")
+    if control not in _STOCK_CONTROLS[fmt]:
+        gaps.append(f"draft_control {control}")
+    if settings["memtp"]["enabled"]:
+        gaps.append(f"the MEMTP ensemble (depth {settings['memtp']['depth']}, coherence gate)")
+    if not gaps:
+        return None
+    return (f"stock {fmt} cannot run this trial's {'; '.join(gaps)}: its flags draft and verify "
+            f"{settings['max_depth']} tokens a round; those settings are only in the file's dspark block, "
+            "for a DSpark-aware build, so a stock deployment will not match the simulated numbers")
+
+
 def method_mismatch(fmt: str, method: str, simulated_kind: str) -> str | None:
     """One line when the engine method an export names runs another drafter than the trial simulated.
 
@@ -404,8 +446,9 @@ def method_mismatch(fmt: str, method: str, simulated_kind: str) -> str | None:
             else f"is not one memtp_sim can match to a simulated drafter (known: {', '.join(_METHOD_KIND[fmt])}"
             + (", or a name with mtp" if fmt == "vllm" else "") + ")")
     return (f"the trial simulated the {simulated_kind} drafter, but {fmt} {word} {method!r} {what} (the file's "
-            f"dspark block is for a DSpark-aware build); set export.{field} to the {word} you deploy and tune "
-            "with drafter.kind set to match")
+            f"dspark block is for a DSpark-aware build); export reads the tune spec stored with the study, so "
+            f"tune again under a new name with export.{field} set to the {word} you deploy and drafter.kind "
+            "set to match")
 
 
 def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, trial: str | int = "best",
@@ -488,7 +531,14 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     mismatch = method_mismatch(fmt, method, scen.draft_spec().kind or DEFAULT_DRAFTER_KIND)
     if mismatch is not None:
         prov["drafter_mismatch"] = mismatch  # the shipped file says it too
-    for message in (_infeasibility_warning(spec, chosen, validation), mismatch):
+    gaps = stock_engine_gaps(fmt, settings)
+    if gaps is not None:
+        prov["stock_engine_gaps"] = gaps
+    if settings["position_temperatures"] and settings["sts"] == "fit":
+        prov["position_temperatures_from"] = (
+            f"the STS fit of tuning seed {spec.seeds[0]} (each seed fits its own held-out stream); refit STS on "
+            "held-out data of the drafter you deploy")
+    for message in (_infeasibility_warning(spec, chosen, validation), mismatch, gaps):
         if message is None:
             continue
         if warn is not None:

@@ -264,8 +264,10 @@ def test_no_feasible_trial(tmp_path, capsys):
     lines = err.strip().splitlines()
     assert lines[0] == ("warning: trial 1 is infeasible: num_rejected <= -1: num_rejected = 0, over by 1 (mean "
                         "over tuning seeds 0, 1); writing it anyway, as asked")
-    # and the one every DSpark-drafter study gets with vLLM's "mtp" (test_vllm_export_matches_trial)
-    assert len(lines) == 2 and lines[1].startswith("warning: the trial simulated the dspark_block drafter")
+    # and the one every DSpark-drafter study gets with vLLM's "mtp" (test_vllm_export_matches_trial),
+    # and what stock vLLM's flags cannot carry (test_what_a_stock_engine_cannot_run_is_named)
+    assert len(lines) == 3 and lines[1].startswith("warning: the trial simulated the dspark_block drafter")
+    assert lines[2].startswith("warning: stock vllm cannot run this trial's policy dspark")
     path = tmp_path / "infeasible" / "export" / "infeasible-trial1.vllm.json"
     assert stdout.strip() == str(path)
     assert json.loads(path.read_text())["provenance"]["feasible"] is False
@@ -333,5 +335,50 @@ def test_a_study_that_simulated_mtp_heads_exports_vllm_mtp_without_a_warning(tmp
     assert run_tune(spec, out_dir=tmp_path, report=False).complete == 2
     rc, stdout, err = _export(capsys, tmp_path, "--study", "mtpheads", "--format", "vllm", "--trial", "0")
     assert rc == 0, err
-    assert "simulated" not in err
+    assert "the trial simulated" not in err  # no drafter-mismatch line (the dspark policy's gap line stays)
     assert "drafter_mismatch" not in json.loads(Path(stdout.strip().splitlines()[0]).read_text())["provenance"]
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_what_a_stock_engine_cannot_run_is_named(fmt):
+    """Review: a threshold policy with an acceptance-target controller exported as a fixed-k vLLM
+    flag without a word; a static policy with a batch schedule is what stock vLLM runs."""
+    from memtp_sim.tuning.export import deployment_settings, stock_engine_gaps
+
+    base = {"memtp": {"depth": None}, "confidence": {"temperature": 1.0}}
+    static = deployment_settings({**base, "policy": {"name": "static", "k": 3},
+                                  "draft_control": {"name": "batch_table", "table": {"1-8": 3, "9-4096": 0}}})
+    said = stock_engine_gaps(fmt, static)
+    assert (said is None) if fmt == "vllm" else said.startswith(f"stock {fmt} cannot run this trial's draft_control batch_table")
+    assert stock_engine_gaps(fmt, deployment_settings({**base, "policy": {"name": "mtp1"}})) is None
+    tuned = deployment_settings({**base, "policy": {"name": "threshold", "gamma": 4, "threshold": 0.3},
+                                 "draft_control": {"name": "acceptance_target", "target": 0.6}})
+    said = stock_engine_gaps(fmt, tuned)
+    assert said.startswith(f"stock {fmt} cannot run this trial's policy threshold") and "draft_control acceptance_target" in said
+    assert "draft and verify 4 tokens a round" in said
+    ens = deployment_settings({"memtp": {"depth": "elastic", "max_depth": 5}, "policy": {"name": "static", "k": 2}})
+    assert "the MEMTP ensemble (depth elastic" in stock_engine_gaps(fmt, ens)
+    assert stock_engine_gaps("memtp", tuned) is None
+
+
+def test_memtp_export_carries_every_knob_the_trial_ran(tmp_path, capsys):
+    """Review: tuned min_dwell_rounds, coherence and its half-life were only under provenance.params."""
+    doc = _doc("knobs")
+    doc["base"]["memtp"] = {"depth": "elastic", "max_depth": 4, "coherence": "ewma"}
+    doc["base"]["policy"] = {"name": "dspark"}
+    doc["base"]["confidence"] = {"sts": "fit", "sts_rounds": 2000}
+    doc["search_space"] = {"memtp.min_dwell_rounds": {"type": "int", "low": 8, "high": 64},
+                           "memtp.coherence_half_life_rounds": {"type": "float", "low": 4.0, "high": 32.0}}
+    doc["constraints"] = []
+    doc["validation"] = {"top_k": 1, "num_seeds": 2}
+    assert run_tune(parse_tune_spec(doc), n_trials=2, out_dir=tmp_path, report=False).complete == 2
+    rc, _, err = _export(capsys, tmp_path, "--study", "knobs", "--format", "memtp", "--trial", "1",
+                         "-o", str(tmp_path / "c.yaml"))
+    assert rc == 0, err
+    out = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    ctl, params = out["controller"], out["provenance"]["params"]
+    assert ctl["min_dwell_rounds"] == params["memtp.min_dwell_rounds"]
+    assert ctl["coherence_half_life_rounds"] == pytest.approx(params["memtp.coherence_half_life_rounds"])
+    assert ctl["coherence"] == "ewma" and ctl["max_depth"] == 4
+    # the STS temperatures say whose fit they are
+    assert out["provenance"]["position_temperatures_from"].startswith("the STS fit of tuning seed 0")
