@@ -226,8 +226,9 @@ def test_dspark_falls_back_to_plain_decoding_when_drafting_cannot_pay():
 
 # ------------------------------------------------------------------------------------ export
 @pytest.mark.parametrize("control, key, want", [
-    ({"name": "batch_table", "table": {"1-16": 3, "17-64": 1, "65-4096": 0}}, "num_speculative_tokens_per_batch_size",
-     {"1-16": 3, "17-64": 1, "65-4096": 0}),
+    # vLLM's merged field is a list of (range_start, range_end, num_speculative_tokens), inclusive
+    ({"name": "batch_table", "table": {"17-64": 1, "1-16": 3, "65-4096": 0}}, "num_speculative_tokens_per_batch_size",
+     [[1, 16, 3], [17, 64, 1], [65, 4096, 0]]),
     ({"name": "disable_by_batch_size", "max_batch": 32}, "disable_by_batch_size", 33),
 ])
 def test_vllm_export_carries_the_batch_schedule_and_it_parses_back(control, key, want):
@@ -241,7 +242,7 @@ def test_vllm_export_carries_the_batch_schedule_and_it_parses_back(control, key,
     assert cfg["num_speculative_tokens"] == 3 and cfg[key] == want
     if key == "num_speculative_tokens_per_batch_size":
         # parses back into the same controller, which gives the same k at every batch
-        back = make_control("batch_table", {"table": cfg[key]})
+        back = make_control("batch_table", {"table": {f"{lo}-{hi}": k for lo, hi, k in cfg[key]}})
         orig = make_control(control["name"], {k: v for k, v in control.items() if k != "name"})
         assert [back.cap(_view(r, 3)) for r in range(1, 100)] == [orig.cap(_view(r, 3)) for r in range(1, 100)]
     sg = build_export("sglang", deployment_settings(scen), {"study": "t"}, sps_table=None, sps_file_name="x.json")

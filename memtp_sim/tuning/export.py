@@ -56,6 +56,7 @@ from ..errors import ConfigError
 from ..hardware import load_profile
 from ..memtp import MEMTP_DEFAULTS, MemtpSettings
 from ..policies import make_policy
+from ..policies.control import parse_range_table
 from ._loading import parse_tune_spec
 from ._selection import constraint_failures, select_trial
 from ._space import scenario_for
@@ -288,9 +289,14 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
         dspark["draft_control"] = {"name": ctl_name, **ctl}
     if fmt == "vllm":
         spec_cfg = {"method": vllm_method, "num_speculative_tokens": depth}
-        if ctl_name == "batch_table":  # vLLM PR #32374: inclusive batch ranges -> K
-            spec_cfg["num_speculative_tokens_per_batch_size"] = dict(ctl["table"])
-        elif ctl_name == "disable_by_batch_size":  # vLLM SpeculativeConfig.disable_by_batch_size
+        if ctl_name == "batch_table":
+            # vLLM SpeculativeConfig.num_speculative_tokens_per_batch_size (PR #32374 as merged): a
+            # list of (range_start, range_end, num_speculative_tokens), inclusive ranges
+            spec_cfg["num_speculative_tokens_per_batch_size"] = [
+                list(r) for r in parse_range_table(ctl["table"], "draft_control.table")]
+        elif ctl_name == "disable_by_batch_size":
+            # vLLM SpeculativeConfig.disable_by_batch_size: the spec-decode worker turns speculation off
+            # when running_queue_size >= the value; the simulator, above max_batch requests
             spec_cfg["disable_by_batch_size"] = int(ctl["max_batch"]) + 1
         doc = {
             "speculative_config": {**spec_cfg, "dspark": dspark},
