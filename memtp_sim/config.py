@@ -635,7 +635,7 @@ class Scenario(StrictModel):
                     out[f"memtp.{f}"] = "only used with memtp.depth: elastic (a fixed depth drafts its own number of heads)"
         params = policy_class(self.policy.name).Params.model_fields
         if "probe_every" in params and not self.policy.params.get("fallback", params["fallback"].default):
-            out["policy.probe_every"] = "only used with policy.fallback: true (it spaces the probes while falling back)"
+            out["policy.probe_every"] = "only used with policy.fallback: true, where it spaces the probes"
         if not self.draft_spec().speculative:
             for f in ConfidenceConfig.model_fields:
                 out[f"confidence.{f}"] = f"policy {self.policy.name!r} drafts nothing, so it reads no confidences"

@@ -87,7 +87,9 @@ def control_values(full: dict[str, Any]) -> dict[str, Any]:
         "conf-temp": temp,
         "conf-temp-slider": math.log2(temp) if isinstance(temp, (int, float)) and temp > 0 else 0.0,
         "conf-sts": full["confidence.sts"], "conf-sts-rounds": full["confidence.sts_rounds"],
-        "memtp-mode": mode, "memtp-heads": depth if isinstance(depth, int) else 4,
+        # fixed heads from a link whose count is not a whole number (an emptied box: memtp.depth=)
+        # leave the box empty, so its error shows, rather than 4 heads nobody chose
+        "memtp-mode": mode, "memtp-heads": depth if isinstance(depth, int) else (None if mode == "fixed" else 4),
         "memtp-head-cost": full["memtp.head_cost_gib"], "memtp-r-low": full["memtp.r_low"],
         "memtp-r-high": full["memtp.r_high"], "seeds": full["seeds"],
     }

@@ -244,3 +244,14 @@ def test_a_typed_profile_path_that_is_not_a_yaml_says_so():
     assert good is None and "not found" in err
     good, err = _check_file("profile", ["a.csv"], load_profile)  # uploads keep their wording
     assert good is None and "among the uploaded ones" in err
+
+
+@pytest.mark.parametrize("query", ["?memtp.depth=", "?memtp.depth=abc", "?memtp.depth=2.5"])
+def test_a_link_with_a_head_count_that_is_not_one_shows_the_error_not_four_heads(query, tmp_path):
+    # review: the page wrote memtp.depth= for an emptied heads box; opening that link showed fixed
+    # heads with the box filled to 4, no error, and the 4-head result
+    full, _, _ = query_to_settings(query)
+    values = control_values({**DEFAULTS, **full})
+    assert values["memtp-mode"] == "fixed" and values["memtp-heads"] is None
+    out = validate(applicable(full_settings(values, {})), None, Workdir(tmp_path))
+    assert isinstance(out, Invalid) and error_target(out.path) == "memtp-heads"
