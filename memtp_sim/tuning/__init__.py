@@ -19,7 +19,7 @@
     n_trials: 100
     sampler: {name: tpe, seed: 0, n_startup_trials: 10}
     validation: {top_k: 3, num_seeds: 5}   # fresh-seed re-runs of the top trials
-    export: {best_by: throughput_tok_per_s, vllm_method: mtp, sglang_algorithm: NEXTN}
+    export: {best_by: throughput_tok_per_s, vllm_method: dspark, sglang_algorithm: NEXTN}
     capacity: {slo: "ttft_s_p90 <= 2 AND tpot_ms_p90 <= 50"}   # needed for sla_capacity_per_s
 
 ``sla_capacity_per_s`` (objective or constraint) is the highest Poisson rate meeting

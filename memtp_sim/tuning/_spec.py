@@ -446,7 +446,8 @@ class ExportSpec(StrictModel):
     """
 
     best_by: str | None = Field(None, description="objective metric that breaks Pareto ties (default: first)")
-    vllm_method: str = Field("mtp", description="vLLM speculative_config.method")
+    vllm_method: str = Field("dspark", description="vLLM speculative_config.method (dspark: vLLM's DSpark drafter "
+                             "with adaptive verification for DSpark policies)")
     sglang_algorithm: str = Field("NEXTN", description="SGLang --speculative-algorithm")
 
 

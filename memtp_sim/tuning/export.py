@@ -4,11 +4,14 @@
 [-o FILE]`` picks a trial (``best``: see :func:`memtp_sim.tuning.select_trial`), makes sure it has been re-run on
 fresh seeds (runs the validation now if the tuner has not), and writes:
 
-* ``vllm``: JSON with ``speculative_config`` (``method``, ``num_speculative_tokens`` = the tuned max
-  depth, and a ``dspark`` block with the adaptive-verification settings: policy and its parameters,
-  confidence temperature and per-position temperatures, MEMTP gate thresholds when the ensemble is
-  on). ``vllm_cli`` is the ``--speculative-config`` argument without the ``dspark`` block (vLLM
-  itself does not know it; a DSpark-aware build reads it from the file).
+* ``vllm``: JSON with ``speculative_config`` (``method``, default ``dspark``: vLLM's DSpark drafter;
+  ``num_speculative_tokens`` = the tuned max depth; with ``dspark``, ``enable_adaptive_verification``,
+  true for a DSpark policy, whose confidence-scheduled verify budget vLLM's PR #47808 runs; and a
+  ``dspark`` block with the simulated settings: policy and its parameters, confidence temperature
+  and per-position temperatures, MEMTP gate thresholds when the ensemble is on). ``vllm_cli`` is the
+  ``--speculative-config`` argument without the ``dspark`` block (vLLM itself does not know it; a
+  DSpark-aware build reads it from the file). vLLM's adaptive verification is the same idea as the
+  simulated Algorithm 1 on the profile's SPS(B), not its code.
 * ``sglang``: a flags file (one flag per line, ``#`` comments carry the DSpark settings and the
   provenance as YAML) with ``--speculative-algorithm``, ``--speculative-num-steps`` (= max depth),
   ``--speculative-eagle-topk 1`` and ``--speculative-num-draft-tokens`` (= max depth + 1, a single
@@ -248,7 +251,7 @@ def provenance_for(study: optuna.Study, spec: TuneSpec, trial: optuna.trial.Froz
 
 def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, Any], provenance: dict[str, Any], *,
                  sps_table: dict[str, Any] | None = None, sps_file_name: str | None = None,
-                 vllm_method: str = "mtp", sglang_algorithm: str = "NEXTN") -> dict[str, str]:
+                 vllm_method: str = "dspark", sglang_algorithm: str = "NEXTN") -> dict[str, str]:
     """Render the export files (pure: no I/O).
 
     Args:
@@ -289,6 +292,8 @@ def build_export(fmt: Literal["vllm", "sglang", "memtp"], settings: dict[str, An
         dspark["draft_control"] = {"name": ctl_name, **ctl}
     if fmt == "vllm":
         spec_cfg = {"method": vllm_method, "num_speculative_tokens": depth}
+        if vllm_method.lower() == "dspark":  # vLLM's DSpark drafter; its adaptive verification is the policy
+            spec_cfg["enable_adaptive_verification"] = _adaptive(fmt, vllm_method, settings["policy"])
         if ctl_name == "batch_table":
             # vLLM SpeculativeConfig.num_speculative_tokens_per_batch_size (PR #32374 as merged): a
             # list of (range_start, range_end, num_speculative_tokens), inclusive ranges
@@ -385,7 +390,8 @@ def _infeasibility_warning(spec: TuneSpec, trial: Any, validation: dict[str, Any
 #: model's own MTP heads and STANDALONE a separate draft model). dspark_block and per_sequence
 #: have no stock method.
 _METHOD_KIND = {
-    "vllm": {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "draft_model"},
+    "vllm": {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "draft_model",
+             "dspark": "dspark_block"},
     "sglang": {"NEXTN": "mtp", "EAGLE": "eagle", "EAGLE3": "eagle", "STANDALONE": "draft_model",
                "NGRAM": "ngram"},
 }
@@ -393,18 +399,28 @@ _METHOD_KIND = {
 
 #: Policies a stock engine runs as simulated: every drafted token verified, a fixed count a round.
 _STOCK_POLICIES = ("static", "mtp1")
+#: Policies vLLM's DSpark method runs with ``enable_adaptive_verification`` (PR #47808): the verify
+#: budget of each step from the drafts' confidence and the load, DSpark's Algorithm 1 in production.
+_ADAPTIVE_POLICIES = ("dspark", "dspark_async")
+
+
+def _adaptive(fmt: str, method: str, policy: str) -> bool:
+    """Whether the exported engine runs the trial's confidence-scheduled verification itself."""
+    return fmt == "vllm" and method.lower() == "dspark" and policy in _ADAPTIVE_POLICIES
 #: Draft-length controllers each stock engine's flags can carry (vLLM: PR #32374's schedule and
 #: SpeculativeConfig.disable_by_batch_size; SGLang: none).
 _STOCK_CONTROLS = {"vllm": ("always", "batch_table", "disable_by_batch_size"), "sglang": ("always",)}
 
 
-def stock_engine_gaps(fmt: str, settings: dict[str, Any]) -> str | None:
+def stock_engine_gaps(fmt: str, settings: dict[str, Any], method: str = "") -> str | None:
     """One line naming what of a trial a stock engine's flags cannot run (they draft and verify a
     fixed number of tokens a round), or None when the flags carry all of it.
 
     Args:
         fmt: ``vllm`` or ``sglang`` (anything else: None).
         settings: :func:`deployment_settings` of the trial.
+        method: the vLLM method or SGLang algorithm the file names (vLLM's ``dspark`` runs DSpark's
+            confidence-scheduled verification itself).
 
     Returns:
         The warning: the confidence-scheduled policy, a draft-length controller the flags do not
@@ -414,7 +430,7 @@ def stock_engine_gaps(fmt: str, settings: dict[str, Any]) -> str | None:
     if fmt not in _STOCK_CONTROLS:
         return None
     gaps = []
-    if settings["policy"] not in _STOCK_POLICIES:
+    if settings["policy"] not in _STOCK_POLICIES and not _adaptive(fmt, method, settings["policy"]):
         gaps.append(f"policy {settings['policy']} (it verifies a confidence-chosen subset of the drafted tokens)")
     control = (settings.get("draft_control") or {}).get("name", "always")
     if control not in _STOCK_CONTROLS[fmt]:
@@ -537,7 +553,7 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     mismatch = method_mismatch(fmt, method, scen.draft_spec().kind or DEFAULT_DRAFTER_KIND)
     if mismatch is not None:
         prov["drafter_mismatch"] = mismatch  # the shipped file says it too
-    gaps = stock_engine_gaps(fmt, settings)
+    gaps = stock_engine_gaps(fmt, settings, method)
     if gaps is not None:
         prov["stock_engine_gaps"] = gaps
     if settings["position_temperatures"] and settings["sts"] == "fit":

@@ -120,18 +120,20 @@ def test_vllm_export_matches_trial(tuned, capsys):
     assert path.name == f"exp-trial{best.number}.vllm.json"
     doc = json.loads(path.read_text())
     sc = doc["speculative_config"]
-    assert sc["num_speculative_tokens"] == best.params["policy.gamma"] and sc["method"] == "mtp"
+    # the default method is vLLM's DSpark drafter, whose adaptive verification runs the DSpark policy
+    assert sc["num_speculative_tokens"] == best.params["policy.gamma"] and sc["method"] == "dspark"
+    assert sc["enable_adaptive_verification"] is True
     assert sc["dspark"]["temperature"] == pytest.approx(best.params["confidence.temperature"])
     assert sc["dspark"]["policy"] == "dspark" and sc["dspark"]["policy_params"]["gamma"] == best.params["policy.gamma"]
     assert len(sc["dspark"]["position_temperatures"]) == best.params["policy.gamma"]
     cli = shlex.split(doc["vllm_cli"])
     assert cli[0] == "--speculative-config" and json.loads(cli[1]) == {
-        "method": "mtp", "num_speculative_tokens": best.params["policy.gamma"]}
+        "method": "dspark", "num_speculative_tokens": best.params["policy.gamma"], "enable_adaptive_verification": True}
     _check_provenance(doc["provenance"], best)
     assert doc["provenance"]["selection"].startswith("best:") and doc["provenance"]["feasible"] is True
-    # the study simulated the DSpark block drafter; vLLM's "mtp" runs the model's MTP heads: said twice
-    said = "the trial simulated the dspark_block drafter, but vllm method 'mtp' runs the mtp drafter"
-    assert f"warning: {said}" in err and doc["provenance"]["drafter_mismatch"].startswith(said)
+    # the study simulated the DSpark block drafter and policy, which vLLM's dspark method runs: no warning
+    assert "warning" not in err and "drafter_mismatch" not in doc["provenance"]
+    assert "stock_engine_gaps" not in doc["provenance"]
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]  # atomic: no leftovers
 
 
@@ -264,10 +266,7 @@ def test_no_feasible_trial(tmp_path, capsys):
     lines = err.strip().splitlines()
     assert lines[0] == ("warning: trial 1 is infeasible: num_rejected <= -1: num_rejected = 0, over by 1 (mean "
                         "over tuning seeds 0, 1); writing it anyway, as asked")
-    # and the one every DSpark-drafter study gets with vLLM's "mtp" (test_vllm_export_matches_trial),
-    # and what stock vLLM's flags cannot carry (test_what_a_stock_engine_cannot_run_is_named)
-    assert len(lines) == 3 and lines[1].startswith("warning: the trial simulated the dspark_block drafter")
-    assert lines[2].startswith("warning: stock vllm cannot run this trial's policy dspark")
+    assert len(lines) == 1  # vLLM's dspark method runs this trial's drafter and policy (no other warning)
     path = tmp_path / "infeasible" / "export" / "infeasible-trial1.vllm.json"
     assert stdout.strip() == str(path)
     assert json.loads(path.read_text())["provenance"]["feasible"] is False
@@ -331,6 +330,7 @@ def test_a_study_that_simulated_mtp_heads_exports_vllm_mtp_without_a_warning(tmp
     doc = tiny_tune_doc("mtpheads", n_trials=2)
     doc["base"]["hardware"] = {"profile": "h200-llama31-8b-bf16"}
     doc["base"]["drafter"] = {"kind": "mtp"}
+    doc["export"] = {"vllm_method": "mtp"}
     spec = parse_tune_spec(doc)
     assert run_tune(spec, out_dir=tmp_path, report=False).complete == 2
     rc, stdout, err = _export(capsys, tmp_path, "--study", "mtpheads", "--format", "vllm", "--trial", "0")
@@ -359,6 +359,11 @@ def test_what_a_stock_engine_cannot_run_is_named(fmt):
     ens = deployment_settings({"memtp": {"depth": "elastic", "max_depth": 5}, "policy": {"name": "static", "k": 2}})
     assert "the MEMTP ensemble (depth elastic" in stock_engine_gaps(fmt, ens)
     assert stock_engine_gaps("memtp", tuned) is None
+    # vLLM's dspark method verifies adaptively (enable_adaptive_verification): DSpark policies run there
+    dsp = deployment_settings({**base, "policy": {"name": "dspark", "gamma": 5}})
+    assert (stock_engine_gaps(fmt, dsp, "dspark") is None) == (fmt == "vllm")
+    assert stock_engine_gaps(fmt, dsp, "mtp").startswith(f"stock {fmt} cannot run this trial's policy dspark")
+    assert stock_engine_gaps(fmt, tuned, "dspark").startswith(f"stock {fmt} cannot run this trial's policy threshold")
 
 
 def test_memtp_export_carries_every_knob_the_trial_ran(tmp_path, capsys):
