@@ -229,12 +229,21 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
-    # lazy: a subcommand loads only what it uses
-    from .hardware import DEFAULT_PROFILE, list_profiles, load_profile
+    from .hardware import DEFAULT_PROFILE, load_profile, profile_catalog  # lazy: a subcommand loads what it uses
     from .hardware.profile import _read_profile_doc, _stat_key  # lazy, as above: the YAML's own labels
 
-    for name, path in list_profiles().items():
-        p = load_profile(name)
+    profiles, clashes, unreadable = profile_catalog()
+    # a listing shows every profile that loads and names each one that does not (one broken file
+    # emptied it before)
+    problems = [f"{path}: {why}" for path, why in unreadable.items()]
+    problems += [f"the profile name {n!r} is given by {len(ps)} files ({', '.join(map(str, ps))}): none is "
+                 "used by that name; rename all but one (their name: field)" for n, ps in clashes.items()]
+    for name, path in profiles.items():
+        try:
+            p = load_profile(name)
+        except CalibrationError as e:
+            problems.append(str(e))
+            continue
         doc = _read_profile_doc(str(path.resolve()), *_stat_key(path))  # legacy profiles: labels in the YAML only
         label = {k: getattr(p, k) or str(doc.get(k, "") or "not stated") for k in ("model", "engine", "build")}
         b = p.sps.batch_tokens
@@ -247,7 +256,9 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
         print(f"{name}{mark}\n  path:     {path}\n  chip:     {p.chip or 'not stated'}\n  model:    {label['model']}\n"
               f"  engine:   {label['engine']}\n  build:    {label['build']}\n  measured: {rng}\n"
               f"  drafters: {', '.join(p.drafters) if p.drafters else 'roofline mapping'}")
-    return 0
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _cmd_calibrate_import(args: argparse.Namespace) -> int:

@@ -437,3 +437,51 @@ def test_a_hand_table_giving_one_pass_two_times_is_refused(tmp_path):
                             "10 and 30 ms; give each pass once")
     table.write_text("batch_tokens,pass_ms\n1,10\n4,12\n1,10\n")  # the same pass twice says nothing new
     assert import_measurements(table, "table")["batch_tokens"].tolist() == [1, 4, 1]
+
+
+@pytest.fixture
+def own_calibration(tmp_path, monkeypatch):
+    """A calibration folder of our own (a copy of the default profile's folder) for name tests."""
+    import shutil
+
+    from memtp_sim.hardware import DEFAULT_PROFILE
+    from memtp_sim.hardware import profile as prof
+
+    src = prof._resolve_profile_path(DEFAULT_PROFILE)
+    root = tmp_path / "cal"
+    shutil.copytree(src.parent, root / src.parent.name)
+    monkeypatch.setattr(prof, "calibration_dir", lambda: root)
+    monkeypatch.setattr(prof, "_PROFILE_BY_NAME", {})
+    return root, DEFAULT_PROFILE
+
+
+def test_an_import_among_the_profiles_cannot_take_a_profiles_name(own_calibration, tmp_path):
+    # review: `calibrate import -o calibration/zz/h200-llama31-8b-bf16.yaml` made that name load a
+    # 6-point toy table everywhere (studies and scenarios naming the profile included), exit 0
+    root, name = own_calibration
+    out = root / "zz" / f"{name}.yaml"
+    with pytest.raises(CalibrationError) as e:
+        cli_import(ns(FIX / "table.csv", "table", out))
+    assert str(e.value).startswith(f"-o {out}: the profile name {name!r} is already ") and "--name" in str(e.value)
+    assert not (root / "zz").exists()
+    assert cli_import(ns(FIX / "table.csv", "table", out, name="my-box")) == 0  # its own name: fine
+    assert load_profile("my-box").path == str(out.resolve()) and load_profile(name).sps.batch_tokens.size > 5
+
+
+def test_a_name_two_files_give_is_refused_and_the_listing_names_every_broken_file(own_calibration, capsys):
+    from memtp_sim.cli import main
+
+    root, name = own_calibration
+    (root / "zz").mkdir()
+    src = next(p for p in (root).glob("*/*.yaml") if f"name: {name}" in p.read_text())
+    twin = root / "zz" / "twin.yaml"
+    twin.write_text(src.read_text().replace("measurements: measurements.csv",
+                                            f"measurements: {src.parent / 'measurements.csv'}"))
+    with pytest.raises(CalibrationError, match=f"hardware profile {name!r} is the name of 2 files"):
+        load_profile(name)
+    (root / "zz" / "broken.yaml").write_text("name: [")                    # not YAML
+    rc = main(["profiles"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert f"the profile name {name!r} is given by 2 files" in err and "broken.yaml" in err
+    assert out.count("\n  path:") >= 1  # the other profiles are still listed

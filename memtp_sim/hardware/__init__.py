@@ -6,7 +6,7 @@ paged KV geometry), :mod:`.profile` (named profiles under ``calibration/<chip>/`
 
 from .cost import AttentionCost, DrafterCost, MeasuredDrafterCost, Overheads, SPSTable
 from .memory import GIB, MemorySpec
-from .profile import DEFAULT_PROFILE, HardwareProfile, calibration_dir, list_profiles, load_profile, profile_files
+from .profile import DEFAULT_PROFILE, HardwareProfile, calibration_dir, list_profiles, load_profile, profile_catalog, profile_files
 
 __all__ = [
     "SPSTable",
@@ -21,5 +21,6 @@ __all__ = [
     "calibration_dir",
     "list_profiles",
     "load_profile",
+    "profile_catalog",
     "profile_files",
 ]

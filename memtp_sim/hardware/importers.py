@@ -77,6 +77,7 @@ from .._io import atomic_write_text, cache_dir, load_yaml, not_a_file
 from .._version import __version__
 from ..errors import CalibrationError
 from .memory import GIB
+from . import profile as _profile
 from .profile import check_curve, load_profile
 from .tables import COST_COLUMNS
 
@@ -813,6 +814,7 @@ def _import(src: str | Path, fmt: str, out: str | Path, *, select: Iterable[str]
     df = _select_target(df, select, src)
     existing = _existing_doc(out)
     name = name or (existing.get("name") if existing else None) or out.stem
+    _refuse_name_taken(str(name), out)
     memory_section = _memory_section(meta, list(memory or []), existing, out, src, has_option=memory is not None,
                                      drafter_rows=_drafter_kinds(df), inline=inline)
     costs = out.with_name(f"{out.stem}.costs.csv")
@@ -823,6 +825,23 @@ def _import(src: str | Path, fmt: str, out: str | Path, *, select: Iterable[str]
     return ImportResult(costs=costs, profile=out, name=str(name), num_passes=len(df),
                         batch_range=(int(b[0]), int(b[-1])) if b else None, assumed=tuple(assumed),
                         notes=tuple(notes))
+
+
+def _refuse_name_taken(name: str, out: Path) -> None:
+    """A profile written among the shipped ones must not take another's name: the name would then
+    stand for two tables (a study naming it would run on whichever file was found last)."""
+    try:
+        inside = out.resolve().is_relative_to(_profile.calibration_dir().resolve())
+    except CalibrationError:
+        return
+    if not inside:
+        return  # named by its path; a shipped profile keeps its name
+    profiles, clashes, _ = _profile.profile_catalog()
+    others = [p for p in clashes.get(name, [profiles[name]] if name in profiles else [])
+              if p.resolve() != out.resolve()]
+    if others:
+        raise CalibrationError(f"-o {out}: the profile name {name!r} is already {others[0]}; give --name NAME "
+                               "(or another -o file name) so each name stands for one profile")
 
 
 def cli_import(args: Any) -> int:

@@ -33,6 +33,7 @@ __all__ = [
     "calibration_dir",
     "list_profiles",
     "load_profile",
+    "profile_catalog",
     "profile_files",
 ]
 
@@ -133,23 +134,45 @@ def calibration_dir() -> Path:
 
 
 def list_profiles() -> dict[str, Path]:
-    """Shipped profiles by name -> YAML path (cached by the files' paths, modification times and sizes)."""
+    """Shipped profiles by name -> YAML path (cached by the files' paths, modification times and
+    sizes). A name that two files give is left out: :func:`profile_catalog` lists those, and
+    loading the name says which files clash."""
+    return profile_catalog()[0]
+
+
+def profile_catalog() -> tuple[dict[str, Path], dict[str, list[Path]], dict[Path, str]]:
+    """Every profile under :func:`calibration_dir`, and what keeps a file from being one.
+
+    Returns:
+        ``(profiles, clashes, unreadable)``: name -> YAML path for names exactly one file gives;
+        name -> the files for a name two or more files give (none of them is used by that name:
+        the order files are found in must not pick the table a study runs on); path -> why a YAML
+        there could not be read (not valid YAML, not text).
+    """
     files = sorted(calibration_dir().glob("*/*.yaml"))
-    return dict(_list_profiles(tuple((str(p), *_stat_key(p)) for p in files)))
+    found, unreadable = _list_profiles(tuple((str(p), *_stat_key(p)) for p in files))
+    by_name: dict[str, list[Path]] = {}
+    for name, path in found:
+        by_name.setdefault(name, []).append(path)
+    profiles = {n: ps[0] for n, ps in by_name.items() if len(ps) == 1}
+    clashes = {n: ps for n, ps in by_name.items() if len(ps) > 1}
+    return profiles, clashes, dict(unreadable)
 
 
 @lru_cache(maxsize=4)
-def _list_profiles(files: tuple) -> tuple[tuple[str, Path], ...]:
+def _list_profiles(files: tuple) -> tuple[tuple[tuple[str, Path], ...], tuple[tuple[Path, str], ...]]:
     # a study validates hundreds of scenarios: resolving and matching every file each time cost 2 ms
-    out: dict[str, Path] = {}
+    out: list[tuple[str, Path]] = []
+    unreadable: list[tuple[Path, str]] = []
     for p in (Path(f[0]) for f in files):
         try:
             doc = _read_profile_doc(str(p.resolve()), *_stat_key(p))
-        except (OSError, CalibrationError, UnicodeDecodeError):
-            continue  # a broken file is reported when loaded by path
+        except (OSError, CalibrationError, UnicodeDecodeError) as e:
+            unreadable.append((p, str(e)))
+            continue
         if isinstance(doc, dict) and "name" in doc and "verify" in doc and ("measurements" in doc or "costs" in doc):
-            out[str(doc["name"])] = p
-    return tuple(out.items())
+            out.append((str(doc["name"]), p))
+    return tuple(out), tuple(unreadable)
 
 
 def _select_rows(rows: list[dict[str, str]], select: Mapping[str, Any], where: str) -> list[dict[str, str]]:
@@ -289,7 +312,11 @@ def _resolve_profile_path(name_or_path: str | Path | None) -> Path:
         if fresh:
             path = hit[0]  # the file the name led to, unchanged since (a study resolves a name per scenario)
         else:
-            profiles = list_profiles()
+            profiles, clashes, _ = profile_catalog()
+            if key in clashes:
+                raise CalibrationError(f"hardware profile {key!r} is the name of {len(clashes[key])} files: "
+                                       f"{', '.join(map(str, clashes[key]))}; rename all but one (their name: "
+                                       "field) or give the profile by its path")
             if key not in profiles:
                 raise CalibrationError(
                     f"hardware profile {key!r} not found; shipped profiles: {', '.join(sorted(profiles))} "
