@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ._io import atomic_write_text
 from ._measure_shapes import SHAPES, Shape, percentile, shape_meta, summarize, time_eager
 
 __all__ = ["Shape", "SHAPES", "main", "build_parser", "sweep_plan", "percentile", "summarize", "time_eager",
@@ -143,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     write_csv(out, rows)
     side = out.with_name(out.stem + ".meta.json")
-    side.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(side, json.dumps(meta, indent=2) + "\n")
     print(f"wrote {out} ({len(rows)} passes)")
     print(f"wrote {side}")
     print(f"next: python -m memtp_sim calibrate import {out} --format gpu-costs -o calibration/<chip>/<name>.yaml")
@@ -152,12 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write the gpu-costs CSV (columns :data:`CSV_COLUMNS`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=list(CSV_COLUMNS))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r[k] for k in CSV_COLUMNS})
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS))
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: r[k] for k in CSV_COLUMNS})
+    atomic_write_text(path, buf.getvalue())  # a measurement run is long: never a half-written table
 
 
 if __name__ == "__main__":

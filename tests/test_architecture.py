@@ -195,3 +195,48 @@ def test_the_floor_check_can_fail(tmp_path, bad):
     f.write_text(bad)
     names = [n for n, *_ in _imports("hardware", f)]
     assert names and all(FLOOR_OF[_top(n)] > FLOOR_OF["hardware"] for n in names)
+
+
+def _direct_writes(tree: ast.AST) -> list[int]:
+    """Lines that write a file other than through memtp_sim._io's atomic writers: Path.write_text /
+    write_bytes, open() in a writing mode, a DataFrame's to_csv / to_parquet / to_json to a path
+    (a buffer argument named buf..., pq... is fine: its bytes then go through the atomic writer)."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Attribute, ast.Name)):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+        if name in ("write_text", "write_bytes"):
+            out.append(node.lineno)
+        elif name == "open":
+            modes = [a for a in node.args[1:2]] + [k.value for k in node.keywords if k.arg == "mode"]
+            if isinstance(node.func, ast.Attribute) and node.args[:1] and not isinstance(node.func.value, ast.Name):
+                modes = [node.args[0]] + modes  # Path(...).open("w")
+            elif isinstance(node.func, ast.Attribute):
+                modes = list(node.args[:1]) + modes  # path.open("w")
+            if any(isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax")
+                   for m in modes):
+                out.append(node.lineno)
+        elif name in ("to_csv", "to_parquet", "to_json") and node.args:
+            first = node.args[0]
+            if not (isinstance(first, ast.Name) and first.id.startswith(("buf", "pbuf", "pq"))):
+                out.append(node.lineno)
+    return out
+
+
+def test_every_file_the_package_writes_goes_through_the_atomic_writers():
+    """Results are written atomically (an interrupted run never leaves half a file): the drafter
+    lab's report.html and `measure`'s CSV were written directly; this finds any other."""
+    found = []
+    for name, path in _modules().items():
+        if name == "_io":
+            continue
+        found += [f"memtp_sim/{path.relative_to(PKG)}:{line}" for line in _direct_writes(ast.parse(path.read_text()))]
+    assert not found, f"write these with memtp_sim._io.atomic_write_text/_bytes: {found}"
+
+
+@pytest.mark.parametrize("src", ['Path("x").write_text("a")', 'open(p, "w")', 'p.open("a")', 'df.to_csv(path)',
+                                 'df.to_parquet("r.parquet")'])
+def test_the_atomic_write_check_can_fail(src):
+    assert _direct_writes(ast.parse(src)) == [1]
+    assert _direct_writes(ast.parse("df.to_csv(buf, index=False); open(p); p.open()")) == []

@@ -73,7 +73,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .._io import atomic_write_text, cache_dir, load_yaml, not_a_file
+from .._io import atomic_write_bytes, atomic_write_text, cache_dir, load_yaml, not_a_file
 from .._version import __version__
 from ..errors import CalibrationError
 from .memory import GIB
@@ -1209,7 +1209,7 @@ def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: 
     except CalibrationError:
         for p in (costs, out):
             if p in old:
-                p.write_bytes(old[p])
+                atomic_write_bytes(p, old[p])
             else:
                 p.unlink(missing_ok=True)
         for d in made:  # innermost first; nothing else was written there

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .._html import HtmlPage, escape
+from .._io import atomic_write_text
 from .profiles import DRAFTERS, MIN_TESTED, profile_document, write_json, write_profile
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def _write_html(result: "LabResult", build: "LabBuild", path: Path, command: str
     page.add_table(pd.DataFrame(result.costs), float_format="{:,.1f}")
     page.add_html(f"<p class='note'>memtp_sim drafter lab; profiles: "
                   f"{escape(', '.join(str(p.name) for k, p in result.files.items() if k != 'report'))}</p>")
-    path.write_text(page.render(), encoding="utf-8")
+    atomic_write_text(path, page.render())  # a 5 MB page: never half-written over the last run's
 
 
 def write_outputs(result: "LabResult", build: "LabBuild", out: Path, command: str) -> None:
