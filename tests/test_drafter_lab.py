@@ -413,6 +413,9 @@ def test_lab_run_writes_loadable_profiles_and_reproduces_fig2(tmp_path):
     ({"seed": "x"}, "seed"), ({"source": {"vocab": 4}}, "source.vocab"), ({"gamma": 1}, "gamma"),
     ({"costs": {"hardware": {"x": {"memory_bandwidth_gb_s": 1.0}}}}, "costs.hardware.x"),
     ({"bogus": 1}, "bogus"),
+    # review: these ended in numpy tracebacks (SeedSequence, an SVD) or in errors naming no field
+    ({"seed": -1}, "seed: must be >= 0"), ({"source": {"floor": 0.0}}, "source.floor: must lie in (0, 1)"),
+    ({"evaluation": {"rounds": 10}}, "evaluation.rounds: must be >= 200"),
 ])
 def test_lab_config_errors_name_file_and_field(tmp_path, doc, field):
     import yaml
@@ -435,3 +438,13 @@ def test_cli_drafter_lab(tmp_path, capsys):
     path.write_text("gamma: [1\n")
     assert cli.main(["drafter-lab", str(path)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_too_few_evaluation_rounds_for_a_fit_name_the_field(tmp_path):
+    """Review: 200 rounds passed the config and failed in the fit with 'alpha: need (rounds >= 2,
+    positions >= 2), got (200, 1)', naming no file or field."""
+    doc = {**TINY, "evaluation": {"rounds": 200}}
+    with pytest.raises(ConfigError) as e:
+        run_lab(LabConfig.from_dict(doc, "lab.yaml"), tmp_path / "out")
+    assert str(e.value).startswith("lab.yaml: evaluation.rounds: 200 rounds tested drafter ") and "raise" in str(e.value)
+    assert not (tmp_path / "out").exists()  # nothing written

@@ -40,7 +40,7 @@ from .drafters import (
     semi_ar_block_dist,
 )
 from .measure import DraftFn, EngineFit, LabMeasurement, fit_engine_parameters, measure_drafter, target_along
-from .profiles import DRAFTERS, tested_through
+from .profiles import DRAFTERS, MIN_TESTED, tested_through
 from .source import MarkovSource
 
 __all__ = ["DRAFTERS", "LabBuild", "LabConfig", "LabResult", "build_lab", "run_lab"]
@@ -145,6 +145,15 @@ class LabConfig:
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
         g, k = merged["gamma"], merged["profiles"]["positions"]
+        # ranges the lab's constructors would otherwise meet as a numpy traceback
+        if merged["seed"] < 0:
+            raise ConfigError(f"{path}: seed: must be >= 0 (numpy seeds), got {merged['seed']}")
+        if not 0.0 < merged["source"]["floor"] < 1.0:
+            raise ConfigError(f"{path}: source.floor: must lie in (0, 1) (with 0 a history never shows most "
+                              f"tokens and the estimates have nothing to fit), got {merged['source']['floor']}")
+        if merged["evaluation"]["rounds"] < MIN_TESTED:
+            raise ConfigError(f"{path}: evaluation.rounds: must be >= {MIN_TESTED} (a position's acceptance is "
+                              f"reported from {MIN_TESTED} tested rounds), got {merged['evaluation']['rounds']}")
         if not 2 <= g <= 64 or not 1 <= k <= g:
             raise ConfigError(f"{path}: gamma must lie in 2..64 and profiles.positions in 1..gamma, got {g}, {k}")
         if any(x > g or x < 1 for x in merged["costs"]["gammas"]):
@@ -309,10 +318,22 @@ def run_lab(cfg: LabConfig, out_dir: str | Path, *, command: str | None = None,
     for i, (name, draft) in enumerate(build.drafters.items()):
         m = measure_drafter(np.random.default_rng([seed, 10 + i]), build.source, draft, contexts, name)
         measurements[name] = m
-        fits[name] = fit_engine_parameters(m, min(k, tested_through(m)), rounds=conf_rounds, seed=seed)
+        tested = tested_through(m)
+        if tested < 2:  # the engine fit needs two positions' acceptance
+            raise ConfigError(f"{cfg.path}: evaluation.rounds: {cfg['evaluation']['rounds']} rounds tested drafter "
+                              f"{name} at {tested} position(s) {MIN_TESTED} times or more; its fit needs 2: raise "
+                              "evaluation.rounds")
+        try:
+            fits[name] = fit_engine_parameters(m, min(k, tested), rounds=conf_rounds, seed=seed)
+        except InvalidArgumentError as e:
+            raise ConfigError(f"{cfg.path}: {e}") from None
         say(f"measured {name}: c_1 {m.conditional[0]:.3f}, c_8 {m.conditional[min(7, g - 1)]:.3f} "
             f"({time.perf_counter() - t0:.1f} s)")
-    result = LabResult(cfg, measurements, fits, cost_rows(cfg))
+    try:
+        rows = cost_rows(cfg)
+    except InvalidArgumentError as e:
+        raise ConfigError(f"{cfg.path}: costs: {e}") from None
+    result = LabResult(cfg, measurements, fits, rows)
     from .report import write_outputs  # lazy: plotly and pandas load only when a report is written
 
     write_outputs(result, build, Path(out_dir), command or _default_command(cfg))
