@@ -410,6 +410,9 @@ def _cmd_depth(args: argparse.Namespace) -> int:
         else:
             if args.free_gib is None:
                 return _fail("depth: give --free-gib N, or --live to read this machine's free memory")
+            if args.reserve_gib != 0.0:  # --free-gib is already what funds heads: nothing to keep back from
+                return _fail("--reserve-gib: only used with --live (with --free-gib, give the memory left after "
+                             "any reserve)")
             depth = memtp_depth(args.free_gib, args.coherence, max_depth=args.max_depth, **kw)
             tel = {"source": "--free-gib", "free_gib": args.free_gib, "coherence": args.coherence,
                    "max_depth": args.max_depth, **kw, "depth": depth}
@@ -420,7 +423,8 @@ def _cmd_depth(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(tel, indent=2, default=str))
     else:
-        print(f"depth {depth} (free {tel['free_gib']:.2f} GiB from {tel['source']}, coherence {args.coherence}, "
+        reserve = f" - reserve {args.reserve_gib:g} GiB" if args.live and args.reserve_gib else ""
+        print(f"depth {depth} (free {tel['free_gib']:.2f} GiB{reserve} from {tel['source']}, coherence {args.coherence}, "
               f"head {args.head_cost_gib} GiB, R thresholds {args.r_low}..{args.r_high}, max {args.max_depth})")
     return 0
 

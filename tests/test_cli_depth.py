@@ -31,8 +31,17 @@ def test_live_names_its_memory_source(capsys):
     (["depth", "--free-gib", "-1"], "--free-gib"),
     (["depth", "--free-gib", "10", "--head-cost-gib", "0"], "--head-cost-gib"),
     (["depth"], "--free-gib"),
+    # review: without --live the reserve was ignored (and a negative one accepted), exit 0
+    (["depth", "--free-gib", "10", "--reserve-gib", "3"], "--reserve-gib: only used with --live"),
+    (["depth", "--free-gib", "10", "--reserve-gib", "-3"], "--reserve-gib"),
+    (["depth", "--live", "--reserve-gib", "-3"], "--reserve-gib"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, field, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0] and "Traceback" not in err[0]
+
+
+def test_live_says_the_reserve_it_kept_back(capsys):
+    assert main(["depth", "--live", "--reserve-gib", "0.5"]) == 0
+    assert " - reserve 0.5 GiB from " in capsys.readouterr().out
