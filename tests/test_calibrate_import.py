@@ -485,3 +485,15 @@ def test_a_name_two_files_give_is_refused_and_the_listing_names_every_broken_fil
     assert rc == 1
     assert f"the profile name {name!r} is given by 2 files" in err and "broken.yaml" in err
     assert out.count("\n  path:") >= 1  # the other profiles are still listed
+
+
+def test_an_implausible_input_row_is_named_in_the_inputs_terms(tmp_path):
+    # review: the error named the cost table it had just removed (out/x.costs.csv, "row 10"), not
+    # the user's file and row
+    table = tmp_path / "t.csv"
+    table.write_text("batch_tokens,pass_ms\n1,24\n4,32\n2,5\n")  # line 4: B=2 4.8x faster than B=1
+    out = tmp_path / "o" / "x.yaml"
+    with pytest.raises(CalibrationError) as e:
+        cli_import(ns(table, "table", out))
+    assert str(e.value).startswith(f"{table} row 4 (verify), pass_ms: 5 ms at B=2 is 4.8x faster"), str(e.value)
+    assert str(e.value).endswith("nothing was written") and not (tmp_path / "o").exists()

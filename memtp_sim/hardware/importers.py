@@ -820,7 +820,7 @@ def _import(src: str | Path, fmt: str, out: str | Path, *, select: Iterable[str]
     costs = out.with_name(f"{out.stem}.costs.csv")
     doc, assumed = _profile_doc(df, meta, memory_section, existing, name=str(name), src=src, fmt=fmt,
                                 select=select, costs=costs.name, inline=inline)
-    _write_checked(df, doc, costs, out, inline=inline)
+    _write_checked(df, doc, costs, out, inline=inline, src=src)
     b = sorted(set(df.loc[df["kind"] != "prefill", "batch_tokens"]))
     return ImportResult(costs=costs, profile=out, name=str(name), num_passes=len(df),
                         batch_range=(int(b[0]), int(b[-1])) if b else None, assumed=tuple(assumed),
@@ -1194,7 +1194,8 @@ def _overheads(fmt: str, meta: dict) -> dict[str, Any]:
     }
 
 
-def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: bool = False) -> None:
+def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: bool = False,
+                   src: Path | None = None) -> None:
     """Write the cost table and the YAML, then load the profile; undo both if it does not load."""
     by = "from a scenario YAML's inline hardware.table" if inline else "by `python -m memtp_sim calibrate import`"
     header = (f"# Hardware profile written {by} (format 2).\n"
@@ -1206,7 +1207,8 @@ def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: 
     atomic_write_text(out, header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
     try:
         load_profile(out)
-    except CalibrationError:
+    except CalibrationError as e:
+        err = _in_source_terms(str(e), costs, df, src)
         for p in (costs, out):
             if p in old:
                 atomic_write_bytes(p, old[p])
@@ -1214,4 +1216,17 @@ def _write_checked(df: pd.DataFrame, doc: dict, costs: Path, out: Path, inline: 
                 p.unlink(missing_ok=True)
         for d in made:  # innermost first; nothing else was written there
             d.rmdir()
-        raise
+        raise CalibrationError(err) from None
+
+
+def _in_source_terms(message: str, costs: Path, df: pd.DataFrame, src: Path | None) -> str:
+    """A check's message about a row of the cost table just written (and now removed again) in the
+    user's terms: the input's own row, as the table's source column records it."""
+    m = re.match(rf"^{re.escape(str(costs))} \((\w+)\): row (\d+), column (\w+): (.*)$", message)
+    if m is None or not 0 <= int(m.group(2)) - 2 < len(df):
+        return message
+    curve, row, column, rest = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+    where = str(df["source"].iloc[row - 2])
+    if src is not None and where.startswith(src.name):
+        where = str(src.parent / where)  # the file as the user gave it, then its row
+    return f"{where} ({curve}), {column}: {rest}; nothing was written"
