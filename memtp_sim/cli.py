@@ -283,9 +283,19 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     sps = None
     if args.sps:
         try:
-            sps = {int(k): float(v) for k, v in (pair.split("=") for pair in args.sps.split(","))}
+            pairs = [(int(k), float(v)) for k, v in (pair.split("=") for pair in args.sps.split(","))]
         except ValueError:
             return _fail(f"--sps: expected B=steps_per_second pairs, e.g. 1=1.0,2=0.5 (got {args.sps!r})")
+        sps = dict(pairs)
+        if len(sps) < len(pairs):  # a dict keeps the last: say so rather than pick one
+            dup = next(b for i, (b, _) in enumerate(pairs) if b in {c for c, _ in pairs[:i]})
+            return _fail(f"--sps: B={dup} is given twice; give each B once")
+        small = next((b for b, _ in pairs if b < 1), None)
+        if small is not None:
+            return _fail(f"--sps: B={small}: batch sizes are whole numbers >= 1")
+        bad = next((f"B={b}: {v!r}" for b, v in pairs if not (math.isfinite(v) and v > 0)), None)
+        if bad is not None:
+            return _fail(f"--sps: {bad}: steps per second must be a finite number > 0")
         if all(v > 0 for v in sps.values()):  # the plausibility rules every profile's curve passes
             import numpy as np  # lazy: --help stays fast
 

@@ -120,6 +120,10 @@ def test_unwritable_out_is_refused_before_running_as_any_user(tmp_path, capsys):
     (["schedule", "abc"], "confidences"),
     (["schedule", "0.9", "--sps", "garbage"], "--sps"),
     (["schedule", "0.9,0.8", "0.5,0.4", "--sps", "1=1.0,2=0.6,3=0.5"], "sps"),
+    # review: a B given twice was last-wins; inf and B=0 printed numpy RuntimeWarnings first
+    (["schedule", "0.8,0.9", "--sps", "1=1.0,2=0.5,3=0.45,2=0.9"], "--sps: B=2 is given twice"),
+    (["schedule", "0.8,0.9", "--sps", "1=1.0,2=inf"], "--sps: B=2: inf: steps per second must be"),
+    (["schedule", "0.8,0.9", "--sps", "0=1.0,2=0.5"], "--sps: B=0: batch sizes are whole numbers >= 1"),
 ])
 def test_schedule_bad_input(argv, needle, capsys):
     _one_line_exit_2(argv, capsys, needle)
