@@ -216,6 +216,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
                      "(run one first: python -m memtp_sim run STUDY.yaml)")
     try:
         print(write_report(root))
+    except MemtpSimError as e:  # the reader's own line names the file (e.g. an unreadable study.json)
+        return _fail(str(e))
     except (pd.errors.EmptyDataError, KeyError, ValueError) as e:
         return _fail(f"{root}: study results are incomplete or damaged ({e.__class__.__name__}); "
                      "rerun the study to rebuild them")

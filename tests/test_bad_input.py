@@ -140,7 +140,9 @@ def test_report_on_a_folder_that_is_not_a_study(tmp_path, capsys):
     (tmp_path / "runs.csv").write_text("")
     _one_line_exit_2(["report", str(tmp_path)], capsys, "study.json")
     (tmp_path / "study.json").write_text(json.dumps({"name": "x", "sweep_keys": []}))
-    _one_line_exit_2(["report", str(tmp_path)], capsys, "incomplete")
+    _one_line_exit_2(["report", str(tmp_path)], capsys, "none of the study's 0 runs has a verified result")
+    (tmp_path / "study.json").write_text('{"garbage')  # review: the line named no file
+    _one_line_exit_2(["report", str(tmp_path)], capsys, f"{tmp_path}: study.json is missing or unreadable")
 
 
 def test_resume_does_not_reuse_results_from_a_changed_trace(tmp_path):
