@@ -41,7 +41,7 @@ import memtp_sim
 from .._io import atomic_write_bytes, atomic_write_text, load_yaml
 from ..config import Scenario, Study, format_validation_error
 from ..errors import MemtpSimError
-from ..hardware import DEFAULT_PROFILE, list_profiles, load_profile
+from ..hardware import DEFAULT_PROFILE, calibration_dir, list_profiles, load_profile
 from ..memtp import MEMTP_DEFAULTS
 from ..policies import available_policies, policy_class
 
@@ -352,6 +352,32 @@ def _unset(doc: dict[str, Any], path: str) -> bool:
     return False
 
 
+#: Scenario fields that name a file the server reads.
+FILE_FIELDS = ("workload.trace", "hardware.profile", "acceptance.profile")
+
+
+def served_roots(workdir: Workdir | None) -> list[Path]:
+    """Folders whose files a page may make the server read: the shipped calibration and traces, the
+    dashboard's own folder (uploads, derived profiles) and the folder it was started in."""
+    roots = [calibration_dir(), *{p.parent for p in shipped_traces().values()}, Path.cwd()]
+    if workdir is not None:
+        roots.append(workdir.root)
+    return [r.resolve() for r in roots]
+
+
+def outside_served(value: Any, workdir: Workdir | None) -> str | None:
+    """Why a file value may not be read for a page (a link or a typed box could otherwise name any
+    file on the server, and a parse error would show part of it), or None. A bare name (a shipped
+    profile or trace) is always fine: the library looks it up among the shipped files."""
+    if not isinstance(value, str) or ("/" not in value and "\\" not in value):
+        return None
+    path = Path(value).expanduser().resolve()
+    if any(path.is_relative_to(root) for root in served_roots(workdir)):
+        return None
+    return (f"{value}: outside the folders this dashboard reads (the shipped calibration and traces, its "
+            "uploads and the folder it was started in); upload the file instead")
+
+
 def _trace_path(value: Any) -> Any:
     """A shipped trace's file name -> its path; anything else as given (a path)."""
     traces = shipped_traces()
@@ -518,6 +544,10 @@ def validate(settings: dict[str, Any], extras: dict[str, Any] | None = None,
     short = _memory_short(settings)
     if short is not None:
         return Invalid(f"{SOURCE}: {short}", "extra_gib")
+    for field in FILE_FIELDS:
+        why = outside_served(settings.get(field, (extras or {}).get(field)), workdir)
+        if why is not None:
+            return Invalid(f"{SOURCE}: {field}: {why}", field)
     try:
         doc = scenario_doc(settings, extras, workdir)
     except MemtpSimError as e:

@@ -41,6 +41,7 @@ from ._runs import RunStore, Side, kpi_rows, point_keys, usable_cpus
 from ._settings import (
     Invalid,
     applicable,
+    outside_served,
     policy_param_fields,
     settings_to_query,
     sweep_key,
@@ -470,7 +471,8 @@ def _register_files(app: Dash, app_ctx: AppContext) -> None:
         else:
             if not path:  # the box was cleared: so is its error
                 return no_update, no_update, no_update, ""
-            good, err = _check_file("profile", [path], load_profile, typed=True)
+            why = outside_served(path, app_ctx.workdir)
+            good, err = (None, why) if why is not None else _check_file("profile", [path], load_profile, typed=True)
             errors = ("", err)
         if good is None:
             return no_update, no_update, *errors

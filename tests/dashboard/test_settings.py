@@ -255,3 +255,21 @@ def test_a_link_with_a_head_count_that_is_not_one_shows_the_error_not_four_heads
     assert values["memtp-mode"] == "fixed" and values["memtp-heads"] is None
     out = validate(applicable(full_settings(values, {})), None, Workdir(tmp_path))
     assert isinstance(out, Invalid) and error_target(out.path) == "memtp-heads"
+
+
+@pytest.mark.parametrize("field", ["workload.trace", "hardware.profile", "acceptance.profile"])
+@pytest.mark.parametrize("value", ["/etc/passwd", "../../../../../../etc/passwd"])
+def test_a_link_cannot_make_the_server_read_a_file_outside_its_folders(field, value, tmp_path, monkeypatch):
+    """Review: ?workload.trace=../../etc/passwd answered with the file's first line in the error."""
+    from memtp_sim.dashboard._settings import outside_served
+
+    monkeypatch.chdir(tmp_path)
+    full, extras, _ = query_to_settings(f"?{field}={urllib.parse.quote(value)}")
+    out = validate(applicable({**DEFAULTS, **full}), extras, Workdir(tmp_path / "wd"))
+    assert isinstance(out, Invalid) and out.path == field
+    assert "outside the folders this dashboard reads" in out.message and "root:" not in out.message
+    # what it may read: shipped names, files under the folder it was started in, its own uploads
+    assert outside_served("azure2023_conv.csv", None) is None
+    (tmp_path / "mine.yaml").write_text("x")
+    assert outside_served(str(tmp_path / "mine.yaml"), None) is None
+    assert outside_served(str(tmp_path / "wd" / "uploads" / "a.csv"), Workdir(tmp_path / "wd")) is None
