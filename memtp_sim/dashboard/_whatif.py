@@ -241,6 +241,31 @@ def _baseline_diff(base: dict[str, Any], cur: dict[str, Any]) -> str:
     return "baseline pinned; current differs in " + "; ".join(diff) if diff else "baseline pinned (same settings)"
 
 
+def notes_by_seed(summaries: list[dict[str, Any]]) -> list[str]:
+    """The runs' notes, each once, saying which seeds it came from (a note such as "1 request(s)
+    rejected" is per run: shown once for three seeds it read as one rejection in all).
+
+    Args:
+        summaries: the point's runs (``summary.json`` mappings with ``seed`` and ``notes``).
+
+    Returns:
+        ``"seed 2: ..."``, ``"seeds 0, 2: ..."`` or ``"each of the 3 seeds: ..."``, in first-seen order.
+    """
+    seeds: dict[str, list[Any]] = {}
+    for s in summaries:
+        for n in s.get("notes", []):
+            seeds.setdefault(n, []).append(s.get("seed"))
+    out = []
+    for note, which in seeds.items():
+        if len(summaries) == 1:
+            out.append(note)
+        elif len(which) == len(summaries):
+            out.append(f"each of the {len(which)} seeds: {note}")
+        else:
+            out.append(f"seed{'s' if len(which) > 1 else ''} {', '.join(map(str, which))}: {note}")
+    return out
+
+
 def show_point(store: RunStore, ready: dict[str, Any], baseline: dict[str, Any] | None) -> tuple:
     """KPIs, notes and figures of the ready point beside the baseline.
 
@@ -262,7 +287,7 @@ def show_point(store: RunStore, ready: dict[str, Any], baseline: dict[str, Any] 
         raise PreventUpdate  # a run vanished from the cache (cleared by hand): wait for the next change
     sides = [Side("current", tuple(ready["keys"]))] + ([Side("baseline", tuple(baseline["keys"]))] if baseline else [])
     res = store.results(sides)
-    notes = [html.Li(n) for n in dict.fromkeys(n for s in cur for n in s.get("notes", []))]
+    notes = [html.Li(n) for n in notes_by_seed(cur)]
     notes += [html.Li(f"profile note: {w}") for w in (cur[0].get("provenance", {}).get("hardware", {}).get(
         "warnings") or [])]
     tl = _figures.timeline(res)

@@ -273,3 +273,16 @@ def test_a_link_cannot_make_the_server_read_a_file_outside_its_folders(field, va
     (tmp_path / "mine.yaml").write_text("x")
     assert outside_served(str(tmp_path / "mine.yaml"), None) is None
     assert outside_served(str(tmp_path / "wd" / "uploads" / "a.csv"), Workdir(tmp_path / "wd")) is None
+
+
+def test_run_notes_say_which_seeds_they_come_from():
+    # review: two seeds each rejecting one request showed "1 request(s) rejected" once
+    from memtp_sim.dashboard._whatif import notes_by_seed
+
+    runs = [{"seed": 0, "notes": ["1 request(s) rejected: {'exceeds_kv_capacity': 1}", "2 preemption(s)"]},
+            {"seed": 1, "notes": ["2 preemption(s)"]},
+            {"seed": 2, "notes": ["1 request(s) rejected: {'exceeds_kv_capacity': 1}", "2 preemption(s)"]}]
+    assert notes_by_seed(runs) == ["seeds 0, 2: 1 request(s) rejected: {'exceeds_kv_capacity': 1}",
+                                   "each of the 3 seeds: 2 preemption(s)"]
+    assert notes_by_seed(runs[:1]) == runs[0]["notes"]
+    assert notes_by_seed([runs[1], {"seed": 5, "notes": []}]) == ["seed 1: 2 preemption(s)"]
