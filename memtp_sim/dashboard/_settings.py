@@ -541,6 +541,11 @@ def validate(settings: dict[str, Any], extras: dict[str, Any] | None = None,
     Returns:
         ``(scenario, seeds)``, or :class:`Invalid` with the one-line error and its path.
     """
+    extra = settings.get("extra_gib", 0.0)
+    if not (isinstance(extra, (int, float)) and not isinstance(extra, bool) and math.isfinite(extra)):
+        # an emptied or unreadable box: refused, not read as 0 GiB (a result nobody chose)
+        return Invalid(f"{SOURCE}: extra_gib: expected a number of GiB, 0 for the profile's own memory "
+                       f"(got {extra!r})", "extra_gib")
     short = _memory_short(settings)
     if short is not None:
         return Invalid(f"{SOURCE}: {short}", "extra_gib")

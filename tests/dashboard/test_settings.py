@@ -122,7 +122,7 @@ def test_bad_seeds_and_pair_rules_get_the_library_message(tmp_path):
 
 
 #: Numeric boxes of the page, each with the settings under which it shows.
-_BOXES = {"wl-concurrency": {}, "wl-rate": {"workload.mode": "poisson"}, "wl-rate-scale": {"workload.mode": "trace"},
+_BOXES = {"hw-extra": {}, "wl-concurrency": {}, "wl-rate": {"workload.mode": "poisson"}, "wl-rate-scale": {"workload.mode": "trace"},
           "wl-requests": {}, "eng-prefill-gpus": {"engine.prefill": "disaggregated"}, "pol-depth": {},
           "conf-temp": {}, "conf-sts-rounds": {"confidence.sts": "fit"}, "memtp-heads": {"memtp.depth": 3},
           "memtp-head-cost": {"memtp.depth": "elastic"}, "memtp-r-low": {"memtp.depth": "elastic"},
