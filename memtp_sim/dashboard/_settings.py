@@ -549,6 +549,12 @@ def validate(settings: dict[str, Any], extras: dict[str, Any] | None = None,
     short = _memory_short(settings)
     if short is not None:
         return Invalid(f"{SOURCE}: {short}", "extra_gib")
+    name = settings.get("policy.name")
+    if name not in available_policies():  # a link's unknown name (the dropdown then shows none)
+        said = "no policy chosen (a link may name one this version does not have)" if name is None \
+            else f"unknown policy {name!r}"
+        return Invalid(f"{SOURCE}: policy.name: {said}; choose one of: {', '.join(available_policies())}",
+                       "policy.name")
     for field in FILE_FIELDS:
         why = outside_served(settings.get(field, (extras or {}).get(field)), workdir)
         if why is not None:

@@ -38,6 +38,7 @@ ERROR_TARGETS: tuple[tuple[str, str], ...] = (
     ("engine", "eng-prefill"),
     ("policy.gamma", "pol-depth"),
     ("memtp.max_depth", "pol-depth"),
+    ("policy.name", "pol-name"),
     ("policy", "pol-params"),
     ("confidence.temperature", "conf-temp"),
     ("confidence.sts_rounds", "conf-sts-rounds"),

@@ -286,3 +286,13 @@ def test_run_notes_say_which_seeds_they_come_from():
                                    "each of the 3 seeds: 2 preemption(s)"]
     assert notes_by_seed(runs[:1]) == runs[0]["notes"]
     assert notes_by_seed([runs[1], {"seed": 5, "notes": []}]) == ["seed 1: 2 preemption(s)"]
+
+
+@pytest.mark.parametrize("query", ["?policy.name=bogus", "?policy.name=null"])
+def test_an_unknown_policy_in_a_link_is_named_beside_the_policy_dropdown(query, tmp_path):
+    # review: ?policy.name=bogus showed "policy.name: Input should be a valid string (got None)"
+    # under the policy parameters
+    full, extras, _ = query_to_settings(query)
+    out = validate(applicable(full), extras, Workdir(tmp_path))
+    assert isinstance(out, Invalid) and error_target(out.path) == "pol-name"
+    assert "choose one of: dspark" in out.message and "valid string" not in out.message
