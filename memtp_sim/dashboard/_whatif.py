@@ -307,7 +307,10 @@ def _levels(text: str, key: str) -> list[Any] | str:
             v = float(t)
         except ValueError:
             return f"levels: {t!r} is not a number"
-        out.append(int(v) if key == "workload.concurrency" and v == int(v) else v)
+        v = int(v) if key == "workload.concurrency" and v == int(v) else v
+        if v in out:  # the same runs twice, and a frontier with two points at one load
+            return f"levels: {t} is given twice; give each load level once"
+        out.append(v)
     return out or "levels: give at least one load level, e.g. 1,2,4,8"
 
 

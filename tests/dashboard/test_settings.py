@@ -296,3 +296,12 @@ def test_an_unknown_policy_in_a_link_is_named_beside_the_policy_dropdown(query, 
     out = validate(applicable(full), extras, Workdir(tmp_path))
     assert isinstance(out, Invalid) and error_target(out.path) == "pol-name"
     assert "choose one of: dspark" in out.message and "valid string" not in out.message
+
+
+def test_sweep_levels_given_twice_are_refused():
+    # review: "4,4" ran the same level twice without a word
+    from memtp_sim.dashboard._whatif import _levels
+
+    assert _levels("4,4", "workload.concurrency") == "levels: 4 is given twice; give each load level once"
+    assert _levels("1, 2,4", "workload.concurrency") == [1, 2, 4]
+    assert _levels("0.5,0.50", "workload.rate_per_s") == "levels: 0.50 is given twice; give each load level once"
