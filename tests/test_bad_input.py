@@ -57,10 +57,16 @@ def _one_line_exit_2(argv, capsys, *needles):
     ("  engine:", "  acceptance: {per_position: 0.8/0.6/x}\n  engine:", "per_position: expected numbers"),
 ])
 def test_bad_study_is_one_line(tmp_path, capsys, old, new, field):
+    f = _edited_study(tmp_path, old, new)
+    _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, str(f), field)
+
+
+def _edited_study(tmp_path, old: str, new: str):
+    """BASE with ``old`` replaced by ``new``, written to tmp_path/study.yaml."""
     f = tmp_path / "study.yaml"
     assert old in BASE
     f.write_text(BASE.replace(old, new, 1))
-    _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, str(f), field)
+    return f
 
 
 @pytest.mark.parametrize("old, new, path", [
@@ -74,9 +80,7 @@ def test_bad_study_is_one_line(tmp_path, capsys, old, new, field):
 def test_a_sections_check_about_one_field_names_that_fields_path(tmp_path, capsys, old, new, path):
     """A check that spans a section (pydantic locates it at the section) still names the field
     it is about, as that field's own check would: the dashboard shows the line beside that field."""
-    f = tmp_path / "study.yaml"
-    assert old in BASE
-    f.write_text(BASE.replace(old, new, 1))
+    f = _edited_study(tmp_path, old, new)
     _one_line_exit_2(["run", str(f), "--out", str(tmp_path / "out")], capsys, f"{f}: {path}")
 
 
