@@ -342,13 +342,9 @@ def load_profile(name_or_path: str | Path | None = None) -> HardwareProfile:
             measured curve, or a memory budget that leaves no room for KV (one line: file, field,
             and for measurement cells row and column).
     """
-    path, csv_path = profile_files(name_or_path)
-    build = _build_profile_v2 if _is_format2(path) else _build_profile  # format 2: a memtp cost table
+    path, csv_path, format2 = _profile_source(name_or_path)
+    build = _build_profile_v2 if format2 else _build_profile  # format 2: a memtp cost table
     return build(str(path), _stat_key(path), str(csv_path), _stat_key(csv_path))
-
-
-def _is_format2(path: Path) -> bool:
-    return "costs" in _read_profile_doc(str(path), *_stat_key(path))
 
 
 def profile_files(name_or_path: str | Path | None = None) -> tuple[Path, Path]:
@@ -366,14 +362,21 @@ def profile_files(name_or_path: str | Path | None = None) -> tuple[Path, Path]:
         CalibrationError: unknown name, a missing or unreadable YAML, or a data file that is not
             there (naming the YAML and its field).
     """
+    path, csv_path, _ = _profile_source(name_or_path)
+    return path, csv_path
+
+
+def _profile_source(name_or_path: str | Path | None) -> tuple[Path, Path, bool]:
+    """:func:`profile_files`, and whether the profile is format 2 (a ``costs:`` table)."""
     path = _resolve_profile_path(name_or_path).resolve()
     doc = _read_profile_doc(str(path), *_stat_key(path))
-    key, what = ("costs", "cost table") if "costs" in doc else ("measurements", "measurements file")
+    format2 = "costs" in doc
+    key, what = ("costs", "cost table") if format2 else ("measurements", "measurements file")
     csv_path = path.parent / str(_require(doc, key, str(path)))
     why = not_a_file(csv_path, what)
     if why is not None:
         raise CalibrationError(f"{path}: {key}: {why}")
-    return path, csv_path
+    return path, csv_path, format2
 
 
 def _stat_key(path: Path) -> tuple[int, int]:
