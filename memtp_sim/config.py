@@ -634,7 +634,8 @@ class Scenario(StrictModel):
                 for f in ("max_depth", "r_low", "r_high", "min_dwell_rounds", "initial_depth", "head_load_gb_per_s"):
                     out[f"memtp.{f}"] = "only used with memtp.depth: elastic (a fixed depth drafts its own number of heads)"
         params = policy_class(self.policy.name).Params.model_fields
-        if "probe_every" in params and not self.policy.params.get("fallback", params["fallback"].default):
+        if "probe_every" in params and "fallback" in params \
+                and not self.policy.params.get("fallback", params["fallback"].default):
             out["policy.probe_every"] = "only used with policy.fallback: true, where it spaces the probes"
         if not self.draft_spec().speculative:
             for f in ConfidenceConfig.model_fields:
