@@ -147,10 +147,8 @@ class _RoundLog:
         """Append ``num_rows`` rounds at once: each ``_LOGGED`` field an array of that length or
         one value for every row (after the tuples appended so far, in order)."""
         if num_rows <= self.SHORT_BLOCK:
-            self.rows.extend(zip(*[v.tolist() if isinstance(v, np.ndarray) else (v,) * num_rows
-                                   for v in map(cols.__getitem__, _LOGGED)]))
-            if len(self.rows) >= self.FLUSH:
-                self.flush()
+            self.extend(list(zip(*[v.tolist() if isinstance(v, np.ndarray) else (v,) * num_rows
+                                   for v in map(cols.__getitem__, _LOGGED)])))
             return
         self.flush()
         for f in _LOGGED:
@@ -158,6 +156,12 @@ class _RoundLog:
             self.cols[f].append(v.astype(ROUND_DTYPES[f]) if isinstance(v, np.ndarray)
                                 else np.full(num_rows, v, dtype=ROUND_DTYPES[f]))
         self._added_piece()
+
+    def extend(self, rows: list[tuple]) -> None:
+        """Append whole rows, tuples in ``_LOGGED`` order (after those appended so far)."""
+        self.rows.extend(rows)
+        if len(self.rows) >= self.FLUSH:
+            self.flush()
 
     def _added_piece(self) -> None:
         self._pieces += 1
@@ -531,7 +535,7 @@ class Engine:
             self._tables = None
             if plain_ok and not pre.size and not num_preempted:
                 ahead = self.policy.plain_rounds_ahead(round_index) if gamma > 0 else _UNBOUNDED
-                plan = self._plan_plain_block(dec, ahead) if ahead > 1 else None
+                plan = self._plan_plain_block(dec, ahead) if ahead >= 1 else None
                 if plan is not None:
                     yield from self._plain_block(dec, plan, gamma, head_load_s, round_index)
                     if gamma > 0:
@@ -599,12 +603,14 @@ class Engine:
 
     def _plan_plain_block(self, dec: np.ndarray, ahead: int) -> _PlainBlock | None:
         """The plain rounds from now (all running requests decoding, nothing drafted) that can run as
-        one block with the same outcome as round by round, priced (None: fewer than two): at most
-        ``ahead`` (the plain rounds the policy announced) and :data:`_MAX_BLOCK_ROUNDS`, up to and
-        including the round where the first request finishes, while no other SimPy event falls
-        inside a round but the last (the round-by-round path's ``env.peek()`` check), and while
-        every round's anchors fit the KV cache. Each pass is priced at its own context (every
-        request one token longer a round) with the same float operations as the round path.
+        one block with the same outcome as round by round, priced (None: not even this round): at
+        most ``ahead`` (>= 1, the plain rounds the policy announced) and :data:`_MAX_BLOCK_ROUNDS`,
+        up to and including the round where the first request finishes, while no other SimPy event
+        falls inside a round but the last (the round-by-round path's ``env.peek()`` check), and
+        while every round's anchors fit the KV cache. Each pass is priced at its own context (every
+        request one token longer a round) with the same float operations as the round path. A
+        block of one round is this round alone (at high load most plain rounds: a request finishes
+        or arrives every round), run by the same code.
 
         Admission stays as it was: it failed this round (or nothing waits), and within a block no
         request finishes before the last round, so no KV or batch slot frees up."""
@@ -616,12 +622,19 @@ class Engine:
         first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
         draft_s = 0.0 + self.drafter.prefill_time_s(0)
         fixed_s = 0.0 + draft_s + overhead_s  # head load 0 + draft + overhead, as the round path adds them
-        if now + (fixed_s + first_s) >= next_event:
-            return None  # an event falls inside this very round (checked first: at high load, most rounds)
-        rounds = min(int(_min(self.output[dec] - self.generated[dec])), ahead, _MAX_BLOCK_ROUNDS)
-        if rounds < 2:
-            return None
         tokens = self.kv.tokens[dec]
+        bt = self.kv.block_tokens
+        first_end = now + (fixed_s + first_s)
+        if first_end >= next_event:  # an event falls inside this very round (at high load, most rounds)
+            rounds = 1
+        else:
+            rounds = min(int(_min(self.output[dec] - self.generated[dec])), ahead, _MAX_BLOCK_ROUNDS)
+        if rounds == 1:
+            blocks = int(_sum(-(-(tokens + 1) // bt)))  # KV after this round's token, its peak
+            if blocks > self.kv.capacity:
+                return None
+            return _PlainBlock(1, np.array((now, first_end)), np.array((fixed_s + first_s,)), np.array((first_s,)),
+                               np.array((blocks,)), draft_s, overhead_s, extrapolated)
         steps = np.arange(rounds)
         verify_s = self.profile.decode_table.pass_times_along_s(
             num_dec, num_dec, int(_max(tokens)) + steps, int(_sum(tokens)) + num_dec * steps)
@@ -633,11 +646,11 @@ class Engine:
         if _any(late):
             rounds = int(late.argmax()) + 1  # a round may reach the next event only as the block's last
         # KV after round j's token, its peak: every request holds t + j + 1 tokens
-        blocks = _sum(-(-(tokens[:, None] + steps[None, :rounds] + 1) // self.kv.block_tokens), axis=0)
+        blocks = _sum(-(-(tokens[:, None] + steps[None, :rounds] + 1) // bt), axis=0)
         over = blocks > self.kv.capacity
         if _any(over):
             rounds = int(over.argmax())  # the rounds before the first that would preempt
-        if rounds < 2:
+        if rounds < 1:
             return None
         return _PlainBlock(rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds],
                            draft_s, overhead_s, extrapolated)
@@ -649,7 +662,7 @@ class Engine:
         env, kv = self.env, self.kv
         num_dec, rounds, times, durations, blocks = dec.size, plan.rounds, plan.times, plan.durations, plan.blocks
         num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
-        tokens0 = kv.tokens[dec]
+        kv_read0 = int(_sum(kv.tokens[dec]))
         # the round checks, on the block's extremes (its largest KV, shortest pass, longest round)
         self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(plan.verify_s)), plan.draft_s,
                          plan.overhead_s, head_load_s, float(_max(durations)))
@@ -658,21 +671,31 @@ class Engine:
         else:
             env._now = float(times[-2])  # the rounds before the last end before any other event
             yield env.timeout(float(durations[-1]))
-        self.generated[dec] += rounds
+        gen = self.generated[dec] + rounds
+        self.generated[dec] = gen
         self.num_rounds[dec] += rounds
-        new_tokens = tokens0 + rounds
-        kv.tokens[dec] = new_tokens
-        new_blocks = -(-new_tokens // kv.block_tokens)
-        kv.blocks_used += int(_sum(new_blocks - kv.blocks[dec]))
-        kv.blocks[dec] = new_blocks
-        kv.check("append")
+        kv.append(dec, rounds)
         self._spec_on = False
-        finished = dec[self.generated[dec] >= self.output[dec]].tolist()
-        if finished:
-            self._finish(finished)
+        fin = gen >= self.output[dec]
+        if _any(fin):
+            self._finish(dec[fin].tolist())
+        log = self.log
+        if rounds <= log.SHORT_BLOCK:  # rows as tuples (_LOGGED order), as the round path writes them
+            peak = blocks.tolist()
+            after = peak.copy()
+            after[-1] = kv.blocks_used  # the last round's row is written after its finished requests free their KV
+            nan, draft_s, overhead_s, extrapolated = np.nan, plan.draft_s, plan.overhead_s, plan.extrapolated
+            coherence, held_gib, capacity = self.coherence.value, self.drafter.held_gib, kv.capacity
+            log.extend([
+                (start, duration, draft_s, verify, num_dec, 0, 0, num_dec, 0, 0, 0, num_dec, num_waiting,
+                 num_running, p, a, nan, nan, 0, 0, gamma, coherence, held_gib, capacity, head_load_s, num_remote,
+                 kv_read0 + num_dec * j, overhead_s, extrapolated)
+                for j, (start, duration, verify, p, a) in enumerate(zip(
+                    times[:-1].tolist(), durations.tolist(), plan.verify_s.tolist(), peak, after))])
+            return
         after = blocks.copy()
-        after[-1] = kv.blocks_used  # the last round's row is written after its finished requests free their KV
-        self.log.append_block({
+        after[-1] = kv.blocks_used
+        log.append_block({
             "start_s": times[:-1], "duration_s": durations, "draft_s": plan.draft_s, "verify_s": plan.verify_s,
             "num_decode": num_dec, "num_prefill": 0, "prefill_tokens": 0, "batch_tokens": num_dec, "gamma": 0,
             "verify_tokens": 0, "accepted_tokens": 0, "emitted_tokens": num_dec, "num_waiting": num_waiting,
@@ -680,7 +703,7 @@ class Engine:
             "theta_global": np.nan, "num_preempted": 0, "num_trimmed": 0, "depth": gamma,
             "coherence": self.coherence.value, "heads_gib": self.drafter.held_gib, "kv_capacity_blocks": kv.capacity,
             "head_load_s": head_load_s, "num_remote_prefill": num_remote,
-            "kv_read_tokens": int(_sum(tokens0)) + num_dec * np.arange(rounds), "overhead_s": plan.overhead_s,
+            "kv_read_tokens": kv_read0 + num_dec * np.arange(rounds), "overhead_s": plan.overhead_s,
             "cost_extrapolated": plan.extrapolated,
         }, rounds)
 
