@@ -91,13 +91,15 @@ ROUND_FIELDS = (
 class _PlainBlock(NamedTuple):
     """Plain rounds to run as one block (:meth:`Engine._plan_plain_block`): ``times`` (rounds + 1,)
     the clock at each round's start and at the last one's end; ``durations``, ``verify_s`` and
-    ``blocks`` (KV blocks after each round's token) (rounds,); the rest one value for every round."""
+    ``blocks`` (KV blocks after each round's token) (rounds,); ``kv_read`` the KV tokens the first
+    pass reads; the rest one value for every round."""
 
     rounds: int
     times: np.ndarray
     durations: np.ndarray
     verify_s: np.ndarray
     blocks: np.ndarray
+    kv_read: int
     draft_s: float
     overhead_s: float
     extrapolated: int
@@ -338,7 +340,8 @@ class Engine:
         self._done_events: dict[int, simpy.Event] = {}
         self._next_request = 0
         self._progress_step = max(1, n // 50)
-        self._prefill_gpu = simpy.Resource(self.env, capacity=settings.prefill_gpus)
+        self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
+        self._prefill_queue: deque[int] = deque()  # requests waiting for one, FIFO
 
     # ----------------------------------------------------------------- arrivals
     def _count_in_system(self, delta: int) -> None:
@@ -362,7 +365,11 @@ class Engine:
             return
         if self.cfg.prefill == "disaggregated":
             self.num_remote_prefill += 1
-            self.env.process(self._remote_prefill(i))
+            if self._prefill_idle:
+                self._prefill_idle -= 1
+                self._start_remote_prefill(i)
+            else:
+                self._prefill_queue.append(i)
             return
         self._enqueue(i)
 
@@ -373,14 +380,21 @@ class Engine:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def _remote_prefill(self, i: int):
-        # Disaggregated serving (the DSpark paper's production setting, section 5.4): prefill_gpus
-        # separate GPUs with the same profile compute prompts FIFO, one prompt each at a time, in passes
-        # of up to max_batch_tokens tokens, and emit the first token; the KV then moves to this decode
-        # GPU (transfer time not modelled).
-        with self._prefill_gpu.request() as slot:
-            yield slot
-            yield self.env.timeout(self._prefill_time_s(int(self.prompt[i])))
+    # Disaggregated serving (the DSpark paper's production setting, section 5.4): prefill_gpus
+    # separate GPUs with the same profile compute prompts FIFO, one prompt each at a time, in passes
+    # of up to max_batch_tokens tokens, and emit the first token; the KV then moves to this decode
+    # GPU (transfer time not modelled). A FIFO multi-server queue kept by hand (an idle count and a
+    # queue) with one SimPy timeout per prompt: a process and a Resource per request cost more
+    # events than the rest of a request's life at high load.
+    def _start_remote_prefill(self, i: int) -> None:
+        done = self.env.timeout(self._prefill_time_s(int(self.prompt[i])))
+        done.callbacks.append(lambda _: self._remote_prefill_done(i))
+
+    def _remote_prefill_done(self, i: int) -> None:
+        if self._prefill_queue:  # this GPU takes the next prompt at once
+            self._start_remote_prefill(self._prefill_queue.popleft())
+        else:
+            self._prefill_idle += 1
         self.num_remote_prefill -= 1
         self.first_token_at[i] = self.env.now
         self.generated[i] = 1
@@ -618,7 +632,7 @@ class Engine:
         if not num_dec or len(self.running) != num_dec:
             return None
         now, next_event = self.env.now, self.env.peek()
-        _, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
+        kv_read, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
         first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
         draft_s = 0.0 + self.drafter.prefill_time_s(0)
         fixed_s = 0.0 + draft_s + overhead_s  # head load 0 + draft + overhead, as the round path adds them
@@ -634,7 +648,7 @@ class Engine:
             if blocks > self.kv.capacity:
                 return None
             return _PlainBlock(1, np.array((now, first_end)), np.array((fixed_s + first_s,)), np.array((first_s,)),
-                               np.array((blocks,)), draft_s, overhead_s, extrapolated)
+                               np.array((blocks,)), kv_read, draft_s, overhead_s, extrapolated)
         steps = np.arange(rounds)
         verify_s = self.profile.decode_table.pass_times_along_s(
             num_dec, num_dec, int(_max(tokens)) + steps, int(_sum(tokens)) + num_dec * steps)
@@ -653,7 +667,7 @@ class Engine:
         if rounds < 1:
             return None
         return _PlainBlock(rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds],
-                           draft_s, overhead_s, extrapolated)
+                           kv_read, draft_s, overhead_s, extrapolated)
 
     def _plain_block(self, dec: np.ndarray, plan: _PlainBlock, gamma: int, head_load_s: float, round_index: int):
         """Run the plain rounds of ``plan`` at once (see :meth:`_plan_plain_block`): every request
@@ -662,7 +676,7 @@ class Engine:
         env, kv = self.env, self.kv
         num_dec, rounds, times, durations, blocks = dec.size, plan.rounds, plan.times, plan.durations, plan.blocks
         num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
-        kv_read0 = int(_sum(kv.tokens[dec]))
+        kv_read0 = plan.kv_read
         # the round checks, on the block's extremes (its largest KV, shortest pass, longest round)
         self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(plan.verify_s)), plan.draft_s,
                          plan.overhead_s, head_load_s, float(_max(durations)))
