@@ -30,9 +30,9 @@ One round (docs/model.md section 1), at time t:
 
 Rounds without drafts (a drafter of depth 0, e.g. ``no_spec``, or the rounds a policy announces
 it will decode plainly, e.g. DSpark's fallback between probes) have a fixed outcome and run as
-one block (:meth:`Engine._plain_block`): while every running request decodes, no other event
-falls inside a round, no request finishes before the block's last round and every anchor fits,
-each round emits one token per request, so the block moves the clock round by round (the same
+one block (:meth:`Engine._plain_block`, often of one round at high load): while every running
+request decodes, no other event falls inside a round but the block's last, no request finishes
+before that round and every anchor fits, each round emits one token per request, so the block moves the clock round by round (the same
 float additions, each pass priced at its own context) and writes the same round-log rows as the
 round-by-round loop, bit for bit (tests/test_plain_blocks.py compares the two).
 
