@@ -17,6 +17,7 @@ Nothing here knows about scenarios or engines.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -49,13 +50,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
     Raises:
         OSError: the folder cannot be created or written (the temporary file is removed first);
-            its ``filename`` is set (``path`` when the failing call named none, e.g. a full disk).
+            its ``filename`` is ``path`` where the failing call named none (a full disk) or named
+            the temporary file. IsADirectoryError: ``path`` is a folder (nothing is written).
 
     Source:
         :func:`os.replace` is an atomic rename on POSIX (``rename(2)``) when source and
         destination are on one file system, hence the temporary file in the same folder.
     """
     path = Path(path)
+    if path.is_dir():  # checked first: the rename would fail naming the temporary file, a name nobody chose
+        raise IsADirectoryError(errno.EISDIR, "is a directory; give the path of a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -67,7 +71,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        if e.filename is None:  # a failed write (disk full) names no file: name the one being written
+        if e.filename is None or e.filename == str(tmp):  # a full disk names no file: name the destination
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
     except BaseException:

@@ -184,6 +184,27 @@ def test_a_full_disk_names_the_file_and_leaves_no_temporary(tmp_path, monkeypatc
     assert not target.exists() and list(target.parent.iterdir()) == []
 
 
+
+@pytest.mark.parametrize("how", ["folder", "rename"])
+def test_a_write_that_fails_names_the_destination_not_the_temporary(tmp_path, monkeypatch, how):
+    # `export -o /tmp` once said "error: /.tmp.0de47be5afcc.tmp: Is a directory": a name nobody chose
+    from memtp_sim import _io
+    target = tmp_path / "out"
+    if how == "folder":  # an output path that is a folder: refused before anything is written
+        target.mkdir()
+    else:  # the rename itself fails (e.g. a permission error on the folder): it names both files
+        def refused(src, dst):
+            raise PermissionError(13, "Permission denied", str(src), None, str(dst))
+        monkeypatch.setattr(_io.os, "replace", refused)
+    with pytest.raises(OSError) as exc:
+        _io.atomic_write_text(target, "{}")
+    assert exc.value.filename == str(target), exc.value
+    assert ".tmp" not in str(exc.value)
+    assert [p.name for p in tmp_path.iterdir()] == (["out"] if how == "folder" else [])
+    if how == "folder":
+        assert "is a directory" in str(exc.value) and list(target.iterdir()) == []
+
+
 def test_a_full_disk_during_a_study_is_exit_1_with_the_file_and_what_to_do(tmp_path, capsys, monkeypatch):
     # a full disk is not bad input (exit 2): the run failed (exit 1), and the line says which file
     # and that the same command resumes
