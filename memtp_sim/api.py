@@ -14,6 +14,7 @@ from .acceptance import AcceptanceModel
 from .confidence import ConfidenceHead, calibration_stream, sequential_temperature_scaling
 from .config import DriftConfig, Scenario
 from .drafting import Drafter
+from .errors import InvalidArgumentError
 from .engine import Engine, EngineSettings
 from .hardware import HardwareProfile, load_profile
 from .metrics import RunResult, compute_metrics
@@ -108,8 +109,16 @@ def run(scenario: Scenario, *, seed: int = 0,
         progress: optional ``progress(done, total)`` callback.
 
     Raises:
+        InvalidArgumentError: ``scenario`` is not a Scenario, or ``seed`` is not an integer >= 0.
         ConfigError: the workload cannot be built from the trace (e.g. too few rows).
     """
+    if not isinstance(scenario, Scenario):
+        raise InvalidArgumentError(f"scenario: expected a memtp_sim.config.Scenario (Scenario.model_validate(a dict) "
+                                   f"or load_scenario(a YAML path)), got {type(scenario).__name__}")
+    # the same seeds a study YAML takes: True or "0" would run as seeds 1 and 0 without a word
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InvalidArgumentError(f"seed: expected an integer >= 0 (numpy seeds its generators with non-negative "
+                                   f"integers), got {seed.item() if isinstance(seed, np.generic) else seed!r}")
     t_start = time.perf_counter()
     profile = _profile(scenario.hardware.profile)
     acc = build_acceptance(scenario)

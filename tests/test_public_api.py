@@ -1,5 +1,8 @@
 """The public names the issues promise are importable from the package root."""
 
+import re
+
+import numpy as np
 import pytest
 
 import memtp_sim
@@ -87,3 +90,30 @@ def test_the_cli_says_its_version():
 
     out = subprocess.run([sys.executable, "-m", "memtp_sim", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.split()[-1] == memtp_sim.__version__
+
+
+@pytest.mark.parametrize("seed, shown", [(None, "None"), (-1, "-1"), ("0", "'0'"), (True, "True"), (1.0, "1.0"),
+                                         (np.bool_(True), "True")])
+def test_run_takes_the_seeds_a_study_takes(seed, shown):
+    # run(seed="0") ran seed 0 and run(seed=True) seed 1, which a study YAML refuses; None and -1
+    # ended in numpy tracebacks
+    from memtp_sim.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError, match=rf"^seed: expected an integer >= 0 .*got {re.escape(shown)}$"):
+        memtp_sim.run(_small_scenario(), seed=seed)
+
+
+def test_run_takes_numpy_integer_seeds_as_the_same_seed():
+    a = memtp_sim.run(_small_scenario(), seed=np.int64(3)).metrics
+    b = memtp_sim.run(_small_scenario(), seed=3).metrics
+    assert a["output_tokens_total"] == b["output_tokens_total"] and a["makespan_s"] == b["makespan_s"]
+
+
+def test_run_refuses_a_plain_dict_for_a_scenario():
+    from memtp_sim.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError, match=r"^scenario: expected a memtp_sim.config.Scenario .*got dict$"):
+        memtp_sim.run({"workload": {"num_requests": 4}})
+
+
+def _small_scenario():
+    from _sim_helpers import scenario
+    return scenario(workload={"concurrency": 1, "num_requests": 4}, policy={"name": "no_spec"})
