@@ -330,3 +330,60 @@ def test_the_stated_trace_limits_are_exact(tmp_path):
     assert trace_replay_start(trace, 1, allowed) == len(trace) - 1  # the stated limit is accepted
     with pytest.raises(ConfigError, match=r"has only 1 request from"):
         trace_replay_start(trace, 2, allowed)
+
+
+_INLINE_MEM = "{gpu_allocatable_gib: 117, weights_bytes: 4912898304, kv_bytes_per_token: 131072, max_model_len: 131072}"
+
+
+@pytest.mark.parametrize("hardware, says", [
+    # review: key 0 printed numpy's "RuntimeWarning: divide by zero" (and its source line) above the error
+    (f"{{table: {{0: 24.0, 16: 58.7}}, memory: {_INLINE_MEM}}}", "row key 0, column batch_tokens: 0 is not a whole"),
+    # a time so small that the plausibility ratios overflow: numpy's "overflow encountered"
+    (f"{{table: {{1: 1.0e-320, 16: 58.7}}, memory: {_INLINE_MEM}}}", "is infx slower"),
+    # a memory that holds more KV blocks than a run counts: an OverflowError traceback, or numpy's
+    # "invalid value encountered in cast" from every round of the run
+    ("{table: {1: 24.0, 16: 58.7}, memory: {gpu_allocatable_gib: 1.0e308, weights_bytes: 4912898304, "
+     "kv_bytes_per_token: 131072, max_model_len: 131072}}", "gpu_allocatable_gib 1e+308 holds more than 2,147,483,647"),
+    ("{table: {1: 24.0, 16: 58.7}, memory: {gpu_allocatable_gib: 117, weights_bytes: 4912898304, "
+     "kv_bytes_per_token: 1, max_model_len: 131072}}", "kv_bytes_per_token 1 x kv_block_tokens 16"),
+])
+def test_bad_hardware_numbers_are_one_stderr_line_from_the_cli(tmp_path, hardware, says):
+    # a real process: pytest would catch the warnings an in-process call prints
+    import subprocess
+    import sys
+    study = tmp_path / "s.yaml"
+    study.write_text(f"name: t\nbase:\n  workload: {{trace: {TRACE}, mode: closed_loop, concurrency: 1, "
+                     f"num_requests: 2}}\n  hardware: {hardware}\n  policy: {{name: no_spec}}\nseeds: [0]\n")
+    env = {**os.environ, "MEMTP_SIM_CACHE_DIR": str(tmp_path / "cache"), "PYTHONWARNINGS": "default"}
+    p = subprocess.run([sys.executable, "-m", "memtp_sim", "run", str(study), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1, p.stderr
+    assert err[0].startswith(f"error: {study}: base.hardware.table: ") and says in err[0], err[0]
+
+
+def test_check_curve_validates_before_it_divides():
+    import warnings
+
+    from memtp_sim.errors import CalibrationError
+    from memtp_sim.hardware.profile import check_curve
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning fails the test
+        for b, t, says in (([0, 16], [24.0, 58.7], "B=0: batch size 0 is not a whole number >= 1"),
+                           ([1, 16], [0.0, 58.7], "B=1: pass time 0.0 ms is not a finite number > 0"),
+                           ([4, 2], [1.0, 1.0], "B=2: batch size 2 does not follow 4"),
+                           ([1, 4], [24.0, 1e-320], "is infx faster")):
+            with pytest.raises(CalibrationError, match=says):
+                check_curve(np.array(b), np.array(t), where="x")
+        with pytest.raises(CalibrationError, match=r"^f.csv: row 3, column pass_ms: pass time nan ms"):
+            check_curve(np.array([1, 2]), np.array([1.0, np.nan]), where="f.csv", rows=["2", "3"], column="pass_ms")
+
+
+def test_a_cost_table_time_that_is_not_finite_names_its_row(tmp_path):
+    from memtp_sim.errors import CalibrationError
+    from memtp_sim.hardware.tables import read_cost_table
+    f = tmp_path / "c.csv"
+    f.write_text("kind,model,batch_tokens,num_requests,tokens_per_request,context_tokens,pass_ms,p10_ms,p90_ms,source\n"
+                 "verify,m,1,1,1,0,10.0,,,a\nverify,m,2,1,2,0,inf,,,b\n")
+    with pytest.raises(CalibrationError, match=r"c.csv: row 3, column pass_ms: 'inf' is not a finite positive number"):
+        read_cost_table(f)

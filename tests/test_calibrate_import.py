@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import builtins
 import csv
+import json
 import re
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ import memtp_sim
 from memtp_sim.config import Scenario, format_validation_error, load_scenario
 from memtp_sim.errors import CalibrationError, ConfigError
 from memtp_sim.hardware import list_profiles, load_profile
-from memtp_sim.hardware.importers import (cli_import, import_measurements,
+from memtp_sim.hardware.importers import (cli_import, import_measurements, import_profile,
                                           write_cost_table)
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "calibration"
@@ -497,3 +499,140 @@ def test_an_implausible_input_row_is_named_in_the_inputs_terms(tmp_path):
         cli_import(ns(table, "table", out))
     assert str(e.value).startswith(f"{table} row 4 (verify), pass_ms: 5 ms at B=2 is 4.8x faster"), str(e.value)
     assert str(e.value).endswith("nothing was written") and not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------- every measured pass is on a curve
+def _lb_fixture_passes(path: Path) -> list[tuple[str, int, int, float]]:
+    """``(pp|tg, n, depth, ms per pass)`` of a llama-bench fixture's single-pass pp and tg rows, read
+    with the standard library only (the oracle: llama.cpp tools/llama-bench/README.md defines avg_ns
+    as the time of the whole test, t/s as its tokens per second; a tgN test is N one-token passes)."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        out = []
+        for line in text.splitlines():
+            m = re.search(r"\|\s*(pp|tg)(\d+)(?: @ d(\d+))?\s*\|\s*([\d.]+) ±", line)
+            if m:
+                n = int(m.group(2))
+                out.append((m.group(1), n, int(m.group(3) or 0), 1000.0 / float(m.group(4)) * (1 if m.group(1) == "tg" else n)))
+        return out
+    if path.suffix == ".json":
+        recs = json.loads(text)
+    elif path.suffix == ".jsonl":
+        recs = [d["bench_raw"] for d in map(json.loads, text.splitlines()) if d["bench_raw"]]
+    else:
+        recs = list(csv.DictReader(text.splitlines()))
+    out = []
+    for r in recs:
+        n_prompt, n_gen, ms = int(r["n_prompt"]), int(r["n_gen"]), float(r["avg_ns"]) / 1e6
+        if n_gen:
+            out.append(("tg", n_gen, int(r.get("n_depth") or 0), ms / n_gen))
+        elif n_prompt <= 512:  # one pass (n_ubatch 512)
+            out.append(("pp", n_prompt, int(r.get("n_depth") or 0), ms))
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["llama_bench.json", "llama_bench.csv", "llama_bench.md"])
+def test_a_llama_bench_runs_tg_passes_are_its_b1_point_and_price_decode(tmp_path, fixture):
+    # review: the tg rows were written to the cost table but no curve selected them, so a B = 1 pass
+    # cost the pp512 pass (72 ms instead of 8.4 ms) and one user decoded at 12.7 instead of 119 tok/s
+    passes = _lb_fixture_passes(FIX / fixture)
+    tg = sorted(p for p in passes if p[0] == "tg")
+    _, n_gen, depth, tg_ms = tg[0]                                       # tg128 at depth 0
+    out = tmp_path / "p.yaml"
+    res = import_profile(FIX / fixture, "llama-bench", out, memory=MEM)
+    p = load_profile(out)
+    ctx = depth + (n_gen - 1) // 2                                       # the tg passes' mean context
+    assert p.decode_table.at_context(1, ctx, ctx).pass_time_s(1) * 1e3 == pytest.approx(tg_ms, rel=1e-9)
+    assert p.sps.batch_tokens.tolist() == [1, 512]
+    assert res.unused == ()                                              # every written pass is read
+    pp512 = next(ms for kind, n, d, ms in passes if (kind, n, d) == ("pp", 512, 0))
+    assert p.sps.at_context(1, 0, 0).pass_time_s(512) * 1e3 == pytest.approx(pp512, rel=1e-9)
+    # the stated drafter is 0.15 x the target's pass over the same tokens: B = 1 is the tg time
+    # (the tg rows of every depth averaged, as drafter rows at one B are)
+    assert p.drafter.x.tolist() == [1.0, 512.0]
+    assert p.drafter.ms[0] == pytest.approx(statistics.mean(ms for *_, ms in tg), rel=1e-9)
+    # one user, a 1-token prompt and n_gen decoded tokens: the benchmark's own passes
+    (tmp_path / "t.csv").write_text(f"timestamp,input_length,output_length\n0,1,{n_gen + 1}\n")
+    sc = Scenario.model_validate({"hardware": {"profile": str(out)}, "policy": {"name": "no_spec"},
+                                  "workload": {"trace": str(tmp_path / "t.csv"), "mode": "closed_loop",
+                                               "concurrency": 1, "num_requests": 1}})
+    assert memtp_sim.run(sc, seed=0).metrics["tpot_ms_p50"] == pytest.approx(tg_ms, rel=0.01)
+
+
+def test_multi_ubatch_pp_and_tg_rows_are_on_the_curve(tmp_path):
+    # review (same fault): rows at a context other than the curve's reference were dropped: the
+    # pp2048 row of llama_bench.jsonl (4 passes of ub = 512 at mean context 768) and the tg128 row
+    # of the collection (mean context 63) beside pp1 at depth 0
+    out = tmp_path / "jsonl.yaml"
+    res = import_profile(FIX / "llama_bench.jsonl", "llama-bench", out, memory=MEM)
+    t = load_profile(out).sps
+    pp = {n: ms for kind, n, d, ms in _lb_fixture_passes(FIX / "llama_bench.jsonl")}
+    assert t.batch_tokens.tolist() == [1, 2, 4, 512]
+    assert t.pass_time_s(1) * 1e3 == pytest.approx(pp[1], rel=1e-9)
+    assert t.pass_time_s(512) * 1e3 == pytest.approx(39728983155 / 1e6 / 4, rel=1e-9)  # pp2048: avg_ns / 4 passes
+    assert res.unused == ()
+
+    out = tmp_path / "coll.yaml"
+    res = import_profile(FIX / "measurements.csv", "measurements", out, memory=MEM)
+    t = load_profile(out).sps
+    with open(FIX / "measurements.csv", newline="") as f:
+        ms = {r["test"]: float(r["derived_pass_ms"]) for r in csv.DictReader(f)}
+    # pp1 (context 0) and tg128 (mean context 63) are two measurements of B = 1, averaged; they are
+    # two kinds of pass, not a context pair (their 0.5 ms difference is not a context slope)
+    assert not t.has_context_term
+    assert t.pass_time_s(1) * 1e3 == pytest.approx((ms["pp1"] + ms["tg128"]) / 2, rel=1e-9)
+    assert t.pass_time_s(512) * 1e3 == pytest.approx(ms["pp1024"], rel=1e-9)
+    assert res.unused == ()
+
+
+def test_a_curve_takes_each_shape_at_its_nearest_context_and_pairs_only_one_kind(tmp_path):
+    from memtp_sim.hardware.tables import read_cost_table, verify_curve
+    # hand numbers: pp1 at depth 0; tg at depths 0 and 512 (mean contexts 63 and 575); pp512 at 0
+    f = tmp_path / "c.csv"
+    f.write_text("kind,model,batch_tokens,num_requests,tokens_per_request,context_tokens,pass_ms,p10_ms,p90_ms,source\n"
+                 "verify,m,1,1,1,0,10.0,,,a\n"
+                 "decode,m,1,1,1,63,10.5,,,b\n"
+                 "decode,m,1,1,1,575,10.9,,,c\n"
+                 "verify,m,512,1,512,0,70.0,,,d\n")
+    rows = read_cost_table(f)
+    fit = verify_curve(rows, where="t", reference_context=0, context="fit")
+    # the one context pair is the tg one: 0.4 ms over 512 tokens (pp1 vs tg would be 0.9 ms over 575)
+    assert fit.pairs == ((1, 1, 63, 10.5, 575, 10.9),)
+    a = 0.4 / 512
+    assert fit.table.attention.a_points == ((1.0, pytest.approx(a)),)
+    assert fit.table.attention.b_ms_per_kv_token == pytest.approx(a)
+    # B = 1: pp1 (context 0) and the tg row nearest context 0 (63) brought to context 0, averaged
+    assert fit.table.pass_ms.tolist() == pytest.approx([(10.0 + (10.5 - a * 63)) / 2, 70.0])
+    assert fit.used_rows == {2, 3, 4, 5}
+    # without a context term the tg row at 63 is taken as measured
+    assert verify_curve(rows, where="t", context="none").table.pass_ms.tolist() == pytest.approx([10.25, 70.0])
+
+
+def test_an_import_warns_in_one_line_about_passes_no_curve_or_drafter_reads(tmp_path, capsys):
+    # a second draft model in a gpu-costs file: the profile's draft_model drafter reads the first
+    src = tmp_path / "two_drafts.csv"
+    src.write_text((FIX / "gpu_costs.csv").read_text() + "1,llama32-1b,draft_model,1,1,1,1024,graph,3.1,3.0,3.2,15\n")
+    out = tmp_path / "p.yaml"
+    mem = ["gpu_allocatable_gib=130", "weights_bytes=16000000000", "kv_shape=36,8,128", "max_model_len=32768",
+           "drafter_weights_gib=1"]
+    assert cli_import(ns(src, "gpu-costs", out, memory=mem)) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: 1 of the 7 passes in {out.with_name('p.costs.csv')} are read by no curve or drafter of "
+                   f"{out}, so they price nothing: two_drafts.csv row 8 (run 1, graph, 15 reps); edit the profile's "
+                   "sections to select them (docs/calibration.md)"]
+
+
+def test_bad_cells_of_a_measurement_file_are_one_line(tmp_path):
+    # review: a text stddev_ns was a ValueError traceback; a t/s that makes the time overflow was
+    # "sps: pass times ... must be finite" naming no file; a prefill-only file an IndexError
+    f = tmp_path / "l.jsonl"
+    f.write_text('{"n_prompt": 512, "n_gen": 0, "avg_ns": 72135640, "stddev_ns": "abc"}\n')
+    with pytest.raises(CalibrationError, match=r"l.jsonl: row 1, column stddev_ns: 'abc' is not a number >= 0"):
+        import_measurements(f, "llama-bench")
+    f.write_text('{"n_prompt": 512, "n_gen": 0, "avg_ts": 1e-320}\n')
+    with pytest.raises(CalibrationError, match=r"^l.jsonl row 1 \(pp512@d0: one pass\): the pass time it gives, inf ms"):
+        import_measurements(f, "llama-bench")
+    g = tmp_path / "prefill.csv"
+    g.write_text("\n".join(ln for ln in (FIX / "gpu_costs.csv").read_text().splitlines() if "verify" not in ln) + "\n")
+    with pytest.raises(CalibrationError, match="only prefill passes"):
+        cli_import(ns(g, "gpu-costs", tmp_path / "p.yaml", memory=MEM + ["drafter_weights_gib=1"]))

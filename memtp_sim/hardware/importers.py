@@ -40,7 +40,9 @@ Rules that turn a benchmark row into passes (one documented choice each):
   imported: it runs ``B x PP`` tokens in batches whose split the table does not print.
 
 ``python -m memtp_sim calibrate import`` (:func:`cli_import`) writes the cost table next to the
-profile YAML and a format-2 profile whose every number names its source or a stated assumption;
+profile YAML and a format-2 profile whose every number names its source or a stated assumption,
+and whose curves and drafters read every pass it wrote (a llama-bench run's ``tg`` passes are the
+B = 1 point of its one curve; a pass nothing reads is warned about, :attr:`ImportResult.unused`);
 :func:`import_profile` is the same import as a library call, and :func:`inline_table_profile` imports a
 Scenario's inline ``hardware: {table: {B: ms}, memory: {...}}`` the same way, into the disk cache.
 
@@ -64,6 +66,7 @@ import io
 import json
 import math
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +134,8 @@ def _num(value: Any, path: Path, row: Any, column: str, *, integer: bool = False
 
 def _row(kind: str, model: str, b: int, r: int, v: int, ctx: int, ms: float, source: str,
          p10: Any = "", p90: Any = "", **native: Any) -> dict[str, Any]:
+    if not (math.isfinite(ms) and ms > 0):  # a time derived from valid cells can still overflow (1e-320 t/s)
+        raise CalibrationError(f"{source}: the pass time it gives, {ms!r} ms, is not a finite number > 0")
     return {"kind": kind, "model": model, "batch_tokens": int(b), "num_requests": int(r),
             "tokens_per_request": int(v), "context_tokens": int(ctx), "pass_ms": float(ms),
             "p10_ms": p10, "p90_ms": p90, "source": source, **native}
@@ -377,7 +382,7 @@ def _lb_record(path: Path, where: Any, rec: Any, wrapper: dict, notes: list[str]
     stddev = rec.get("stddev_ns")
     spread = ("", "")
     if stddev not in (None, "") and n_prompt > 0 and _lb_passes(n_prompt, min(n_batch, n_ubatch)) == 1:
-        sd = float(stddev) / 1e6
+        sd = _num(stddev, path, where, "stddev_ns", strict=False) / 1e6
         spread = (round(max(ms - 1.2816 * sd, 1e-6), 6), round(ms + 1.2816 * sd, 6))  # normal p10 / p90
     kind = "verify" if n_prompt > 0 else "decode"
     return _row(kind, model, b, req, v, ctx, ms, f"{path.name} row {where} ({src})", *spread, **native)
@@ -753,6 +758,8 @@ class ImportResult:
             prefill passes).
         assumed: the assumptions the profile states, one line each.
         notes: rows of the measurement file that were skipped, and why.
+        unused: sources of the passes written to the cost table that no curve or drafter of the
+            profile reads (each as its ``source`` cell: file and row of the measurement file).
     """
 
     costs: Path
@@ -762,6 +769,7 @@ class ImportResult:
     batch_range: tuple[int, int] | None
     assumed: tuple[str, ...]
     notes: tuple[str, ...]
+    unused: tuple[str, ...] = ()
 
 
 def import_profile(src: str | Path, fmt: str, out: str | Path, *, select: Iterable[str] = (),
@@ -821,10 +829,12 @@ def _import(src: str | Path, fmt: str, out: str | Path, *, select: Iterable[str]
     doc, assumed = _profile_doc(df, meta, memory_section, existing, name=str(name), src=src, fmt=fmt,
                                 select=select, costs=costs.name, inline=inline)
     _write_checked(df, doc, costs, out, inline=inline, src=src)
+    # row i of the cost table (line 1: the header) is df's row i - 2 (write_cost_table keeps the order)
+    unused = tuple(str(df["source"].iloc[i - 2]) for i in _profile.unused_cost_rows(out))
     b = sorted(set(df.loc[df["kind"] != "prefill", "batch_tokens"]))
     return ImportResult(costs=costs, profile=out, name=str(name), num_passes=len(df),
                         batch_range=(int(b[0]), int(b[-1])) if b else None, assumed=tuple(assumed),
-                        notes=tuple(notes))
+                        notes=tuple(notes), unused=unused)
 
 
 def _refuse_name_taken(name: str, out: Path) -> None:
@@ -867,6 +877,10 @@ def cli_import(args: Any) -> int:
         print(f"assumed: {line}")
     if r.notes:
         print(f"skipped {len(r.notes)} row(s) of {Path(args.file).name}: {r.notes[0]}" + (" ..." if len(r.notes) > 1 else ""))
+    if r.unused:
+        print(f"warning: {len(r.unused)} of the {r.num_passes} passes in {r.costs} are read by no curve or drafter "
+              f"of {r.profile}, so they price nothing: {r.unused[0]}" + (" ..." if len(r.unused) > 1 else "")
+              + "; edit the profile's sections to select them (docs/calibration.md)", file=sys.stderr)
     return 0
 
 
@@ -922,7 +936,8 @@ def inline_table_profile(table: Mapping[Any, Any], memory: Mapping[str, Any], na
         return out
     points = sorted((int(k), float(v)) for k, v in table.items()
                     if isinstance(k, (int, np.integer)) and isinstance(v, (int, float)) and not isinstance(v, bool))
-    if len(points) == len(table) and all(0 < ms < math.inf for _, ms in points):  # others: the import names the bad key
+    # a key or value the import refuses (B < 1, ms not finite > 0) is named by the import, in the YAML's terms
+    if len(points) == len(table) and all(b >= 1 and 0 < ms < math.inf for b, ms in points):
         # the plausibility rules a profile's curve passes, checked here so that the message names the
         # YAML's keys (when the cached profile loads, it would name the cache's CSV rows)
         check_curve(np.array([b for b, _ in points]), np.array([ms for _, ms in points]), where="hardware.table")
@@ -950,6 +965,9 @@ def _select_target(df: pd.DataFrame, pairs: list[str], src: Path) -> pd.DataFram
     if len(models) > 1:
         raise CalibrationError(f"{src}: {len(models)} target models ({', '.join(models[:4])}); choose one with "
                                f"--select model=NAME")
+    if (target["kind"] == "prefill").all():  # every profile prices its rounds on a verify curve
+        raise CalibrationError(f"{src}: only prefill passes; a profile needs the target's verify or decode passes "
+                               "for its verify curve")
     drafts = df[df["kind"].str.startswith("draft_")]
     drafts = drafts[(drafts["model"] == models[0]) | (drafts["kind"] == "draft_model")]
     out = pd.concat([target, drafts])
@@ -1085,7 +1103,12 @@ def _profile_doc(df: pd.DataFrame, meta: dict, memory: dict, existing: dict, *, 
 
 
 def _curve_sections(df: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
-    """verify / decode / prefill sections from what the rows measured (module docstring of tables)."""
+    """verify / decode / prefill sections from what the rows measured (module docstring of tables).
+
+    Every target pass is on a curve: decode-shaped passes (v = 1, kinds ``decode`` and ``verify``)
+    make their own curve only when measured at several R beside verify passes of several tokens
+    per request (the H200 data, ``measure`` output); otherwise one curve holds every pass (a
+    llama-bench ``pp`` + ``tg`` run: the ``tg`` passes are its B = 1 point)."""
     target = df[~df["kind"].str.startswith("draft_") & (df["kind"] != "prefill")]
     v1 = target[target["tokens_per_request"] == 1]
     multi = target[(target["kind"] == "verify") & (target["tokens_per_request"] > 1)]
@@ -1094,7 +1117,8 @@ def _curve_sections(df: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
     out: dict[str, Any] = {}
 
     def ctx_rule(rows: pd.DataFrame) -> str:
-        shapes = rows.groupby(["num_requests", "tokens_per_request"])["context_tokens"].nunique()
+        # a shape measured by one procedure (kind) at two contexts; a pp1 pass beside tg passes is not one
+        shapes = rows.groupby(["kind", "num_requests", "tokens_per_request"])["context_tokens"].nunique()
         return "fit" if (shapes >= 2).any() else "none"
 
     def ref(rows: pd.DataFrame) -> int:
@@ -1105,13 +1129,10 @@ def _curve_sections(df: pd.DataFrame) -> tuple[dict[str, Any], list[str]]:
                          "context": ctx_rule(multi)}
         out["decode"] = {"tokens_per_request": "1", "reference_context": ref(v1), "below_min": "error",
                          "beyond_max": "roofline", "context": ctx_rule(v1)}
-    elif multi.empty:  # decode passes only (llama-batched-bench): they are the curve
-        out["verify"] = {"select": {"kind": ["decode", "verify"]}, "reference_context": ref(target), **rules,
-                         "context": ctx_rule(target)}
-    else:
-        rows = target[target["kind"] == "verify"]
-        out["verify"] = {"tokens_per_request": "any", "reference_context": ref(rows), **rules,
-                         "context": ctx_rule(rows)}
+    else:  # one curve over every target pass (the verify section reads kind verify unless it selects)
+        kinds = sorted(set(target["kind"]))
+        out["verify"] = {**({"select": {"kind": kinds}} if kinds != ["verify"] else {}), "tokens_per_request": "any",
+                         "reference_context": ref(target), **rules, "context": ctx_rule(target)}
     if (df["kind"] == "prefill").any():
         out["prefill"] = {"reference_context": 0, "below_min": "flat", "beyond_max": "roofline", "context": "none"}
     assumed = ["verify.below_min: flat (below the smallest measured B a pass costs the smallest measured pass: "
@@ -1147,9 +1168,11 @@ def _drafter_sections(df: pd.DataFrame, memory: dict, existing: dict, model: str
     if out:
         return out, next(iter(out)), notes
     w_gib = float(memory["weights_bytes"]) / GIB * ASSUMED_DRAFTER_FRACTION
-    target_kind = "verify" if (df["kind"] == "verify").any() else "decode"
+    # the target's passes over B tokens, one-token (tg, decode) passes included: its B = 1 point
+    target_kinds = sorted(set(df["kind"]) & {"verify", "decode"})
     out["assumed_block"] = {
-        "kind": "block", "select": {"kind": target_kind}, "time_scale": ASSUMED_DRAFTER_FRACTION,
+        "kind": "block", "select": {"kind": target_kinds[0] if len(target_kinds) == 1 else target_kinds},
+        "time_scale": ASSUMED_DRAFTER_FRACTION,
         "note": f"assumption (no drafter passes measured): a DSpark block drafter costing "
                 f"{ASSUMED_DRAFTER_FRACTION:g} x the target's measured pass over the same R x gamma tokens "
                 "(a 5-layer backbone on a ~32-layer target); replace with measured drafter passes when you have them",

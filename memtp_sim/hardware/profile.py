@@ -263,30 +263,52 @@ def check_curve(batch_tokens: np.ndarray, pass_ms: np.ndarray, *, where: str,
         Warnings (one line each) for falls above :data:`WARN_PASS_TIME_FALL`.
 
     Raises:
-        CalibrationError: a fall above :data:`MAX_PASS_TIME_FALL` or a rise above
-            :data:`MAX_PASS_TIME_RISE_PER_B` times the growth of B, naming file, row and column.
+        CalibrationError: a B that is not a whole number >= 1 above the one before, a pass time
+            that is not a finite number > 0, a fall above :data:`MAX_PASS_TIME_FALL` or a rise
+            above :data:`MAX_PASS_TIME_RISE_PER_B` times the growth of B, naming file, row and column.
     """
-    b, t = np.asarray(batch_tokens, dtype=np.float64), np.asarray(pass_ms, dtype=np.float64)
+    # Python floats: the ratios below overflow to inf on absurd input (1e-320 ms) without numpy's warning
+    b = np.asarray(batch_tokens, dtype=np.float64).ravel().tolist()
+    t = np.asarray(pass_ms, dtype=np.float64).ravel().tolist()
+    if len(b) != len(t):
+        raise CalibrationError(f"{where}: {len(b)} batch sizes for {len(t)} pass times")
+
+    def loc(i: int, col: str) -> str:
+        return f"{where}: row {rows[i]}, column {col}" if rows else f"{where}: B={b[i]:g}"
+
+    for i, (bi, ti) in enumerate(zip(b, t)):  # validated before any ratio is taken
+        if not (math.isfinite(bi) and bi >= 1 and bi == int(bi)):
+            raise CalibrationError(f"{loc(i, 'batch_tokens')}: batch size {bi:g} is not a whole number >= 1")
+        if i and bi <= b[i - 1]:
+            raise CalibrationError(f"{loc(i, 'batch_tokens')}: batch size {bi:g} does not follow {b[i - 1]:g} "
+                                   "(the curve's B increase)")
+        if not (math.isfinite(ti) and ti > 0):
+            raise CalibrationError(f"{loc(i, column)}: pass time {ti!r} ms is not a finite number > 0")
     warnings: list[str] = []
     slowest = 0  # index of the slowest pass so far: falls are measured from it
-    for i in range(1, b.size):
-        loc = f"{where}: row {rows[i]}, column {column}" if rows else f"{where}: B={int(b[i])}"
+    for i in range(1, len(b)):
+        loc_i = loc(i, column) if rows else f"{where}: B={int(b[i])}"
         if t[i - 1] > t[slowest]:
             slowest = i - 1
         fall, rise = t[slowest] / t[i], t[i] / t[i - 1]
         if fall > MAX_PASS_TIME_FALL:
             raise CalibrationError(
-                f"{loc}: {t[i]:g} ms at B={int(b[i])} is {fall:.1f}x faster than {t[slowest]:g} ms at "
+                f"{loc_i}: {t[i]:g} ms at B={int(b[i])} is {fall:.1f}x faster than {t[slowest]:g} ms at "
                 f"B={int(b[slowest])}; a larger batch is at most {MAX_PASS_TIME_FALL:g}x faster in real curves "
                 "(check for a typo)")
         if rise > MAX_PASS_TIME_RISE_PER_B * b[i] / b[i - 1]:
             raise CalibrationError(
-                f"{loc}: {t[i]:g} ms at B={int(b[i])} is {rise:.1f}x slower than {t[i - 1]:g} ms at B={int(b[i - 1])}; "
+                f"{loc_i}: {t[i]:g} ms at B={int(b[i])} is {rise:.1f}x slower than {t[i - 1]:g} ms at B={int(b[i - 1])}; "
                 f"at most {MAX_PASS_TIME_RISE_PER_B:g} x the growth of B is plausible (check for a typo)")
         if fall > WARN_PASS_TIME_FALL:
-            warnings.append(f"{loc}: pass time falls {fall:.1f}x from B={int(b[slowest])} to B={int(b[i])} "
+            warnings.append(f"{loc_i}: pass time falls {fall:.1f}x from B={int(b[slowest])} to B={int(b[i])} "
                             f"({t[slowest]:g} -> {t[i]:g} ms); kept as measured")
     return warnings
+
+
+#: The most KV blocks a profile's memory may hold: runs log block counts as int32
+#: (:data:`memtp_sim.engine.ROUND_DTYPES`); 2^31 blocks of 16 tokens are 34 billion tokens of context.
+MAX_KV_BLOCKS = 2**31 - 1
 
 
 def _require(d: Mapping[str, Any], key: str, where: str) -> Any:
@@ -479,6 +501,11 @@ def _load_memory(mem: Mapping[str, Any], dr: Mapping[str, Any], where: str) -> M
         kv_block_tokens=_field(mem, "kv_block_tokens", w, kind=int, default=16),
         max_model_len=_field(mem, "max_model_len", w, kind=int),
     )
+    if spec.gpu_allocatable_gib / spec.kv_block_gib > MAX_KV_BLOCKS:  # Python floats: inf, no overflow
+        raise CalibrationError(
+            f"{w}: gpu_allocatable_gib {spec.gpu_allocatable_gib:g} holds more than {MAX_KV_BLOCKS:,} KV blocks of "
+            f"kv_bytes_per_token {spec.kv_bytes_per_token} x kv_block_tokens {spec.kv_block_tokens} bytes; one "
+            "of them is not the machine's (GiB, bytes per token of context)")
     if spec.least_allocatable_gib > spec.gpu_allocatable_gib:
         raise CalibrationError(
             f"{w}: the budget does not add up: weights {spec.weights_gib:.2f} + reserve {spec.reserve_gib:.2f} + "
@@ -604,6 +631,41 @@ def _curve(base: Any, sec: Mapping[str, Any], name: str, where: str, graph: tupl
         tokens_per_request=str(sec.get("tokens_per_request", "1" if name == "decode" else "any")),
         below_min=_rule(sec, "below_min", BELOW_MIN_RULES, w), beyond_max=_rule(sec, "beyond_max", BEYOND_MAX_RULES, w),
         context=ctx, graph_sizes=graph, eager_factor=eager, source=src)
+
+
+def unused_cost_rows(name_or_path: str | Path) -> list[int]:
+    """Rows of a format-2 profile's cost table that none of its curves or drafters reads.
+
+    A curve reads the rows behind its points and its fitted context pairs (:class:`.tables.CurveFit`,
+    rebuilt by the loader's own rules); a drafter reads every row its select matches. A measured
+    pass that nothing reads prices nothing: ``calibrate import`` warns about such rows.
+
+    Args:
+        name_or_path: a shipped profile name or a YAML path.
+
+    Returns:
+        The unread rows' line numbers in the cost table (line 1 is the header), increasing; empty
+        for a format-1 profile.
+
+    Raises:
+        CalibrationError: the profile or its cost table cannot be read (as :func:`load_profile`).
+    """
+    path, csv_path, format2 = _profile_source(name_or_path)
+    if not format2:
+        return []
+    where = str(path)
+    doc = _read_profile_doc(where, *_stat_key(path))
+    table = tables.read_cost_table(csv_path)
+    common = doc.get("select") or {}
+    base = tables.select_rows(table, common, where)
+    used: set[int] = set()
+    for name in ("verify", "decode", "prefill"):
+        if doc.get(name) is not None:
+            used |= _curve(base, doc[name], name, where, (), 1.0).used_rows
+    for v in (doc.get("drafters") or {}).values():
+        if isinstance(v, Mapping):
+            used |= {int(x) for x in tables.select_rows(table, {**common, **(v.get("select") or {})}, where)["_row"]}
+    return sorted(int(x) for x in table["_row"] if int(x) not in used)
 
 
 def _default_drafter_doc(doc: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -19,8 +19,11 @@ Every importer (``python -m memtp_sim calibrate import``) writes this one format
 ==================== ======================================================================
 
 Curves (:func:`verify_curve`): shapes (R x v) measured at two contexts fit the attention roofline
-(:func:`fit_attention`); the rows a profile selects at its reference context, each brought to
-context 0 by removing its own attention term, form the B-curve (rows at one B averaged).
+(:func:`fit_attention`); every shape the profile selects contributes its rows at the context nearest
+the reference context, each brought to context 0 by removing its own attention term, and they form
+the B-curve (rows at one B averaged). A shape measured by two procedures (``kind``: a llama-bench
+``pp1`` pass and the ``tg`` one-token passes) counts as two shapes, so the difference between the
+procedures is never read as a context slope.
 """
 
 from __future__ import annotations
@@ -92,10 +95,10 @@ def _read_cost_table(path: str, mtime_ns: int, size: int) -> pd.DataFrame:  # st
             bad |= num.notna() & ((num < (0 if col == "context_tokens" else 1)) | (num != num.round())
                                   | (num > MAX_EXACT_COUNT))  # beyond: no exact count, and int64 would wrap
         else:
-            bad |= num.notna() & ~(num > 0)
+            bad |= num.notna() & ~((num > 0) & np.isfinite(num))
         if bad.any():
             i = int(bad.to_numpy().argmax())
-            what = "a whole number" if col in _INT_COLUMNS else "a positive number of ms"
+            what = "a whole number" if col in _INT_COLUMNS else "a finite positive number of ms"
             raise CalibrationError(f"{path}: row {i + 2}, column {col}: {text.iloc[i]!r} is not {what}")
         df[col] = num
     prod = df["num_requests"] * df["tokens_per_request"] != df["batch_tokens"]
@@ -140,11 +143,18 @@ class CurveFit:
         table: the curve (points brought to context 0 when it has an attention term).
         pairs: ``(R, v, L1, t1_ms, L2, t2_ms)`` of every shape measured at two contexts.
         rows: file rows behind each point (one tuple per point).
+        pair_rows: file rows behind the fitted context pairs (empty without a fitted term).
     """
 
     table: SPSTable
     pairs: tuple[tuple[int, int, int, float, int, float], ...]
     rows: tuple[tuple[int, ...], ...]
+    pair_rows: tuple[int, ...] = ()
+
+    @property
+    def used_rows(self) -> frozenset[int]:
+        """File rows this curve reads: its points' and its context pairs'."""
+        return frozenset(x for point in self.rows for x in point) | frozenset(self.pair_rows)
 
     def pair_errors(self) -> list[tuple[int, int, float, float]]:
         """For each context pair: ``(R, v, measured delta ms, modelled delta ms)``."""
@@ -163,14 +173,18 @@ def verify_curve(rows: pd.DataFrame, *, where: str, reference_context: int | Non
                  source: str = "") -> CurveFit:
     """Build a pass-time curve over B (with its attention term) from cost-table rows.
 
-    Each row at the reference context is brought to context 0 by removing the attention term of
-    its own context (so passes of different shapes at one B, e.g. R = 8, v = 1 and R = 1, v = 8,
-    are comparable) and rows at one B are averaged.
+    Every shape (R requests x v tokens, per ``kind``) contributes its rows at the context nearest
+    the reference context (ties: the smaller context), so a shape measured only elsewhere (the
+    llama-bench ``tg`` passes, whose mean context is ``n_depth + (n_gen - 1) / 2``, beside ``pp``
+    passes at ``n_depth``) is on the curve too. Each such row is brought to context 0 by removing
+    the attention term of its own context (so passes of different shapes at one B, e.g. R = 8,
+    v = 1 and R = 1, v = 8, are comparable) and rows at one B are averaged.
 
     Args:
         rows: selected rows of one kind.
         where: the profile, for messages.
-        reference_context: L of the rows that form the B-curve (default: the most common L).
+        reference_context: the context the B-curve is read at (default: the most common L); at
+            least one selected row must be measured there.
         tokens_per_request: ``any``, ``1`` (decode-shaped passes only) or ``>1`` (verify passes of
             several tokens per request only).
         below_min, beyond_max: rules outside the measured range (see :class:`SPSTable`).
@@ -194,11 +208,11 @@ def verify_curve(rows: pd.DataFrame, *, where: str, reference_context: int | Non
     if r.empty:
         raise CalibrationError(f"{where}: no selected row with tokens_per_request {tokens_per_request}")
     ref = int(r["context_tokens"].mode().iloc[0]) if reference_context is None else int(reference_context)
-    at_ref = r[r["context_tokens"] == ref].copy()
-    if at_ref.empty:
+    if not (r["context_tokens"] == ref).any():
         raise CalibrationError(f"{where}: no selected row at reference_context {ref}; contexts present: "
                                f"{sorted(set(r['context_tokens']))}")
-    attention, pairs = _attention(r, context, where)
+    at_ref = _nearest_context(r, ref).copy()
+    attention, pairs, pair_rows = _attention(r, context, where)
     if attention is not None:
         v, ll = at_ref["tokens_per_request"].to_numpy(float), at_ref["context_tokens"].to_numpy(float)
         kv = at_ref["kv_read"].to_numpy(float)
@@ -208,7 +222,22 @@ def verify_curve(rows: pd.DataFrame, *, where: str, reference_context: int | Non
     row_ids = tuple(tuple(int(x) for x in grp["_row"]) for _, grp in g)
     table = SPSTable(bs, g["pass_ms"].mean().to_numpy(), source=source, beyond_max=beyond_max, below_min=below_min,
                      attention=attention, graph_sizes=tuple(graph_sizes), eager_factor=eager_factor)
-    return CurveFit(table, pairs, row_ids)
+    return CurveFit(table, pairs, row_ids, pair_rows)
+
+
+def _shape_keys(r: pd.DataFrame) -> list[str]:
+    """Columns that make one measured shape: R, v and, where the rows have it, the kind (one
+    measuring procedure: a ``pp1`` pass and ``tg`` passes are both R = 1, v = 1)."""
+    return ["num_requests", "tokens_per_request"] + (["kind"] if "kind" in r.columns else [])
+
+
+def _nearest_context(r: pd.DataFrame, ref: int) -> pd.DataFrame:
+    """Each shape's rows at its measured context nearest ``ref`` (ties: the smaller context)."""
+    import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
+    ctx = r["context_tokens"].to_numpy(np.int64)
+    key = pd.Series(2 * np.abs(ctx - ref) + (ctx > ref), index=r.index)  # 2|d| + 1 above: ties go below
+    best = key.groupby([r[c] for c in _shape_keys(r)]).transform("min")
+    return r[(key == best).to_numpy()]
 
 
 def fit_attention(pairs: list[tuple[int, int, int, float, int, float]], source: str = "") -> AttentionCost:
@@ -246,26 +275,28 @@ def fit_attention(pairs: list[tuple[int, int, int, float, int, float]], source: 
 
 
 def _attention(r: pd.DataFrame, context: Any, where: str):  # noqa: ANN202
-    """The table's attention term and the context pairs behind it."""
+    """The table's attention term, the context pairs behind it and their file rows."""
     if context in ("none", None):
-        return None, ()
+        return None, (), ()
     if isinstance(context, Mapping):
         v = context.get("ms_per_kv_token")
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
             raise CalibrationError(f"{where}: context.ms_per_kv_token: {v!r} is not a number >= 0")
-        return AttentionCost(b_ms_per_kv_token=float(v), source=str(context.get("source", "stated"))), ()
+        return AttentionCost(b_ms_per_kv_token=float(v), source=str(context.get("source", "stated"))), (), ()
     if context != "fit":
         raise CalibrationError(f"{where}: context: {context!r}; allowed: fit, none, or "
                                "{ms_per_kv_token: x, source: ...}")
-    pairs = []
-    for (req, v), grp in r.groupby(["num_requests", "tokens_per_request"]):
+    pairs, rows = [], []
+    for key, grp in r.groupby(_shape_keys(r)):
         by_l = grp.groupby("context_tokens")["pass_ms"].mean()
         if by_l.size >= 2:
             l1, l2 = int(by_l.index.min()), int(by_l.index.max())
-            pairs.append((int(req), int(v), l1, float(by_l[l1]), l2, float(by_l[l2])))
+            pairs.append((int(key[0]), int(key[1]), l1, float(by_l[l1]), l2, float(by_l[l2])))
+            rows += [int(x) for x in grp.loc[grp["context_tokens"].isin((l1, l2)), "_row"]]
     if not pairs:
-        return None, ()
-    return fit_attention(pairs, source=f"fitted on {len(pairs)} shapes measured at two contexts"), tuple(pairs)
+        return None, (), ()
+    return (fit_attention(pairs, source=f"fitted on {len(pairs)} shapes measured at two contexts"), tuple(pairs),
+            tuple(sorted(rows)))
 
 
 def drafter_cost(rows: pd.DataFrame, *, kind: str, where: str, t_seq_s: float = 0.0, weights_gib: float = 0.0,
