@@ -88,7 +88,7 @@ class HtmlPage:
         self._plotly_included = True
 
     def add_table(self, df: Any, *, float_format: str = "{:,.2f}") -> None:
-        """Append a pandas DataFrame as a table (index dropped, NaN shown as ``-``).
+        """Append a pandas DataFrame as a table (index dropped, NaN and pandas' NA shown as ``-``).
 
         Args:
             df: a ``pandas.DataFrame``; its column names become the header.
@@ -98,6 +98,9 @@ class HtmlPage:
         Source:
             ``pandas.DataFrame.to_html`` (pandas documentation).
         """
+        nullable = [c for c in df.columns if str(df[c].dtype) == "Int64"]  # to_html prints <NA> there
+        if nullable:
+            df = df.assign(**{c: df[c].astype(object).where(df[c].notna(), "-") for c in nullable})
         self._parts.append(df.to_html(index=False, float_format=lambda v: float_format.format(v), border=0,
                                       classes="tbl", na_rep="-"))
 

@@ -378,9 +378,11 @@ def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = N
     except ValidationError as e:
         err = e.errors()[0]
         loc = err["loc"]
+        msg = str(err["msg"]).removeprefix("Value error, ")
         if len(loc) >= 2 and loc[0] == "policies" and isinstance(loc[1], int):  # the flag's fault, not the file's
-            msg = str(err["msg"]).removeprefix("Value error, ")
             raise ConfigError(f"--policies: {_flow(items[loc[1]])}: {msg}") from None
+        if tuple(loc) == ("policies",):  # the list as a whole: one policy given twice
+            raise ConfigError(f"--policies: {msg}") from None
         raise ConfigError(format_validation_error(e, str(path), Scenario)) from None
     return [scen for _, scen, _ in study.expand(source=str(path))]
 

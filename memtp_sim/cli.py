@@ -155,8 +155,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cell_text(v: object) -> str:
-    """A table cell as the report writes it: ``-`` where nothing was measured (NaN, None), not ``nan``."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+    """A table cell as the report writes it: ``-`` where nothing was measured or a sweep key does not
+    apply (NaN, None, pandas' NA), not ``nan``."""
+    import pandas as pd  # loaded already: the cell comes from a DataFrame
+
+    if v is None or v is pd.NA or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return f"{v:,.2f}" if isinstance(v, float) else str(v)
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import re
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -56,7 +58,7 @@ from .drafting import DraftSpec
 from .errors import CalibrationError, ConfigError, InvalidArgumentError
 from .hardware import DrafterCost, load_profile
 from .memtp import MEMTP_DEFAULTS, MemtpSettings
-from .policies import available_policies, policy_class
+from .policies import available_policies, make_policy, policy_class
 from .policies.control import control_class, make_control
 from .workload import load_trace, trace_replay_start
 
@@ -345,8 +347,10 @@ class MemtpConfig(StrictModel):
     def _check(self) -> "MemtpConfig":
         if self.r_low >= self.r_high:
             raise ValueError(f"r_low: {self.r_low} must be below r_high ({self.r_high})")
-        if isinstance(self.depth, int) and self.depth > self.max_depth:
-            raise ValueError(f"depth: fixed depth {self.depth} exceeds max_depth {self.max_depth}")
+        # a fixed depth is not checked against max_depth: only the elastic controller reads
+        # max_depth (a fixed depth drafts its own number of heads, and max_depth set beside it is
+        # refused as having no effect), so depth 20 was refused as "exceeds max_depth 16" with no
+        # way to raise the bound
         if self.initial_depth is not None and self.initial_depth > self.max_depth:
             raise ValueError(f"initial_depth: {self.initial_depth} exceeds max_depth {self.max_depth}")
         return self
@@ -517,6 +521,10 @@ class ControlSpec(BaseModel):
         """The controller's parameters (every key but ``name``)."""
         return dict(self.model_extra or {})
 
+    def resolved_params(self) -> dict[str, Any]:
+        """Every parameter of the controller as a run uses it: those given and the defaults of the rest."""
+        return control_class(self.name).Params(**self.params).model_dump(mode="json")
+
 
 class PolicySpec(BaseModel):
     """``{name: <policy>, **params}``; params are validated by the policy's own model."""
@@ -543,6 +551,15 @@ class PolicySpec(BaseModel):
         """``policy.<param>`` for every parameter given: the paths the no-effect rule checks
         (:func:`set_paths` counts a policy as one field)."""
         return {f"policy.{k}" for k in self.model_extra or {}}
+
+    def resolved_params(self) -> dict[str, Any]:
+        """Every parameter of the policy as a run uses it: those given and the defaults of the rest
+        (``{name: dspark}`` and ``{name: dspark, gamma: 7}`` resolve alike)."""
+        return policy_class(self.name).Params(**self.params).model_dump(mode="json")
+
+    def flow(self) -> str:
+        """The entry as it could be written in YAML: ``dspark``, or ``{name: dspark, gamma: 5}``."""
+        return _flow({"name": self.name, **self.params})
 
 
 class Scenario(StrictModel):
@@ -667,6 +684,15 @@ class Scenario(StrictModel):
             out["drafter.cpu_ms_per_request"] = "only used with drafter.kind: ngram"
         return out
 
+    def run_identity(self) -> str:
+        """The scenario as a run resolves it, as canonical JSON: scenarios with the same identity
+        simulate the same thing. Unlike ``model_dump`` it fills in the defaults of the policy's and
+        the draft controller's parameters, which the dump leaves as written."""
+        doc = self.model_dump(mode="json")
+        doc["policy"] = {"name": self.policy.name, **self.policy.resolved_params()}
+        doc["draft_control"] = {"name": self.draft_control.name, **self.draft_control.resolved_params()}
+        return json.dumps(doc, sort_keys=True)
+
     def memtp_settings(self) -> MemtpSettings | None:
         """The MEMTP ensemble's settings, or None when the classic drafter runs (no ``memtp.depth``,
         or a policy the ensemble cannot drive: :meth:`ignored_fields` names those settings)."""
@@ -709,6 +735,22 @@ class Study(StrictModel):
         "policy", description="what the report draws as one line: the policy (default), or the variant (when "
         "variants set the drafter, controller or acceptance and each is one setup to compare)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _base_runs_a_listed_policy(cls, v: Any) -> Any:
+        # a policies list replaces base.policy in every run: a base without one is checked with the
+        # list's first policy, not the default dspark, whose block width or drafter weights could
+        # refuse settings (memtp.max_depth 100) that no run of the study gives dspark
+        if not (isinstance(v, dict) and isinstance(v.get("base"), dict) and "policy" not in v["base"]
+                and isinstance(v.get("policies"), list) and v["policies"] and isinstance(v["policies"][0], dict)):
+            return v
+        name = v["policies"][0].get("name")
+        try:
+            policy_class(name)
+        except InvalidArgumentError:
+            return v  # the entry's own check names it
+        return {**v, "base": {**v["base"], "policy": {"name": name}}}
+
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, v: list[int]) -> list[int]:
@@ -725,9 +767,27 @@ class Study(StrictModel):
 
     @model_validator(mode="after")
     def _report_x_known(self) -> "Study":
+        if self.report_x is not None and not self.label_keys:
+            raise ValueError(f"report_x: {self.report_x!r} is not a sweep key: this study has no sweep or variants, "
+                             "and report_x picks the x axis among their keys; sweep that field (or drop report_x)")
         if self.report_x is not None and self.report_x not in self.label_keys:
             raise ValueError(f"report_x: {self.report_x!r} is not a sweep key; allowed: {', '.join(self.label_keys)}")
         return self
+
+    @field_validator("policies")
+    @classmethod
+    def _distinct_policies(cls, v: list[PolicySpec] | None) -> list[PolicySpec] | None:
+        # compared with the defaults filled in: {name: dspark} is {name: dspark, gamma: 7}, and
+        # both entries would run (and be reported) as the same policy
+        seen: dict[str, PolicySpec] = {}
+        for p in v or []:
+            key = json.dumps([p.name, p.resolved_params()], sort_keys=True)
+            if key in seen:
+                label = make_policy(p.name, p.params).describe()
+                raise ValueError(f"{seen[key].flow()} and {p.flow()} are the same policy ({label}, defaults filled "
+                                 "in); list each policy once")
+            seen[key] = p
+        return v
 
     @field_validator("sweep")
     @classmethod
@@ -772,9 +832,17 @@ class Study(StrictModel):
         variant's overrides, then the sweep values, so a sweep or variant of ``policy.<param>``
         changes the policy that runs. Relative paths resolve against the study file.
 
+        A ``policy.<param>`` set by a sweep or a variant (or by ``base.policy`` when a sweep or
+        variant of ``policy.name`` changes the policy) applies to the runs whose policy has that
+        parameter; a run whose policy lacks it runs without it, and its label for that sweep key
+        is None (for its variant too, when every override of the variant was such a parameter).
+        Such runs that come out the same (no_spec at each value of a ``policy.gamma`` sweep) run
+        once; a label on which the merged runs differ is None.
+
         Raises:
             ConfigError: a sweep value or variant makes an invalid scenario (the message names the
-                point), or a field the study sets has no effect in any of its runs.
+                point), a ``policy.<param>`` applies to no run of the study (no policy it runs has
+                that parameter), or a field the study sets has no effect in any of its runs.
         """
         base = self.base.model_dump(mode="python")
         base["policy"] = self._policy_dict(self.base.policy)
@@ -785,7 +853,9 @@ class Study(StrictModel):
         user_paths = set_paths(self.base) | set(keys)
         ignored: dict[str, list[str]] = {}  # path -> reasons, one per run where it was ignored
         applicable: dict[str, int] = {}
-        out = []
+        took: set[tuple[str, str]] = set()  # (where, policy.<param>) that some run's policy has
+        lacked: dict[tuple[str, str], list[str]] = {}  # ... -> the policies that lack it
+        points: list[tuple[dict[str, Any], Scenario, bool]] = []  # labels, scenario, whether a param was dropped
         for vname, overrides in variants:
             for values in itertools.product(*(self.sweep[k] for k in keys)):
                 for pol in policies:
@@ -796,6 +866,12 @@ class Study(StrictModel):
                         _set_dotted(doc, k, v, f"{source}: variants.{vname}")
                     for k, v in zip(keys, values):
                         _set_dotted(doc, k, v, source)
+                    spread = [("sweep", k) for k in keys if _is_policy_param(k)] + [
+                        (f"variants.{vname}", k) for k in overrides if _is_policy_param(k)]
+                    if pol is None and "policy.name" in set(keys) | set(overrides):
+                        given = {k for _, k in spread}  # base's value is replaced wherever these apply
+                        spread += [("base", p) for p in sorted(self.base.policy.param_paths) if p not in given]
+                    dropped = _drop_foreign_params(doc["policy"], spread, took, lacked)
                     try:
                         scen = Scenario.model_validate(doc, context=context)
                     except ValidationError as e:
@@ -805,19 +881,28 @@ class Study(StrictModel):
                         raise ConfigError(format_validation_error(e, f"{source} ({where})" if where else source)) from None
                     reasons = scen.ignored_fields()
                     run_policy = pol if pol is not None else self.base.policy
-                    for path in user_paths | set(overrides) | run_policy.param_paths:
+                    for path in (user_paths | set(overrides) | run_policy.param_paths) - dropped:
                         applicable[path] = applicable.get(path, 0) + 1
                         if path in reasons:
                             ignored.setdefault(path, []).append(reasons[path])
                     labels = ({"variant": vname} if vname else {}) | dict(zip(keys, values))
+                    labels.update({k: None for k in keys if k in dropped})
+                    if vname and overrides and set(overrides) <= dropped:
+                        labels["variant"] = None  # the variant changes nothing in this run
                     labels["policy"] = scen.policy_label()
-                    for seed in self.seeds:
-                        out.append((labels, scen, int(seed)))
+                    points.append((labels, scen, bool(dropped)))
+        for (where, path), names in lacked.items():
+            if (where, path) not in took:
+                allowed = list(dict.fromkeys(f for n in names for f in policy_class(n).Params.model_fields))
+                what = (f"policy {names[0]!r}" if len(names) == 1
+                        else f"every policy this study runs ({', '.join(names)})")
+                raise ConfigError(f"{source}: {where}.{path}: unknown parameter of {what}; allowed: "
+                                  f"{', '.join(allowed) or 'no parameters'}")
         for path, n in applicable.items():
             if len(ignored.get(path, [])) == n:
                 raise ConfigError(f"{source}: {path}: has no effect in any run of this study ({ignored[path][0]}); "
                                   "remove it or change the setting it depends on")
-        return out
+        return [(labels, scen, int(seed)) for labels, scen in _merge_unchanged(points) for seed in self.seeds]
 
     @property
     def label_keys(self) -> list[str]:
@@ -827,6 +912,72 @@ class Study(StrictModel):
     @staticmethod
     def _policy_dict(p: PolicySpec) -> dict[str, Any]:
         return {"name": p.name, **p.params}
+
+
+def _is_policy_param(key: str) -> bool:
+    """Whether a sweep or variant key sets one parameter of whatever policy the run has."""
+    return key.startswith("policy.") and key != "policy.name"
+
+
+def _drop_foreign_params(policy: dict[str, Any], spread: list[tuple[str, str]], took: set[tuple[str, str]],
+                         lacked: dict[tuple[str, str], list[str]]) -> set[str]:
+    """Remove from one run's ``policy`` mapping the spread parameters its policy does not have.
+
+    Args:
+        policy: the run's ``{name: ..., **params}``, edited in place.
+        spread: ``(where, "policy.<param>")`` set across policies (by ``sweep``, ``variants.<v>``
+            or ``base``), not by the policy's own entry.
+        took: updated with those the policy has.
+        lacked: updated with the policy's name for those it lacks.
+
+    Returns:
+        The ``policy.<param>`` paths removed (none when the name is not a policy: validation
+        names that).
+    """
+    try:
+        fields = policy_class(policy.get("name")).Params.model_fields if isinstance(policy, dict) else None
+    except InvalidArgumentError:
+        fields = None
+    if fields is None:
+        return set()
+    dropped = set()
+    for where, path in spread:
+        param = path.split(".")[1]
+        if param in fields:
+            took.add((where, path))
+        else:
+            policy.pop(param, None)
+            dropped.add(path)
+            names = lacked.setdefault((where, path), [])
+            if policy["name"] not in names:
+                names.append(policy["name"])
+    return dropped
+
+
+def _merge_unchanged(points: list[tuple[dict[str, Any], Scenario, bool]]) -> list[tuple[dict[str, Any], Scenario]]:
+    """Run once the points that a dropped policy parameter made the same run.
+
+    Points with the same :meth:`Scenario.run_identity` merge when at most one of them kept every
+    value it was given: that one is kept (its labels as they are); else the first is, with None
+    for each label on which they differ. Two that kept every value are left for
+    :func:`memtp_sim.study.plan_runs` to refuse (a value listed twice).
+    """
+    groups: dict[str, list[int]] = {}
+    for i, (_, scen, _) in enumerate(points):
+        groups.setdefault(scen.run_identity(), []).append(i)
+    gone: set[int] = set()
+    for idx in groups.values():
+        exact = [i for i in idx if not points[i][2]]
+        if len(idx) == 1 or len(exact) > 1:
+            continue
+        keep = exact[0] if exact else idx[0]
+        if not exact:
+            labels = points[keep][0]
+            for k in labels:
+                if any(points[i][0].get(k) != labels[k] for i in idx):
+                    labels[k] = None
+        gone |= set(idx) - {keep}
+    return [(labels, scen) for i, (labels, scen, _) in enumerate(points) if i not in gone]
 
 
 def set_paths(model: BaseModel, prefix: str = "") -> set[str]:
@@ -872,6 +1023,13 @@ def _set_dotted(doc: dict[str, Any], key: str, value: Any, source: str) -> None:
         raise ConfigError(f"{source}: sweep.{key}: unknown field; allowed in {'.'.join(parts[:-1]) or 'scenario'}: "
                           f"{', '.join(sorted(node))}")
     node[parts[-1]] = value
+
+
+def _flow(doc: dict[str, Any]) -> str:
+    """A ``{name: ..., **params}`` mapping as it could be written in YAML: the bare name without parameters."""
+    if set(doc) == {"name"}:
+        return str(doc["name"])
+    return yaml.safe_dump(doc, default_flow_style=True, sort_keys=False, width=1 << 30).strip()
 
 
 def _resolve_path(v: str, info: ValidationInfo) -> str:

@@ -66,7 +66,9 @@ class DraftSpec:
         """Resolve the draft block width of ``policy_name`` (with ``policy_params``) under ``memtp``.
 
         Raises:
-            InvalidArgumentError: unknown policy, or MEMTP on with a policy that never drafts.
+            InvalidArgumentError: unknown policy, MEMTP on with a policy that never drafts, or a
+                depth (``memtp.max_depth`` when elastic, ``memtp.depth`` when fixed) wider than the
+                policy's ``gamma`` allows (the message names the memtp field).
         """
         params = dict(policy_params or {})
         if memtp is None:
@@ -74,7 +76,16 @@ class DraftSpec:
             return cls(policy_name, params, width, None, **drafter)
         # elastic: the block is as wide as the deepest ensemble; fixed: exactly the heads there are
         width = int(memtp.max_depth) if memtp.elastic else int(memtp.depth)
-        if "gamma" in policy_class(policy_name).Params.model_fields:
+        gamma = policy_class(policy_name).Params.model_fields.get("gamma")
+        if gamma is not None:
+            # the user wrote the depth, not this gamma: a width the policy cannot draft is named
+            # by the memtp field that set it (pydantic would name the derived policy.gamma)
+            widest = _upper_bound(gamma)
+            if widest is not None and width > widest:
+                where = "memtp.max_depth" if memtp.elastic else "memtp.depth"
+                raise InvalidArgumentError(
+                    f"{where}: {width} is wider than policy {policy_name!r} drafts (the ensemble sets its gamma, "
+                    f"at most {widest}); allowed: <= {widest}")
             params["gamma"] = width
         if int(make_policy(policy_name, params).draft_len) <= 0:
             raise InvalidArgumentError(f"memtp.depth: policy {policy_name!r} never drafts; the ensemble needs one "
@@ -97,6 +108,16 @@ class DraftSpec:
         if self.kind is not None and self.speculative:
             label += f" @{self.kind}" + (f" p_min={self.p_min:g}" if self.p_min else "")
         return label
+
+
+def _upper_bound(field_info: Any) -> int | None:
+    """The largest integer a pydantic field accepts (its ``le`` / ``lt`` constraint), or None."""
+    for m in field_info.metadata:
+        if getattr(m, "le", None) is not None:
+            return int(m.le)
+        if getattr(m, "lt", None) is not None:
+            return int(m.lt) - 1
+    return None
 
 
 class Drafter:

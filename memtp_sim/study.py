@@ -88,17 +88,20 @@ def plan_runs(study: Study, *, source: str = "<study>") -> list[RunSpec]:
 
     Raises:
         ConfigError: two points of the study resolve to the same scenario and seed (a value listed
-            twice, or variants that change nothing), which would run the same thing twice.
+            twice, variants that change nothing, or one policy written two ways, e.g.
+            ``{name: dspark}`` and ``{name: dspark, gamma: 7}``), which would run the same thing twice.
     """
     out: list[RunSpec] = []
     seen: dict[str, dict[str, Any]] = {}
     for labels, scen, seed in study.expand(source=source):
-        rid = run_key(scen, seed)
-        if rid in seen:
-            raise ConfigError(f"{source}: the points {seen[rid]} and {labels} (seed {seed}) are the same scenario; "
+        # the run id hashes the scenario as written (kept so results stay reusable); the identity
+        # fills in the policy's defaults, so a policy written two ways is one run
+        same = json.dumps([scen.run_identity(), seed])
+        if same in seen:
+            raise ConfigError(f"{source}: the points {seen[same]} and {labels} (seed {seed}) are the same scenario; "
                               "list each value once and make each variant change something")
-        seen[rid] = labels
-        out.append(RunSpec(rid, labels, scen, seed))
+        seen[same] = labels
+        out.append(RunSpec(run_key(scen, seed), labels, scen, seed))
     return out
 
 

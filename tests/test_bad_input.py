@@ -75,7 +75,9 @@ def _edited_study(tmp_path, old: str, new: str):
     ("  engine:", "  memtp: {depth: elastic, r_low: 0.95, r_high: 0.9}\n  engine:", "base.memtp.r_low: 0.95 must be"),
     ("  engine:", "  acceptance: {profile: dspark-qwen3, domain_mix: {chat: 0.5}}\n  engine:",
      "base.acceptance.domain_mix: probabilities must sum to 1"),
-    ("  engine:", "  memtp: {depth: 9, max_depth: 7}\n  engine:", "base.memtp.depth: fixed depth 9 exceeds"),
+    # (was depth 9 vs max_depth 7: a fixed depth no longer reads max_depth, see test_config_inputs)
+    ("  engine:", "  memtp: {depth: elastic, initial_depth: 9, max_depth: 7}\n  engine:",
+     "base.memtp.initial_depth: 9 exceeds max_depth 7"),
 ])
 def test_a_sections_check_about_one_field_names_that_fields_path(tmp_path, capsys, old, new, path):
     """A check that spans a section (pydantic locates it at the section) still names the field

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
@@ -30,7 +31,8 @@ class StudyResults:
         root: the study folder (``results/<study>/``).
         meta: ``study.json`` (name, description, ``sweep_keys``, optional ``report_x``, ...).
         table: one row per finished run (``run_id``, sweep keys, ``policy``, ``seed``, metrics),
-            rebuilt from the run folders (``runs.csv`` is only a copy).
+            rebuilt from the run folders (``runs.csv`` is only a copy). A sweep key's cell is
+            empty where the key does not apply to the run (``policy.gamma`` for no_spec).
         summaries: each finished run's ``summary.json`` by run id.
         missing: ``run_id -> reason`` for every run of the study without a verified result (failed,
             not run yet, or damaged files); the report says so at the top.
@@ -71,6 +73,25 @@ class StudyResults:
     def facet_keys(self) -> list[str]:
         """The sweep keys other than :attr:`x_key`: one set of figures per combination."""
         return [k for k in self.sweep_keys if k != self.x_key]
+
+    @property
+    def grouped_table(self) -> pd.DataFrame:
+        """:attr:`table` for splitting by the sweep keys (facets, the x axis): a run whose label for
+        a key is empty, because the key does not apply to it (``policy.gamma`` for no_spec, which
+        runs once in a sweep of it: :meth:`memtp_sim.config.Study.expand`), is repeated under every
+        value the key takes, so it sits beside each of them. Per-run listings use :attr:`table`."""
+        t = self.table
+        for k in self.sweep_keys:
+            if k not in t:
+                continue
+            unset = t[k].isna().to_numpy()
+            values = list(dict.fromkeys(t.loc[~unset, k]))
+            if not unset.any() or not values:
+                continue
+            # each unset row becomes len(values) consecutive rows, in table order
+            t = t.loc[t.index.repeat(np.where(unset, len(values), 1))].reset_index(drop=True)
+            t.loc[t[k].isna().to_numpy(), k] = values * int(unset.sum())
+        return t
 
     @property
     def policies(self) -> list[str]:
@@ -130,9 +151,14 @@ def load_results(root: str | Path) -> StudyResults:
         raise ConfigError(f"{root}: none of the study's {len(missing)} runs has a verified result "
                           f"(e.g. {next(iter(missing.items()), ('', 'no runs'))[1]}); run the study again")
     table = pd.read_csv(io.StringIO(table.to_csv(index=False)), dtype={"run_id": str})
+    for k in meta.get("sweep_keys", []):
+        col = table.get(k)
+        if col is not None and col.dtype.kind == "f" and col.isna().any() and (col.dropna() % 1 == 0).all():
+            table[k] = col.astype("Int64")  # whole numbers with empty cells (a key some runs lack) stay 3, not 3.0
     if meta.get("report_series") == "variant" and "variant" in table:
-        # each variant is one setup (drafter, controller, acceptance): draw it as one line
-        table["policy"] = table["variant"].astype(str)
+        # each variant is one setup (drafter, controller, acceptance): draw it as one line; a run
+        # that no variant changes (its variant label empty) is drawn as its policy
+        table["policy"] = [str(v) if pd.notna(v) else p for v, p in zip(table["variant"], table["policy"])]
         meta = {**meta, "sweep_keys": [k for k in meta.get("sweep_keys", []) if k != "variant"]}
     return StudyResults(root, meta, table, summaries, missing)
 

@@ -182,7 +182,7 @@ def facets(res: StudyResults) -> list[tuple[str, pd.DataFrame]]:
     """The study's runs split by the sweep keys other than the x axis (one set of figures each).
 
     Args:
-        res: the study (its ``facet_keys`` split ``res.table``).
+        res: the study (its ``facet_keys`` split ``res.grouped_table``).
 
     Returns:
         ``(title, rows)`` pairs in study order; the title reads ``"key = value, ..."`` (``""`` and
@@ -190,9 +190,9 @@ def facets(res: StudyResults) -> list[tuple[str, pd.DataFrame]]:
     """
     keys = res.facet_keys
     if not keys:
-        return [("", res.table)]
+        return [("", res.grouped_table)]
     return [(_where(keys, _as_tuple(vals)), sub)
-            for vals, sub in res.table.groupby(keys, dropna=False, sort=False)]
+            for vals, sub in res.grouped_table.groupby(keys, dropna=False, sort=False)]
 
 
 def headline_table(res: StudyResults) -> pd.DataFrame:
@@ -352,7 +352,7 @@ def overload_notes(res: StudyResults) -> list[str]:
     over = [is_overloaded(r, a) for r, a in zip(agg["offered_load_ratio_mean"], n)]
     out = []
     for _, row in agg[over].iterrows():
-        where = ", ".join(f"{k} = {row[k]}" for k in keys)
+        where = ", ".join(f"{k} = {row[k]}" for k in keys if pd.notna(row[k]))  # a key the runs lack: left out
         ttft = row["ttft_s_p50_mean"]
         out.append(f"{where}: offered load above capacity ({row['offered_load_ratio_mean']:.2f} arrivals per "
                    f"completion while load was offered): the queue grows without bound, so TTFT "
@@ -386,7 +386,7 @@ def extrapolation_notes(res: StudyResults) -> list[str]:
     agg = aggregate(table, keys + ["_measured"], ["extrapolated_cost_frac"])
     out = []
     for _, row in agg[agg["extrapolated_cost_frac_mean"] > EXTRAPOLATED_WARN_FRAC].iterrows():
-        where = ", ".join(f"{k} = {row[k]}" for k in keys)
+        where = ", ".join(f"{k} = {row[k]}" for k in keys if pd.notna(row[k]))  # a key the runs lack: left out
         rng = row["_measured"]
         out.append(f"{where}: {row['extrapolated_cost_frac_mean']:.0%} of passes priced outside the measured B range"
                    + (f" ({rng})" if rng else "") + " by the profile's extrapolation rule, not by measurements "
@@ -481,7 +481,7 @@ def winners(res: StudyResults) -> pd.DataFrame:
     """
     x = res.x_key
     keys = res.facet_keys + ([x] if x else []) + ["policy"]
-    agg = aggregate(res.table, keys, _with_completed(res.table, ["throughput_tok_per_s", "tok_per_s_user_p50"]))
+    agg = aggregate(res.grouped_table, keys, _with_completed(res.table, ["throughput_tok_per_s", "tok_per_s_user_p50"]))
     groups = agg.groupby(res.facet_keys, dropna=False, sort=False) if res.facet_keys else [((), agg)]
     rows = []
     for facet, sub in groups:
@@ -532,7 +532,7 @@ def winners_notes(res: StudyResults, *, tie: float = 0.01) -> list[str]:
         return [(f"No policy is ranked: none of the study's {len(res.table)} runs completed a request (see "
                  "the rejected requests above), so there is no throughput or per-user speed to compare.")]
     x = res.x_key
-    numeric = bool(x) and is_numeric(res.table[x])
+    numeric = bool(x) and is_numeric(res.grouped_table[x])
     what = {"throughput_tok_per_s": "highest throughput", "tok_per_s_user_p50": "fastest per user (p50)"}
     w = winners(res)
     notes = []
@@ -608,7 +608,7 @@ def dspark_gaps(res: StudyResults, *, margin: float = 0.02) -> DsparkGaps:
     x = res.x_key
     keys = res.facet_keys + ([x] if x else []) + ["policy"]
     m = ["throughput_tok_per_s", "early_stop_gap_frac", "mean_verify_len", "draft_time_frac"]
-    agg = aggregate(res.table, keys, _with_completed(res.table, m))
+    agg = aggregate(res.grouped_table, keys, _with_completed(res.table, m))
     # only points that measured something compare: a finite throughput from runs that completed requests
     thr = pd.to_numeric(agg["throughput_tok_per_s_mean"], errors="coerce").to_numpy(dtype=float)
     agg = agg[np.isfinite(thr) & _completed(agg)]
@@ -942,7 +942,7 @@ def _reliability_picks(res: StudyResults, positions: tuple[int, ...]) -> pd.Data
         score = [(len(s & set(positions)), len(s)) for s in stored]
         i = max(range(len(score)), key=lambda j: (score[j], -j))
         row = g.iloc[i]
-        run = ", ".join([f"{k} = {row[k]}" for k in res.sweep_keys] + [f"seed {int(row['seed'])}"])
+        run = ", ".join([f"{k} = {row[k]}" for k in res.sweep_keys if pd.notna(row[k])] + [f"seed {int(row['seed'])}"])
         rows.append({"label": str(variant) if variant is not None else row["policy"], "run_id": row["run_id"],
                      "policy": row["policy"], "run": run, "num_positions": len(stored[i])})
     return pd.DataFrame(rows, columns=["label", "run_id", "policy", "run", "num_positions"])
@@ -1191,7 +1191,7 @@ def _keys_of(ph: pd.DataFrame) -> list[str]:
 
 
 def _name(row: pd.Series, keys: list[str]) -> str:
-    return ", ".join(f"{k} = {row[k]}" for k in keys)
+    return ", ".join(f"{k} = {row[k]}" for k in keys if pd.notna(row[k]))  # a key this run lacks: left out
 
 
 def _phase_note(pol: str, phase: str, g: pd.DataFrame, keys: list[str], depth_col: str, tie: float) -> str:
