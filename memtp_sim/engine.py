@@ -470,15 +470,20 @@ class Engine:
 
     # ----------------------------------------------------------------- memory
     def _heads_free_gib(self) -> float:
-        """Memory that can fund MEMTP heads: allocatable - weights - reserve - KV in use - the KV
-        the head-of-line waiting request needs to be admitted (KV first: heads are released before
-        KV would overflow or a request would wait for memory held by heads)."""
+        """Memory that can fund MEMTP heads: allocatable - weights - reserve - KV in use - the
+        blocks the decoding requests' anchors take this round - the KV the head-of-line waiting
+        request needs to be admitted (KV first: heads are released before KV would overflow or a
+        request would wait for memory held by heads; a lone request's anchor cannot be made room
+        for by preempting another)."""
         mem = self.profile.memory
         pending = 0
+        if self.running:
+            run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+            pending = self.kv.anchor_blocks(run[self.prefilled[run] >= self.prefill_target[run]])
         if self.waiting:
             i = self.waiting[0]
             tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
-            pending = int(self.kv.blocks_for(tokens)) + self.kv.watermark
+            pending += int(self.kv.blocks_for(tokens)) + self.kv.watermark
         kv_gib = (self.kv.blocks_used + pending) * self.block_gib
         return max(0.0, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib - kv_gib)
 
