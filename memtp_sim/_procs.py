@@ -1,10 +1,16 @@
-"""Worker processes that die with their parent, and one-writer locks on result folders.
+"""Worker processes that die with their parent, a worker pool that survives a lost worker, and
+one-writer locks on result folders.
 
-* :func:`die_with_parent` runs in each worker process (a ``ProcessPoolExecutor`` initializer, or the
-  first thing a tuning worker does): on Linux the kernel sends the worker SIGKILL when its parent
+* :func:`die_with_parent` runs in each worker process (the initializer of :func:`run_in_workers`'
+  workers in ``run``, or the first thing a tuning worker does): on Linux the kernel sends the worker SIGKILL when its parent
   dies (``prctl(PR_SET_PDEATHSIG)``), and on every platform a daemon thread exits the worker once
   its parent is gone. A ``kill -9`` of ``run`` or ``tune`` therefore leaves no idle or unsupervised
   workers behind.
+* :func:`run_in_workers` maps a function over items in worker processes. Unlike
+  :class:`concurrent.futures.ProcessPoolExecutor`, whose whole pool breaks when one worker dies (it
+  fails every pending future with ``BrokenProcessPool`` and terminates the other workers), a worker
+  killed here (for memory, say) costs only the item it was running: a fresh worker takes its place,
+  the item is tried again, and it is given up after :data:`LOST_WORKER_TRIES` tries.
 * :class:`FolderLock` is an exclusive, non-blocking ``flock`` on ``<folder>/.lock`` holding the
   owner's pid: a second ``run`` on a busy results folder says so and exits instead of redoing
   everything. The kernel releases the lock when the owner dies, however it dies.
@@ -12,6 +18,7 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import ctypes.util
 import multiprocessing
@@ -20,12 +27,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, wait
 from pathlib import Path
+from typing import Any
 
 from .errors import MemtpSimError
 
-__all__ = ["die_with_parent", "exit_when", "FolderLock", "FolderBusyError"]
+__all__ = ["die_with_parent", "exit_when", "run_in_workers", "LOST_WORKER_TRIES", "FolderLock", "FolderBusyError"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -85,6 +94,100 @@ def exit_when(gone: Callable[[], bool], poll_s: float, *, name: str) -> None:
         os._exit(1)  # the owner is gone: nobody will read our results
 
     threading.Thread(target=watch, name=name, daemon=True).start()
+
+
+#: Tries an item gets when the worker process running it dies under it (killed for memory, a
+#: crash): it runs again on a fresh worker, and after this many tries in all it is given up. The
+#: model is Dask's ``distributed.scheduler.allowed-failures`` (a task whose workers died under it
+#: more often than that fails with ``KilledWorker``); Dask allows 3 deaths, this one retry: an item
+#: that exhausted memory twice will mostly do so again, and each try can take minutes.
+LOST_WORKER_TRIES = 2
+
+def _how_it_ended(exitcode: int | None) -> str:
+    """How a worker process ended, in words: ``killed by SIGKILL (...)``, ``exited with code 1``."""
+    if exitcode is None:
+        return "ended without an exit code"
+    if exitcode >= 0:
+        return f"exited with code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    return f"killed by {name}" + (", as the out-of-memory killer does" if -exitcode == signal.SIGKILL else "")
+
+
+def run_in_workers(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int,
+                   on_result: Callable[[int, Any], None], on_lost: Callable[[int, str], None], *,
+                   initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = (),
+                   context: Any = None, tries: int = LOST_WORKER_TRIES) -> None:
+    """Run ``fn(item)`` for every item in worker processes, handing each result to this process as
+    it comes (in the order they finish).
+
+    A worker that dies while it runs an item (killed for memory, a crash) costs that item alone: a
+    fresh worker takes its place and the item is queued again; after ``tries`` tries in all it is
+    given up (``on_lost``). The other workers and the items queued behind them go on untouched.
+    The pool is Pebble's :class:`pebble.ProcessPool`, which, unlike
+    :class:`concurrent.futures.ProcessPoolExecutor`, fails only the dead worker's task
+    (``ProcessExpired``) and starts another worker; the retries are this function's.
+
+    Args:
+        fn: the function, module-level (``spawn`` and ``forkserver`` pickle it).
+        items: its arguments; each is pickled to the worker that runs it.
+        jobs: worker processes at most (never more than there are items).
+        on_result: ``on_result(index, fn(items[index]))``, called here.
+        on_lost: ``on_lost(index, why)`` for an item given up, called here; ``why`` says how many
+            tries and how the last worker ended, e.g. ``"its worker process died under it 2 time(s)
+            (last: killed by SIGKILL, as the out-of-memory killer does)"``.
+        initializer: called as ``initializer(*initargs)`` in each worker before its first item.
+        context: a :mod:`multiprocessing` context (default: the platform's start method).
+        tries: tries per item, at least 1.
+
+    Raises:
+        Exception: what ``fn`` raised (re-raised here, the worker's traceback in its notes), or what
+            a callback raised; the workers are stopped first.
+        KeyboardInterrupt: Ctrl-C; the workers are stopped before it propagates.
+    """
+    import pebble  # lazy: only `run --jobs N` and the dashboard's pool need it
+
+    pool = pebble.ProcessPool(max_workers=max(1, min(jobs, len(items))), initializer=initializer,
+                              initargs=initargs, context=context or multiprocessing.get_context())
+    tried: collections.Counter[int] = collections.Counter()
+    pending: dict[Any, int] = {}
+
+    def submit(i: int) -> None:
+        tried[i] += 1
+        pending[pool.schedule(fn, args=(items[i],))] = i
+
+    done = False
+    try:
+        for i in range(len(items)):
+            submit(i)
+        while pending:
+            finished, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for fut in finished:
+                i = pending.pop(fut)
+                try:
+                    value = fut.result()
+                except pebble.ProcessExpired as e:  # the worker died under item i
+                    if tried[i] < tries:
+                        submit(i)
+                    else:
+                        on_lost(i, f"its worker process died under it {tried[i]} time(s) "
+                                   f"(last: {_how_it_ended(e.exitcode)})")
+                    continue
+                except Exception as e:
+                    tb = getattr(e, "traceback", "")  # pebble keeps the worker's formatted traceback
+                    if tb:
+                        e.add_note(f"raised in a worker process:\n{tb}")
+                    raise
+                on_result(i, value)
+        done = True
+    finally:
+        if done:
+            pool.close()  # every item is done: the workers exit
+        else:  # Ctrl-C or an error: stop the workers now (they ignore SIGINT), not after their items
+            pool.stop()
+        pool.join()
 
 
 class FolderLock:

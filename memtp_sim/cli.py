@@ -133,8 +133,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet and (out.num_reused or out.recomputed):
         print(f"resume: {out.ran_note()}", file=sys.stderr)
     if out.num_stale and not args.quiet:
-        print(f"note: {out.num_stale} folder(s) under {root}/runs belong to no run of this study (left untouched)",
-              file=sys.stderr)
+        earlier = (f"; among them earlier results of {out.num_superseded} run(s) computed now, see resume: above"
+                   if out.num_superseded else "")
+        print(f"note: {out.num_stale} folder(s) under {root}/runs belong to no run of this study (left "
+              f"untouched{earlier})", file=sys.stderr)
     if len(out.table):
         report = write_report(root)
         res = load_results(root)

@@ -13,9 +13,12 @@ distributed cluster (``executor="dask"``, ``run --executor dask --scheduler ADDR
 only compute and hand back the run's files, and the submitting process writes them. Every file is
 written atomically (temporary file + rename), and ``summary.json`` (written last)
 records the size and digest of the run's other files, so an interrupted or damaged run is never
-taken for a finished one. Runs are keyed by content (scenario + seed): running the study again
+taken for a finished one. Runs are keyed by content (scenario, seed and the contents of the input
+files, not their paths): running the study again, from this folder or from a moved or copied one,
 reuses every run whose scenario, seed, input files and result files verify (resume), and says how
-many. A run that fails is recorded (``runs/<id>/failed.json``) and the study finishes the rest.
+many. A run that fails is recorded (``runs/<id>/failed.json``) and the study finishes the rest; a
+local worker that dies (killed for memory, say) costs only the run it was running, which is tried
+again on a fresh worker (:func:`memtp_sim._procs.run_in_workers`).
 ``force=True`` recomputes everything. ``runs.csv`` is a copy; :func:`collect_runs` rebuilds the
 results from the run folders.
 """
@@ -25,13 +28,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import multiprocessing
 import os
 import secrets
 import signal
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -39,7 +39,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ._io import atomic_write_bytes, atomic_write_text, check_writable_dir, file_digest, json_default
-from ._procs import FolderLock, die_with_parent
+from ._procs import FolderLock, die_with_parent, run_in_workers
 from ._version import __version__
 from .acceptance import DEFAULT_ACCEPTANCE, acceptance_dir
 from .api import run
@@ -54,12 +54,22 @@ __all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "inpu
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run of a study."""
+    """One run of a study.
+
+    Attributes:
+        run_id: :func:`run_key` of the scenario, seed and inputs.
+        labels: the run's sweep point (``{"workload.concurrency": 8, "policy": "dspark", ...}``).
+        scenario: the resolved scenario.
+        seed: the random seed.
+        inputs: :func:`input_fingerprint` of the scenario when the study was planned; a worker that
+            reads other contents computes nothing (see ``_input_mismatch``).
+    """
 
     run_id: str
     labels: dict[str, Any]
     scenario: Scenario
     seed: int
+    inputs: dict[str, str]
 
 
 def input_fingerprint(scenario: Scenario) -> dict[str, str]:
@@ -76,11 +86,50 @@ def input_fingerprint(scenario: Scenario) -> dict[str, str]:
     return out
 
 
-def run_key(scenario: Scenario, seed: int) -> str:
-    """The run's id: a hash of its resolved scenario and seed only (not its place in the sweep), so
-    adding a seed or a sweep value keeps every other run's results."""
-    blob = json.dumps({"scenario": scenario.model_dump(mode="json"), "seed": seed}, sort_keys=True)
+#: Scenario fields (section, field) that name an input file. A run's id leaves them out and
+#: takes the contents of the files they name instead (:func:`input_fingerprint`), so that the id
+#: does not depend on where the files are.
+INPUT_FIELDS = (("workload", "trace"), ("hardware", "profile"), ("acceptance", "profile"))
+
+
+def _without_paths(scenario: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's JSON dump without the fields of :data:`INPUT_FIELDS`."""
+    out = dict(scenario)
+    for section, name in INPUT_FIELDS:
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k != name}
+    return out
+
+
+def _key(scenario: dict[str, Any], inputs: dict[str, str], seed: int) -> str:
+    blob = json.dumps({"scenario": _without_paths(scenario), "inputs": inputs, "seed": seed}, sort_keys=True)
     return "r" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def run_key(scenario: Scenario, seed: int, inputs: dict[str, str] | None = None) -> str:
+    """The run's id: a hash of its resolved scenario, its seed and the contents of the files it
+    reads, not of their paths, nor of its place in the sweep.
+
+    So adding a seed or a sweep value keeps every other run's results, a moved or copied checkout
+    (or a colleague's, with the same files) finds its results again, and a file whose contents
+    changed makes another id: results are never reused across different inputs.
+
+    Args:
+        scenario: the resolved scenario.
+        seed: the run's seed.
+        inputs: :func:`input_fingerprint` of ``scenario``, when the caller has it already.
+
+    Returns:
+        ``"r"`` and 12 hex digits of a SHA-256 over the scenario's JSON dump without the paths of
+        :data:`INPUT_FIELDS`, the input digests and the seed.
+
+    Raises:
+        CalibrationError: a hardware profile file is missing (``inputs`` not given).
+        OSError: an input file cannot be read (``inputs`` not given).
+    """
+    if inputs is None:
+        inputs = input_fingerprint(scenario)
+    return _key(scenario.model_dump(mode="json"), inputs, seed)
 
 
 def plan_runs(study: Study, *, source: str = "<study>") -> list[RunSpec]:
@@ -94,14 +143,17 @@ def plan_runs(study: Study, *, source: str = "<study>") -> list[RunSpec]:
     out: list[RunSpec] = []
     seen: dict[str, dict[str, Any]] = {}
     for labels, scen, seed in study.expand(source=source):
+        inputs = input_fingerprint(scen)
         # the run id hashes the scenario as written (kept so results stay reusable); the identity
-        # fills in the policy's defaults, so a policy written two ways is one run
-        same = json.dumps([scen.run_identity(), seed])
+        # fills in the policy's defaults, so a policy written two ways is one run, and, like the
+        # id, takes input files by their contents
+        same = _key(json.loads(scen.run_identity()), inputs, seed)
         if same in seen:
             raise ConfigError(f"{source}: the points {seen[same]} and {labels} (seed {seed}) are the same scenario; "
-                              "list each value once and make each variant change something")
+                              "list each value once, make each variant change something, and give each input "
+                              "file once (two files with the same contents are the same input)")
         seen[same] = labels
-        out.append(RunSpec(run_key(scen, seed), labels, scen, seed))
+        out.append(RunSpec(run_key(scen, seed, inputs), labels, scen, seed, inputs))
     return out
 
 
@@ -141,21 +193,24 @@ def _failed_record(spec: RunSpec, error: str, trace: str | None = None) -> dict[
 
 
 def _input_mismatch(spec: RunSpec, inputs: dict[str, str], expect: dict[str, Any] | None) -> str | None:
-    """Why this process must not compute ``spec`` (None if it may): the spec's content id, and, on
-    a Dask worker, the package version and input-file digests the submitting process saw."""
-    if run_key(spec.scenario, spec.seed) != spec.run_id:
-        return (f"the scenario arrived changed (its content id is {run_key(spec.scenario, spec.seed)}, not "
-                f"{spec.run_id}); install the same memtp_sim and pydantic where the run executes")
-    if expect is None:
-        return None
-    if expect.get("version") != __version__:
-        return (f"this worker runs memtp_sim {__version__}, the submitting process {expect.get('version')}; "
-                "install the same version on every worker")
-    differ = sorted(k for k in set(inputs) | set(expect.get("inputs", {}))
-                    if inputs.get(k) != expect.get("inputs", {}).get(k))
-    if differ:
-        return (f"this worker's input files differ from the submitting process's ({', '.join(differ)}); every "
-                "worker must see the same trace and profile files at the same paths")
+    """Why this process must not compute ``spec`` (None if it may), as a recorded error: on a Dask
+    worker (``expect`` given), the package version and input-file digests the submitting process
+    saw; everywhere, the input files read now against those the run's id was made from, and the
+    spec's content id."""
+    if expect is not None and expect.get("version") != __version__:
+        return (f"ConfigError: this worker runs memtp_sim {__version__}, the submitting process "
+                f"{expect.get('version')}; install the same version on every worker")
+    want = spec.inputs if expect is None else expect.get("inputs", {})
+    differ = sorted(k for k in set(inputs) | set(want) if inputs.get(k) != want.get(k))
+    if differ and expect is not None:  # a setup to fix: a retry alone fails the same way
+        return (f"ConfigError: this worker's input files differ from the submitting process's ({', '.join(differ)}); "
+                "every worker must see the same trace and profile files at the same paths")
+    if differ:  # edited while the study ran: the next `run` plans the run for the new contents
+        return f"input changed while the study ran: {', '.join(differ)}; run again to compute it from the new contents"
+    key = run_key(spec.scenario, spec.seed, inputs)
+    if key != spec.run_id:
+        return (f"ConfigError: the scenario arrived changed (its content id is {key}, not {spec.run_id}); "
+                "install the same memtp_sim and pydantic where the run executes")
     return None
 
 
@@ -172,8 +227,8 @@ def _compute(spec: RunSpec, progress: Callable[[int, int], None] | None = None,
     try:
         inputs = input_fingerprint(spec.scenario)
         why = _input_mismatch(spec, inputs, expect)
-        if why is not None:  # a setup to fix (version, files): a retry alone fails the same way
-            return _failed_record(spec, f"ConfigError: {why}"), {}
+        if why is not None:
+            return _failed_record(spec, why), {}
         res = run(spec.scenario, seed=spec.seed, progress=progress)
         buf = io.StringIO()
         res.requests_frame().to_csv(buf, index=False)
@@ -264,15 +319,40 @@ def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str
     s, why = _read_summary(run_dir)
     if s is None:
         return None, why
-    if s.get("seed") != spec.seed or s.get("scenario") != spec.scenario.model_dump(mode="json"):
+    scen = s.get("scenario")  # its input files may have been at other paths: they count by content below
+    if (s.get("seed") != spec.seed or not isinstance(scen, dict)
+            or _without_paths(scen) != _without_paths(spec.scenario.model_dump(mode="json"))):
         return None, "damaged: summary.json records another scenario or seed"
-    inputs = input_fingerprint(spec.scenario)
+    inputs = spec.inputs
     if s.get("inputs") != inputs:
         recorded = s.get("inputs") if isinstance(s.get("inputs"), dict) else {}
         changed = sorted(k for k in set(inputs) | set(recorded) if inputs.get(k) != recorded.get(k))
         return None, f"input changed: {', '.join(changed)}"
     why = verify_run_files(run_dir, s)
     return (s, None) if why is None else (None, f"damaged: {why}")
+
+
+def _earlier_results(runs_dir: Path, known: set[str]) -> dict[str, dict[str, Any]]:
+    """Summaries of the folders under ``runs_dir`` that belong to no run id in ``known``, by
+    ``json.dumps([scenario, seed])``: with a run of this study's scenario and seed (paths and all),
+    such a folder is that run's earlier result, from inputs whose contents changed since or under
+    an earlier run id (before ids hashed contents instead of paths)."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in runs_dir.iterdir():
+        if d.is_dir() and d.name not in known:
+            s, _ = _read_summary(d)
+            if s is not None:
+                out[json.dumps([s.get("scenario"), s.get("seed")], sort_keys=True)] = s
+    return out
+
+
+def _superseded_why(spec: RunSpec, earlier: dict[str, Any]) -> str:
+    """Why ``spec`` is computed although ``earlier`` (from :func:`_earlier_results`) ran it."""
+    recorded = earlier.get("inputs") if isinstance(earlier.get("inputs"), dict) else {}
+    changed = sorted(k for k in set(spec.inputs) | set(recorded) if spec.inputs.get(k) != recorded.get(k))
+    if changed:
+        return f"input changed: {', '.join(changed)}"
+    return "earlier run id (run ids now hash input file contents, not paths)"
 
 
 def check_writable(root: Path) -> None:
@@ -311,11 +391,16 @@ class StudyOutcome:
         failed: ``run_id -> reason`` for runs that could not complete (retried by the next ``run``;
             :func:`fails_again` tells those that will fail the same way).
         num_stale: run folders under ``runs/`` that belong to no run of this study (left untouched).
-        recomputed: ``run_id -> why`` for runs computed now although their folder held something:
-            ``"forced (--force)"``, ``"failed before: <error>"``, ``"interrupted: summary.json
-            missing"``, ``"damaged: <what>"`` (e.g. ``"damaged: requests.csv is damaged (size or
-            digest differs from summary.json)"``) or ``"input changed: trace, ..."``. Runs never
-            tried before are not listed.
+        recomputed: ``run_id -> why`` for runs computed now although their folder, or an earlier
+            folder of theirs, held something: ``"forced (--force)"``, ``"failed before: <error>"``,
+            ``"interrupted: summary.json missing"``, ``"damaged: <what>"`` (e.g. ``"damaged:
+            requests.csv is damaged (size or digest differs from summary.json)"``), ``"input
+            changed: trace, ..."`` (a folder under the run's former id holds its result from other
+            contents of these files) or ``"earlier run id (...)"`` (a folder written before run ids
+            hashed file contents instead of paths holds its result). Runs never tried before are
+            not listed.
+        num_superseded: runs computed now whose earlier result (``"input changed"``, ``"earlier
+            run id"``) sits in one of the ``num_stale`` folders.
     """
 
     root: Path
@@ -326,6 +411,7 @@ class StudyOutcome:
     failed: dict[str, str]
     num_stale: int
     recomputed: dict[str, str] = field(default_factory=dict)
+    num_superseded: int = 0
 
     def ran_note(self) -> str:
         """What the study computed now and why, in one line, e.g. ``"reused 3 finished run(s) with
@@ -356,9 +442,9 @@ class StudyOutcome:
 
 def _worker_init() -> None:
     die_with_parent()  # a kill -9 of `run` must not leave workers behind
-    # Ctrl-C reaches the whole process group: a worker that took the KeyboardInterrupt could die
-    # inside the pool's call queue and hang the parent's shutdown (seen 3 times in 5 in review);
-    # the parent alone handles it and stops the workers (_run_local)
+    # Ctrl-C reaches the whole process group: the parent alone handles it and stops the workers
+    # (run_in_workers), so none dies of it mid-message (under ProcessPoolExecutor that hung the
+    # parent's shutdown 3 times in 5 in review)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -366,48 +452,46 @@ def _worker_init() -> None:
 EXECUTORS = ("local", "dask")
 
 
-def _drain(futs: dict[Any, RunSpec], completed: Any, root: Path, on_done: Callable[[dict[str, Any]], None],
-           lost: tuple[type[BaseException], ...], *, cancel_pending: bool = True) -> None:
-    """Write each finished future's run as it completes (this process writes every result file) and
-    report it; a run whose worker was lost (an exception in ``lost``) is recorded as failed. A
-    written run's future is dropped at once, so neither side keeps finished results in memory."""
+def _drain(futs: dict[Any, RunSpec], completed: Any, root: Path, on_done: Callable[[dict[str, Any]], None]) -> None:
+    """Write each finished Dask future's run as it completes (this process writes every result
+    file) and report it; a run whose task raised (Dask's ``KilledWorker`` once workers died under
+    it more often than the scheduler's ``allowed-failures``) is recorded as failed. A written run's
+    future is dropped at once, so neither side keeps finished results in memory."""
     try:
         for fut in completed:
             spec = futs.pop(fut)
             try:
                 record, blobs = fut.result()
-            except lost as e:  # a worker died (killed for memory, its host went away) or could not run the task
+            except Exception as e:  # noqa: BLE001 - workers died under it, or it could not run there
                 record, blobs = _failed_record(spec, f"worker lost ({type(e).__name__}: {e})"), {}
             on_done(_write_outcome(root / "runs" / spec.run_id, record, blobs))
     except BaseException:
-        if cancel_pending:  # else the caller stops the workers and the pool settles its futures
-            for f in list(futs):
-                f.cancel()
+        for f in list(futs):
+            f.cancel()
         raise
 
 
 def _run_local(todo: list[RunSpec], root: Path, jobs: int, on_done: Callable[[dict[str, Any]], None],
                on_run_progress: Callable[[int, int], None] | None) -> None:
-    """Execute ``todo`` in this process (jobs 1) or in worker processes that die with this one."""
+    """Execute ``todo`` in this process (jobs 1) or in worker processes that die with this one.
+
+    A worker that dies (killed for memory, say) costs only the run it was running: the run is tried
+    again on a fresh worker and recorded as failed only if its worker dies under it again
+    (:func:`memtp_sim._procs.run_in_workers`). Ctrl-C terminates the workers (they ignore SIGINT);
+    finished runs are written already."""
     if jobs == 1 or len(todo) <= 1:
         for spec in todo:
             on_done(_execute(spec, str(root / "runs" / spec.run_id), on_run_progress))
         return
-    before = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), initializer=_worker_init)
-    try:
-        futs = {pool.submit(_compute, spec): spec for spec in todo}
-        _drain(futs, as_completed(futs), root, on_done, (BrokenProcessPool,), cancel_pending=False)
-    except BaseException:
-        # Ctrl-C or an error: finished runs are written already; stop this pool's workers (they
-        # ignore SIGINT) instead of waiting for the runs in flight. The futures are not cancelled
-        # first: the pool then marks them broken itself (Python 3.11's pool raises from its manager
-        # thread when it finds a cancelled future after its workers died)
-        for proc in set(multiprocessing.active_children()) - before:
-            proc.terminate()
-        raise
-    finally:
-        pool.shutdown(wait=True)
+
+    def write(i: int, outcome: tuple[dict[str, Any], dict[str, bytes]]) -> None:
+        on_done(_write_outcome(root / "runs" / todo[i].run_id, *outcome))
+
+    def lost(i: int, why: str) -> None:
+        record = _failed_record(todo[i], f"worker lost: {why}; if it ran out of memory, run fewer at once (--jobs)")
+        on_done(_write_outcome(root / "runs" / todo[i].run_id, record, {}))
+
+    run_in_workers(_compute, todo, jobs, write, lost, initializer=_worker_init)
 
 
 def _import_distributed() -> Any:
@@ -452,11 +536,14 @@ def _run_dask(todo: list[RunSpec], root: Path, on_done: Callable[[dict[str, Any]
         token = secrets.token_hex(4)
         futs = {}
         for spec in todo:
-            expect = {"version": __version__, "inputs": input_fingerprint(spec.scenario)}
+            expect = {"version": __version__, "inputs": spec.inputs}
+            # retries=0: a run that raised fails the same way again. A worker that dies is another
+            # matter: the scheduler runs its tasks elsewhere and fails one (KilledWorker) only after
+            # `distributed.scheduler.allowed-failures` deaths under it; the rest are not touched
             futs[client.submit(_compute, spec, None, expect, key=f"memtp_sim-{spec.run_id}-{token}",
                                retries=0)] = spec
         with client.as_current():  # as_completed finds the client through the current one
-            _drain(futs, distributed.as_completed(futs), root, on_done, (Exception,))
+            _drain(futs, distributed.as_completed(futs), root, on_done)
     finally:
         client.close()
 
@@ -526,6 +613,14 @@ def run_study(
                 todo.append(spec)
                 if why is not None:
                     recomputed[spec.run_id] = why
+        new = [spec for spec in todo if spec.run_id not in recomputed]
+        earlier = _earlier_results(root / "runs", {s.run_id for s in specs}) if new and not force else {}
+        superseded = 0
+        for spec in new:
+            before = earlier.get(json.dumps([spec.scenario.model_dump(mode="json"), spec.seed], sort_keys=True))
+            if before is not None:
+                recomputed[spec.run_id] = _superseded_why(spec, before)
+                superseded += 1
         num_reused = len(records)
         if on_progress is not None:
             on_progress(len(records), len(specs), "")
@@ -546,7 +641,7 @@ def run_study(
     known = {s.run_id for s in specs}
     stale = sum(1 for d in (root / "runs").iterdir() if d.is_dir() and d.name not in known)
     failed = {r["run_id"]: r["error"] for r in ordered if r.get("status") == "failed"}
-    return StudyOutcome(root, table, len(specs), num_reused, len(todo), failed, stale, recomputed)
+    return StudyOutcome(root, table, len(specs), num_reused, len(todo), failed, stale, recomputed, superseded)
 
 
 def check_executor(executor: str, scheduler: str | None, jobs: int | None) -> None:

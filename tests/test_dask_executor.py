@@ -12,6 +12,7 @@ makes them fail, so CI cannot pass them by skipping.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import _dask_boom  # noqa: F401 - registers the test_dask_boom policy in this process (workers preload it)
@@ -55,11 +57,12 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def scheduler(tmp_path_factory):
-    """Address of a Dask scheduler with two single-thread workers that preload the boom policy."""
+@contextlib.contextmanager
+def _cluster(tmp: Path, *, nanny: bool = False, config: dict[str, str] | None = None) -> Iterator[str]:
+    """A Dask scheduler and two single-thread workers that preload the boom policy, on localhost;
+    yields the scheduler's address. ``nanny``: each worker runs under a nanny, which starts a new
+    one when it dies; ``config``: ``DASK_*`` environment settings of the scheduler."""
     dask = _dask_cli()
-    tmp = tmp_path_factory.mktemp("dask")
     sched_file = tmp / "scheduler.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
     procs: list[subprocess.Popen] = []
@@ -69,7 +72,8 @@ def scheduler(tmp_path_factory):
         logs.append(log)
         procs.append(subprocess.Popen(
             [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(sched_file)], cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))
+             "--scheduler-file", str(sched_file)], cwd=tmp, env={**env, **(config or {})}, stdout=log,
+            stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 30
         while not sched_file.is_file() or not sched_file.read_text().strip():
             assert procs[0].poll() is None, (tmp / "scheduler.log").read_text()
@@ -80,8 +84,9 @@ def scheduler(tmp_path_factory):
             log = open(tmp / f"worker{i}.log", "w")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [dask, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--name", f"w{i}",
-                 "--preload", "_dask_boom", "--local-directory", str(tmp / f"w{i}"), "--death-timeout", "60"],
+                [dask, "worker", address, "--nthreads", "1", "--nanny" if nanny else "--no-nanny", "--no-dashboard",
+                 "--name", f"w{i}", "--preload", "_dask_boom", "--local-directory", str(tmp / f"w{i}"),
+                 "--death-timeout", "60"],
                 cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))
         from distributed import Client
 
@@ -93,6 +98,13 @@ def scheduler(tmp_path_factory):
         _stop(procs[:1])
         for log in logs:
             log.close()
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """Address of a Dask scheduler with two single-thread workers that preload the boom policy."""
+    with _cluster(tmp_path_factory.mktemp("dask")) as address:
+        yield address
 
 
 def _study(tmp_path: Path, doc: dict) -> Path:
@@ -168,6 +180,34 @@ def test_a_failing_run_is_recorded_as_with_the_local_executor(tmp_path, schedule
         assert "covers 2 of the study&#x27;s 4 runs" in report or "covers 2 of the study's 4 runs" in report
     assert outs["dask"][0] == outs["local"][0]
     pd.testing.assert_frame_equal(outs["dask"][1], outs["local"][1])
+
+
+def test_a_dead_worker_costs_no_other_run(tmp_path, capsys):
+    """Dask's answer to a worker that dies (here a run kills its own worker with SIGKILL, as the
+    out-of-memory killer would): the scheduler runs that worker's task elsewhere and touches no
+    other; a task whose workers died under it more often than the scheduler's allowed-failures
+    (1 here, 3 by default) fails with KilledWorker, which `run` records as a lost worker. The
+    local executor's fault (one death failed every pending run) has no Dask counterpart."""
+    doc = {"name": "d", "base": {
+        "hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"},
+        "acceptance": {"profile": "dspark-qwen3", "domain_mix": {"chat": 1.0}},
+        "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 2, "num_requests": 8},
+        "policy": {"name": "test_dask_boom"}},
+        "sweep": {"policy.die": [False, True], "workload.concurrency": [1, 2]}, "seeds": [0]}
+    study = _study(tmp_path, doc)
+    config = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1"}
+    (tmp_path / "cluster").mkdir()
+    with _cluster(tmp_path / "cluster", nanny=True, config=config) as address:
+        rc = main(["run", str(study), "--out", str(tmp_path / "out"), "--quiet", "--executor", "dask",
+                   "--scheduler", address])
+    err = capsys.readouterr().err
+    assert rc == 1 and "2 of 4 run(s) failed" in err, err
+    root = tmp_path / "out" / "d"
+    failed = [json.loads(p.read_text()) for p in (root / "runs").glob("*/failed.json")]
+    assert sorted(r["labels"]["workload.concurrency"] for r in failed) == [1, 2]
+    assert all(r["labels"]["policy.die"] and r["error"].startswith("worker lost (KilledWorker:") for r in failed)
+    done = pd.read_csv(root / "runs.csv")
+    assert len(done) == 2 and not done["policy.die"].any() and done["num_completed"].tolist() == [8, 8]
 
 
 def _free_port() -> int:

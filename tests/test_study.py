@@ -163,6 +163,81 @@ def test_a_worker_that_differs_computes_nothing_and_is_not_told_to_retry(tmp_pat
     assert record["status"] == "ok" and set(blobs) == {"requests.csv", "rounds.parquet"}
 
 
+def test_run_ids_follow_input_contents_not_paths(tmp_path, capsys):
+    """The same study and trace in two folders share their runs; changed contents never reuse a
+    result. Before the fix the id hashed the trace's absolute path: running mv2/s.yaml after
+    mv1/s.yaml into the same --out recomputed every run and left both sets of folders."""
+    import hashlib
+
+    from memtp_sim.cli import main
+    from memtp_sim.config import load_study
+    from memtp_sim.study import _compute, fails_again, plan_runs, run_study
+
+    lines = TRACE.read_text().splitlines()[:200]
+    doc = _study_doc()
+    doc["base"]["workload"].update(trace="t.csv", num_requests=6)
+    doc["policies"] = [{"name": "mtp1"}]
+    studies = {}
+    for name in ("mv1", "mv2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "t.csv").write_text("\n".join(lines) + "\n")
+        (tmp_path / name / "s.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        studies[name] = load_study(tmp_path / name / "s.yaml")
+    out = tmp_path / "X"
+    runs = out / "tiny" / "runs"
+    first = run_study(studies["mv1"], out_dir=out, jobs=1)
+    assert first.num_ran == 2
+    moved = run_study(studies["mv2"], out_dir=out, jobs=1)
+    assert (moved.num_reused, moved.num_ran, moved.num_stale) == (2, 0, 0)
+    assert sorted(d.name for d in runs.iterdir()) == sorted(first.table["run_id"])
+
+    # other contents at the other place: new runs; the summary records the new file's digest
+    trace2 = tmp_path / "mv2" / "t.csv"
+    trace2.write_text("\n".join(lines + lines[-1:]) + "\n")
+    edited = run_study(load_study(tmp_path / "mv2" / "s.yaml"), out_dir=out, jobs=1)
+    assert (edited.num_reused, edited.num_ran, edited.recomputed) == (0, 2, {})
+    assert not set(edited.table["run_id"]) & set(first.table["run_id"])
+    digest = hashlib.sha256(trace2.read_bytes()).hexdigest()[:16]
+    for rid in edited.table["run_id"]:
+        assert json.loads((runs / rid / "summary.json").read_text())["inputs"]["trace"] == digest
+    # mv1 is unchanged: still its own results
+    assert run_study(studies["mv1"], out_dir=out, jobs=1).num_reused == 2
+
+    # edited in place: recomputed, saying why, the old folders left and counted
+    (tmp_path / "mv1" / "t.csv").write_text("\n".join(lines[:150]) + "\n")
+    rc = main(["run", str(tmp_path / "mv1" / "s.yaml"), "--out", str(out), "--jobs", "1"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "resume: ran 2: recomputed 2 (2 x input changed: trace)" in err
+    assert "4 folder(s) under" in err and "among them earlier results of 2 run(s) computed now" in err
+
+    # a file edited while the study runs: the run is not computed under the id of the old contents
+    spec = plan_runs(load_study(tmp_path / "mv1" / "s.yaml"))[0]
+    (tmp_path / "mv1" / "t.csv").write_text("\n".join(lines[:160]) + "\n")
+    record, blobs = _compute(spec)
+    assert record["status"] == "failed" and blobs == {}
+    assert record["error"].startswith("input changed while the study ran: trace") and not fails_again(record["error"])
+
+
+def test_results_under_an_earlier_run_id_are_recomputed_once_saying_why(tmp_path):
+    """Results written before run ids hashed contents instead of paths sit under other ids: each
+    such run is computed once more under its new id, and says why; its old folder is left alone."""
+    from memtp_sim.config import load_study
+    from memtp_sim.study import run_study
+
+    f = tmp_path / "tiny.yaml"
+    f.write_text(yaml.safe_dump(_study_doc(), sort_keys=False))
+    out = tmp_path / "results"
+    first = run_study(load_study(f), out_dir=out, jobs=1)
+    runs = out / "tiny" / "runs"
+    old = runs / first.table["run_id"][0]
+    legacy = old.rename(runs / "r0123456789ab")  # as if named by the former (path) id
+    again = run_study(load_study(f), out_dir=out, jobs=1)
+    assert again.num_reused == 3 and again.num_ran == 1
+    assert again.recomputed == {old.name: "earlier run id (run ids now hash input file contents, not paths)"}
+    assert (again.num_stale, again.num_superseded) == (1, 1) and legacy.is_dir()
+
+
 def test_run_and_report_give_the_same_reason_for_each_unfinished_run(tmp_path):
     """A damaged, interrupted, failed or missing run: `report` (collect_runs) says what `run`
     says when it recomputes it (review: report called an unreadable summary.json "not run")."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -245,15 +247,19 @@ def test_a_huge_run_is_refused_at_load():
 class _BoomParams(PolicyParams):
     k: int = 1
     fail: bool = False
+    die: bool = False
 
 
 @register("test_boom")
 class _BoomPolicy(StaticPolicy):
-    """A static policy that breaks on purpose when ``fail`` is set (the study runner test)."""
+    """A static policy that breaks on purpose when ``fail`` is set, or kills its own process with
+    SIGKILL (as the out-of-memory killer does) when ``die`` is set (the study runner tests)."""
 
     Params = _BoomParams
 
     def plan(self, view):  # noqa: ANN001, ANN201
+        if self.params.die:
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.params.fail:
             raise RuntimeError("boom: this run fails on purpose")
         return RoundPlan(np.minimum(np.full(view.num_requests, 1), view.draft_len))
@@ -273,6 +279,28 @@ def test_a_failing_run_is_recorded_and_the_study_finishes(tmp_path, capsys, jobs
     report = (root / "report.html").read_text()
     assert "covers 2 of the study&#x27;s 4 runs" in report or "covers 2 of the study's 4 runs" in report
     assert len(list((root / "runs").glob("*/failed.json"))) == 2
+
+
+def test_a_run_that_kills_its_worker_fails_alone_after_two_tries(tmp_path, capsys):
+    """A run whose worker dies under it on every try (e.g. it exhausts memory) is recorded as failed
+    with the reason after LOST_WORKER_TRIES tries, and costs no other run. Before the fix the first
+    death broke the whole ProcessPoolExecutor: every run not finished yet, the good ones included,
+    was recorded as failed ("worker lost (BrokenProcessPool: ...)")."""
+    doc = {"name": "f", "base": _base(policy={"name": "test_boom"}), "sweep": {"policy.die": [False, True]},
+           "seeds": [0, 1, 2]}
+    f = _study_file(tmp_path, doc)
+    rc = main(["run", str(f), "--out", str(tmp_path / "out"), "--jobs", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "3 of 6 run(s) failed" in err
+    root = tmp_path / "out" / "f"
+    failed = [json.loads(p.read_text()) for p in (root / "runs").glob("*/failed.json")]
+    assert sorted(r["seed"] for r in failed) == [0, 1, 2] and all(r["labels"]["policy.die"] for r in failed)
+    for r in failed:
+        assert r["error"] == ("worker lost: its worker process died under it 2 time(s) (last: killed by SIGKILL, as "
+                              "the out-of-memory killer does); if it ran out of memory, run fewer at once (--jobs)")
+    done = pd.read_csv(root / "runs.csv")
+    assert sorted(done["seed"]) == [0, 1, 2] and not done["policy.die"].any()
 
 
 _INT_CHOICES = {"max_batch_tokens": [16, 32, 64, 128, 512], "prefill_chunk_tokens": [8, 16, 32, 256]}
@@ -572,6 +600,30 @@ def test_kill_9_of_run_leaves_no_workers(tmp_path):
     while time.time() < deadline and any(_alive(w) for w in workers):
         time.sleep(0.1)
     assert not any(_alive(w) for w in workers), "workers outlived their killed parent"
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_worker_costs_no_run(tmp_path):
+    """One worker of `run --jobs 2` killed with SIGKILL mid-study (what the out-of-memory killer
+    does): the run it was running is tried again on a fresh worker and the study ends with every
+    run finished. Before the fix the pool broke: `112 runs (99 failed)` for studies/load.yaml,
+    every run not finished yet recorded as "worker lost (BrokenProcessPool: ...)", exit code 1."""
+    doc = {"name": "k", "base": _base(workload={"num_requests": 400, "concurrency": 8}),
+           "sweep": {"workload.concurrency": [1, 2, 4, 8]}, "seeds": [0, 1]}
+    f = _study_file(tmp_path, doc)
+    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(f), "--out", str(tmp_path / "o"),
+                             "--jobs", "2", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = min(_wait_for_workers(proc.pid))
+    time.sleep(0.5)  # into its first run (each takes about a second)
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "8 runs in" in out and "failed" not in out + err
+    root = tmp_path / "o" / "k"
+    assert not list((root / "runs").glob("*/failed.json"))
+    assert len(list((root / "runs").glob("*/summary.json"))) == 8
+    runs = pd.read_csv(root / "runs.csv")
+    assert len(runs) == 8 and runs["num_completed"].tolist() == [400] * 8
 
 
 @pytest.mark.slow

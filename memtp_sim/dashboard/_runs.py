@@ -2,9 +2,10 @@
 
 A run lives in ``<workdir>/runs/<run key>/`` with the files a study writes for it
 (``summary.json``, ``requests.csv``, ``rounds.parquet``), its key being
-:func:`memtp_sim.study.run_key` (a hash of the resolved scenario and the seed). A run is reused when
-its summary records the same input files (:func:`memtp_sim.study.input_fingerprint`); going back
-to a setting is therefore instant, also after a restart. Because the layout is a study's, the
+:func:`memtp_sim.study.run_key` (a hash of the resolved scenario, the seed and the contents of the
+input files). A run is reused when its summary records the same input files
+(:func:`memtp_sim.study.input_fingerprint`); going back to a setting is therefore instant, also
+after a restart. Because the layout is a study's, the
 report's aggregations (:mod:`memtp_sim.report.numbers`) read these runs unchanged, through a
 :class:`~memtp_sim.report.StudyResults` built by :meth:`RunStore.results`.
 
@@ -24,13 +25,12 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_bytes, atomic_write_text, json_default
-from .._procs import exit_when
+from .._procs import exit_when, run_in_workers
 from ..api import run
 from ..config import Scenario
 from ..report import StudyResults
@@ -69,8 +69,9 @@ def _exit_with(parent: int, poll_s: float = 0.5) -> None:
     exit_when(lambda: os.getppid() != parent, poll_s, name="exit-with-job")
 
 
-def _compute(root: str, scenario: dict[str, Any], seed: int) -> dict[str, Any]:
-    """One run in a pool worker (the scenario as its JSON dump)."""
+def _compute(task: tuple[str, dict[str, Any], int]) -> dict[str, Any]:
+    """One run in a pool worker: ``(work folder, the scenario as its JSON dump, seed)``."""
+    root, scenario, seed = task
     return RunStore(root).ensure(Scenario.model_validate(scenario), seed)
 
 
@@ -152,8 +153,9 @@ class RunStore:
         Returns:
             Its summary, or None when it must be computed.
         """
-        summary = self.load(run_key(scenario, int(seed)))
-        if summary is None or summary.get("inputs") != input_fingerprint(scenario):
+        inputs = input_fingerprint(scenario)
+        summary = self.load(run_key(scenario, int(seed), inputs))
+        if summary is None or summary.get("inputs") != inputs:
             return None
         return summary
 
@@ -197,7 +199,8 @@ class RunStore:
 
         With ``workers`` > 1 the runs to compute go to a pool of that many worker processes
         (forked from this one; each exits when this process is gone), in the order given; runs
-        finish in any order.
+        finish in any order. A worker that dies (killed for memory, say) costs only its run, which
+        is tried again on a fresh worker (:func:`memtp_sim._procs.run_in_workers`).
 
         Args:
             runs: ``(scenario, seed)`` pairs.
@@ -208,6 +211,10 @@ class RunStore:
 
         Returns:
             The summaries, in the order of ``runs``.
+
+        Raises:
+            RuntimeError: a run whose worker died under it on every try (the others are stopped).
+            Exception: what a run raised (e.g. :class:`~memtp_sim.errors.ConfigError`).
         """
         out: dict[int, dict[str, Any]] = {}
         todo = []
@@ -227,16 +234,21 @@ class RunStore:
                 if on_done is not None:
                     on_done(i, out[i])
             return [out[i] for i in range(len(runs))]
-        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=multiprocessing.get_context("fork"),
-                                 initializer=_exit_with, initargs=(os.getpid(),)) as pool:
-            futs = {pool.submit(_compute, str(self.root), runs[i][0].model_dump(mode="json"), int(runs[i][1])): i
-                    for i in todo}
-            for fut in as_completed(futs):
-                i = futs[fut]
-                out[i] = fut.result()
-                self._remember(out[i]["run_id"], out[i])
-                if on_done is not None:
-                    on_done(i, out[i])
+
+        def done(j: int, summary: dict[str, Any]) -> None:
+            i = todo[j]
+            out[i] = summary
+            self._remember(summary["run_id"], summary)
+            if on_done is not None:
+                on_done(i, summary)
+
+        def lost(j: int, why: str) -> None:
+            scen, seed = runs[todo[j]]
+            raise RuntimeError(f"run {run_key(scen, int(seed))} (seed {seed}): worker lost: {why}")
+
+        tasks = [(str(self.root), runs[i][0].model_dump(mode="json"), int(runs[i][1])) for i in todo]
+        run_in_workers(_compute, tasks, workers, done, lost, initializer=_exit_with, initargs=(os.getpid(),),
+                       context=multiprocessing.get_context("fork"))
         return [out[i] for i in range(len(runs))]
 
     def have(self, keys: Sequence[str]) -> bool:
