@@ -343,8 +343,10 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                    validate=not args.no_validate, on_progress=on_progress)
     if out.stale_failed:
         print(f"resume: marked FAIL the RUNNING trial(s) {out.stale_failed} of dead workers", file=sys.stderr)
-    print(f"{spec.name}: {out.complete}/{out.requested} complete trials ({out.ran} started now, "
+    print(f"{spec.name}: {out.complete}/{out.requested} complete trials ({out.started_note()}; "
           f"{out.elapsed_s:.1f} s) in {out.storage_url}")
+    for message in out.notes:
+        print(f"note: {message}", file=sys.stderr)
     if out.short:
         for message in out.warnings:
             print(f"warning: {message}", file=sys.stderr)

@@ -47,9 +47,9 @@ from .config import Scenario, Study
 from .hardware import profile_files
 from .errors import ConfigError, ExecutorUnavailableError, InvalidArgumentError
 
-__all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_fingerprint", "check_writable",
-           "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor", "INPUT_ERRORS",
-           "fails_again"]
+__all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_files", "input_fingerprint",
+           "check_writable", "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor",
+           "INPUT_ERRORS", "fails_again"]
 
 
 @dataclass(frozen=True)
@@ -72,18 +72,35 @@ class RunSpec:
     inputs: dict[str, str]
 
 
-def input_fingerprint(scenario: Scenario) -> dict[str, str]:
-    """Content digests of the files a run reads (trace, hardware profile and its measurements,
-    acceptance profile), so that resuming never reuses results computed from different inputs."""
-    out = {"trace": file_digest(Path(scenario.workload.trace))}
+def input_files(scenario: Scenario) -> dict[str, Path]:
+    """The files a run of ``scenario`` reads, by role: ``trace``, ``hardware`` (the profile YAML),
+    ``measurements`` (its cost table or measurements CSV) and, unless ``acceptance.alpha`` is set,
+    ``acceptance`` (the acceptance profile YAML).
+
+    Raises:
+        CalibrationError: the hardware profile cannot be found or names a data file that is not
+            there (from :func:`memtp_sim.hardware.profile_files`).
+    """
     hw, data = profile_files(scenario.hardware.profile)  # the loader's own list: format 1 and 2 alike
-    out["hardware"] = file_digest(hw)
-    out["measurements"] = file_digest(data)
+    out = {"trace": Path(scenario.workload.trace), "hardware": hw, "measurements": data}
     if scenario.acceptance.alpha is None:
         acc = Path(scenario.acceptance.profile or DEFAULT_ACCEPTANCE)
-        acc = acc if acc.suffix in (".yaml", ".yml") else acceptance_dir() / f"{acc}.yaml"
-        out["acceptance"] = file_digest(acc)
+        out["acceptance"] = acc if acc.suffix in (".yaml", ".yml") else acceptance_dir() / f"{acc}.yaml"
     return out
+
+
+def input_fingerprint(scenario: Scenario) -> dict[str, str]:
+    """Content digests of the files a run reads (:func:`input_files`: trace, hardware profile and
+    its measurements, acceptance profile), so that resuming never reuses results computed from
+    different inputs.
+
+    Returns:
+        ``{role: digest}`` (:func:`memtp_sim._io.file_digest`, 16 hex digits of SHA-256).
+
+    Raises:
+        OSError: a file cannot be read; CalibrationError: as :func:`input_files`.
+    """
+    return {role: file_digest(path) for role, path in input_files(scenario).items()}
 
 
 #: Scenario fields (section, field) that name an input file. A run's id leaves them out and

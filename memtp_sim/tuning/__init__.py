@@ -78,11 +78,13 @@ from ._spec import (
     ValidationSpec,
 )
 from ._storage import (
+    check_study_inputs,
     default_storage_url,
     fail_dead_worker_trials,
     mask_url,
     open_storage,
     open_study,
+    study_inputs,
 )
 from ._validation import t_confidence_interval, validate_trials
 
@@ -117,6 +119,8 @@ __all__ = [
     "mask_url",
     "open_study",
     "fail_dead_worker_trials",
+    "study_inputs",
+    "check_study_inputs",
     # running (_runner)
     "TuneOutcome",
     "run_tune",

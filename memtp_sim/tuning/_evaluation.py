@@ -146,7 +146,7 @@ def constraints_from_attrs(trial: optuna.trial.FrozenTrial) -> list[float]:
     return [float(v) for v in trial.user_attrs.get("constraint_values", [])]
 
 
-def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None,
+def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None, call: str | None = None,
                    ) -> Callable[[optuna.trial.Trial], float | tuple[float, ...]]:
     """The Optuna objective: sample a point, run every tuning seed, record the trial.
 
@@ -158,6 +158,8 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
     Args:
         spec: the tune spec.
         should_stop: checked before each seed run (see :func:`evaluate`).
+        call: the id of the ``tune`` call running the objective, recorded in ``worker``
+            (:func:`memtp_sim.tuning._storage.worker_identity`).
 
     Returns:
         ``objective(trial) -> value`` (one objective) or a tuple of values (several), seed means.
@@ -171,7 +173,7 @@ def make_objective(spec: TuneSpec, should_stop: Callable[[], bool] | None = None
     tracked = spec.tracked_metrics
 
     def objective(trial: optuna.trial.Trial) -> float | tuple[float, ...]:
-        trial.set_user_attr("worker", worker_identity())
+        trial.set_user_attr("worker", worker_identity(call))
         values = sample_params(trial, spec)
         scen = scenario_for(spec, values)
         try:

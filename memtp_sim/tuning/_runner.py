@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,7 @@ from ._report import write_tune_report
 from ._selection import top_trials
 from ._spec import TuneSpec
 from ._storage import (
+    check_study_inputs,
     count_trials,
     default_storage_url,
     fail_dead_worker_trials,
@@ -65,7 +67,10 @@ class TuneOutcome:
         storage_url: the storage URL, password masked.
         requested: requested number of COMPLETE trials.
         complete: COMPLETE trials now in the study.
-        ran: trials started by this call.
+        ran: trials this call started (in this process or its workers; not those of other ``tune``
+            processes on the same storage).
+        ran_states: those trials by state (``"complete"``, ``"fail"``, ``"running"`` for a trial
+            whose worker died mid-trial, ...), counted from the storage at the end.
         stale_failed: RUNNING trials of dead workers marked FAIL on resume.
         worker_exit_codes: exit code of each worker process (empty when run in-process).
         validation: fresh-seed validation, ``{trial number: record}`` (see
@@ -74,6 +79,8 @@ class TuneOutcome:
         elapsed_s: wall-clock seconds of the optimisation.
         warnings: one line each about the study as a whole (e.g. every trial scored the capacity
             objective 0 because the SLO fails even unloaded).
+        notes: one line each about the resume (a study made before input-file digests were
+            recorded, whose inputs cannot be checked).
 
     Source:
         Optuna trial states (``TrialState.COMPLETE``, ``RUNNING``, ``FAIL``) as in the Optuna
@@ -91,11 +98,24 @@ class TuneOutcome:
     report: Path | None
     elapsed_s: float
     warnings: list[str] = dataclasses.field(default_factory=list)
+    ran_states: dict[str, int] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def short(self) -> bool:
         """Fewer COMPLETE trials than requested (a worker died or trials failed)."""
         return self.complete < self.requested
+
+    def started_note(self) -> str:
+        """What this call ran, for the summary line: ``"3 started now: 2 complete, 1 failed"``,
+        or ``"none started now"``. A trial still RUNNING at the end lost its worker mid-trial."""
+        if not self.ran:
+            return "none started now"
+        order = {"complete": 0, "fail": 1, "running": 2}
+        words = {"fail": "failed", "running": "left RUNNING by a dead worker (marked FAIL on resume)"}
+        parts = [f"{n} {words.get(state, state)}"
+                 for state, n in sorted(self.ran_states.items(), key=lambda kv: (order.get(kv[0], 3), kv[0]))]
+        return f"{self.ran} started now: {', '.join(parts)}"
 
 
 # ------------------------------------------------------------------------------------ samplers
@@ -152,8 +172,9 @@ def run_tune(
 
     Raises:
         ConfigError: ``workers`` < 1 or ``n_trials`` < 1 (named as the CLI flags ``--workers``,
-            ``--n-trials``); bad storage, a study of that name with another spec (the message
-            starts with ``spec.source``, the YAML file).
+            ``--n-trials``); bad storage, a study of that name with another spec, or one whose
+            input files (trace, profiles) changed since it was made (the message starts with
+            ``spec.source``, the YAML file; see :func:`memtp_sim.tuning.check_study_inputs`).
         KeyboardInterrupt: Ctrl-C (see the module docstring); finished trials are kept, the trials
             that were running FAIL (run again to resume).
 
@@ -175,6 +196,9 @@ def run_tune(
     storage = open_storage(url, heartbeat_interval_s=heartbeat_interval_s, grace_period_s=grace_period_s,
                            flag="--storage" if storage_url else "--out")
     study = open_study(spec, storage)
+    _, note = check_study_inputs(study, spec, where=spec.source,
+                                 todo="restore the old file(s), or give the tune spec a new name to tune on the "
+                                      "new contents")
     stale = fail_dead_worker_trials(study)
     if storage_kind(url) == "rdb":
         with warnings.catch_warnings():
@@ -183,18 +207,25 @@ def run_tune(
     complete = count_trials(study, TrialState.COMPLETE)
     remaining = max(0, n_trials - complete)
     existing = len(study.get_trials(deepcopy=False))
+    call = uuid.uuid4().hex  # tags the trials this call starts (worker.call): other processes may share the study
     codes: list[int] = []
     t0 = time.perf_counter()
     if on_progress is not None:
         on_progress(complete, n_trials)
     if remaining and workers == 1:
-        _run_in_process(spec, study, remaining, existing, n_trials, on_progress)
+        _run_in_process(spec, study, remaining, existing, n_trials, on_progress, call)
     elif remaining:
         codes = _run_workers(spec, url, study, remaining, workers, existing, (heartbeat_interval_s, grace_period_s),
-                             n_trials, on_progress)
+                             n_trials, on_progress, call)
     elapsed = time.perf_counter() - t0
     complete = count_trials(study, TrialState.COMPLETE)
-    outcome = TuneOutcome(spec.name, mask_url(url), n_trials, complete, remaining, stale, codes, {}, None, elapsed)
+    mine = [t for t in study.get_trials(deepcopy=False)
+            if isinstance(t.user_attrs.get("worker"), dict) and t.user_attrs["worker"].get("call") == call]
+    states: dict[str, int] = {}
+    for t in mine:
+        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    outcome = TuneOutcome(spec.name, mask_url(url), n_trials, complete, len(mine), stale, codes, {}, None, elapsed,
+                          ran_states=states, notes=[note] if note is not None else [])
     zero = zero_capacity_warning(spec, study.get_trials(deepcopy=False))
     if zero is not None:
         outcome.warnings.append(zero)
@@ -208,7 +239,7 @@ def run_tune(
 
 
 def _run_in_process(spec: TuneSpec, study: optuna.Study, remaining: int, existing: int, n_trials: int,
-                    on_progress: Callable[[int, int], None] | None) -> None:
+                    on_progress: Callable[[int, int], None] | None, call: str) -> None:
     """Run ``remaining`` trials here; the first Ctrl-C stops between seed runs, then re-raises."""
     from optuna.trial import (
         TrialState,  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
@@ -223,7 +254,7 @@ def _run_in_process(spec: TuneSpec, study: optuna.Study, remaining: int, existin
     callbacks.append(_enough_complete(n_trials))
     with SigintSetsEvent(stop):
         try:
-            study.optimize(make_objective(spec, stop.is_set), n_trials=remaining, callbacks=callbacks,
+            study.optimize(make_objective(spec, stop.is_set, call), n_trials=remaining, callbacks=callbacks,
                            gc_after_trial=False)
         except Stopped:
             pass
@@ -255,9 +286,9 @@ def _enough_complete(n_trials: int) -> Any:
 
 
 def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: tuple[int, int],
-                 stop: Any = None, total_trials: int | None = None) -> None:
+                 stop: Any = None, total_trials: int | None = None, call: str | None = None) -> None:
     """Entry point of one worker process: load the shared study and run ``n_trials`` trials (fewer
-    once the study holds ``total_trials`` COMPLETE ones).
+    once the study holds ``total_trials`` COMPLETE ones), tagged with the parent's ``call`` id.
 
     Ctrl-C is the parent's business: the worker ignores SIGINT (the terminal sends it to the whole
     process group) and stops when the parent sets ``stop`` (a multiprocessing Event): between two
@@ -275,7 +306,7 @@ def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: 
         callbacks = [stop_callback(should_stop)] if should_stop is not None else []
         if total_trials is not None:
             callbacks.append(_enough_complete(total_trials))
-        study.optimize(make_objective(spec, should_stop), n_trials=n_trials, callbacks=callbacks,
+        study.optimize(make_objective(spec, should_stop, call), n_trials=n_trials, callbacks=callbacks,
                        gc_after_trial=False)
     except (Stopped, KeyboardInterrupt):
         sys.exit(130)
@@ -288,7 +319,7 @@ def _worker_main(spec: TuneSpec, url: str, n_trials: int, seed: int, heartbeat: 
 
 def _run_workers(spec: TuneSpec, url: str, study: optuna.Study, remaining: int, workers: int, existing: int,
                  heartbeat: tuple[int, int], n_trials: int,
-                 on_progress: Callable[[int, int], None] | None) -> list[int]:
+                 on_progress: Callable[[int, int], None] | None, call: str) -> list[int]:
     """Start ``workers`` processes with quotas summing to ``remaining``; wait; return exit codes."""
     from optuna.trial import (
         TrialState,  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
@@ -307,7 +338,7 @@ def _run_workers(spec: TuneSpec, url: str, study: optuna.Study, remaining: int, 
             if q == 0:
                 continue
             p = ctx.Process(target=_worker_main, name=f"memtp-tune-{i}",
-                            args=(spec, url, q, _sampler_seed(spec, existing, i), heartbeat, stop, n_trials))
+                            args=(spec, url, q, _sampler_seed(spec, existing, i), heartbeat, stop, n_trials, call))
             p.start()
             procs.append(p)
     finally:

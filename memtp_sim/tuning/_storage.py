@@ -7,8 +7,17 @@ stops beating for ``grace_period_s`` is failed and re-queued with the same param
 A rerun resumes: it counts COMPLETE trials and runs the rest up to ``n_trials``. RUNNING trials
 left by a killed worker on this host (its pid is gone) are marked FAIL first
 (:func:`fail_dead_worker_trials`); each trial records its worker's host, pid and process start time
-in the user attribute ``worker`` (:func:`worker_identity`). The storage is standard Optuna
-storage: optuna-dashboard opens it as it is.
+in the user attribute ``worker`` (:func:`worker_identity`), with the id of the ``tune`` call that
+started it, so a call can count the trials it ran itself among those of concurrent processes.
+The storage is standard Optuna storage: optuna-dashboard opens it as it is.
+
+**Input files.** A new study records the content digests of every file its trials read
+(:func:`study_inputs`: trace, hardware profile and its cost table or measurements CSV, acceptance
+profile, for every categorical choice of the search space) in its record (user attribute
+:data:`~memtp_sim.tuning.STUDY_ATTR`, key ``inputs``). Resuming (and ``export``) refuses a study
+whose files changed since (:func:`check_study_inputs`): its trials were priced on the old contents,
+and new trials would be priced on the new ones. A study made before the digests were recorded
+resumes with a one-line note that its inputs cannot be checked.
 """
 
 from __future__ import annotations
@@ -24,12 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..errors import ConfigError, MemtpSimError
+from ._loading import _corners
+from ._space import scenario_for
 from ._spec import STUDY_ATTR, TuneSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
 __all__ = [
+    "check_study_inputs",
     "count_trials",
     "default_storage_url",
     "fail_dead_worker_trials",
@@ -37,6 +49,7 @@ __all__ = [
     "open_storage",
     "open_study",
     "storage_kind",
+    "study_inputs",
     "worker_identity",
 ]
 
@@ -208,18 +221,22 @@ def open_storage(url: str, *, heartbeat_interval_s: int = 10, grace_period_s: in
 
 
 # ------------------------------------------------------------------------------------ workers
-def worker_identity() -> dict[str, Any]:
+def worker_identity(call: str | None = None) -> dict[str, Any]:
     """This process as a trial records it (user attribute ``worker``).
 
+    Args:
+        call: the id of the ``tune`` call that started the trial (:func:`memtp_sim.tuning.run_tune`
+            makes one per call and counts its trials by it), or None.
+
     Returns:
-        ``{"host", "pid", "start_ticks"}``; ``start_ticks`` (Linux clock ticks since boot, or None)
-        tells a reused pid apart.
+        ``{"host", "pid", "start_ticks", "call"}``; ``start_ticks`` (Linux clock ticks since boot,
+        or None) tells a reused pid apart.
 
     Source:
         proc(5), ``/proc/<pid>/stat`` field 22 (``starttime``).
     """
     pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start_ticks": _process_start_ticks(pid)}
+    return {"host": socket.gethostname(), "pid": pid, "start_ticks": _process_start_ticks(pid), "call": call}
 
 
 def _process_start_ticks(pid: int) -> int | None:
@@ -327,6 +344,7 @@ def open_study(spec: TuneSpec, storage: optuna.storages.BaseStorage, *, create: 
             "objective_names": spec.objective_names,
             "constraint_names": [c.label for c in spec.constraints],
             "memtp_sim_version": __version__,
+            "inputs": {label: digest for label, (_, digest) in study_inputs(spec).items()},
         })
     else:
         theirs = rec.get("tune_spec", {})
@@ -341,6 +359,82 @@ def open_study(spec: TuneSpec, storage: optuna.storages.BaseStorage, *, create: 
         raise ConfigError(f"{spec.source}: objectives: study {spec.name!r} in storage has directions "
                           f"{theirs_dirs}, the spec {spec.directions}; give the tune spec a new name")
     return study
+
+
+def study_inputs(spec: TuneSpec) -> dict[str, tuple[Path, str]]:
+    """Every file a trial of ``spec`` reads, with its content digest.
+
+    The files of each scenario come from :func:`memtp_sim.study.input_files` and their digests
+    from :func:`memtp_sim.study.input_fingerprint` (as ``run`` checks a study's runs), over the
+    corners of the search space, which hold every categorical choice (a tuned
+    ``hardware.profile`` or ``workload.trace`` reads one file per choice).
+
+    Args:
+        spec: the tune spec.
+
+    Returns:
+        ``{label: (path, digest)}``: ``label`` is the role (``trace``, ``hardware``,
+        ``measurements``, ``acceptance``) for the files of the first corner, ``"<role> <path>"``
+        for another file in that role.
+
+    Raises:
+        ConfigError: a file cannot be read (one line naming it), or a corner makes an invalid
+            scenario (as at load).
+        CalibrationError: a hardware profile or its data file is missing
+            (:func:`memtp_sim.hardware.profile_files`).
+
+    Source:
+        :func:`memtp_sim.study.input_fingerprint` (16 hex digits of SHA-256 per file).
+    """
+    from ..study import input_files, input_fingerprint  # lazy: memtp_sim.study imports pandas
+
+    out: dict[str, tuple[Path, str]] = {}
+    for values in _corners(spec):
+        scen = scenario_for(spec, values)
+        try:
+            digests = input_fingerprint(scen)
+        except OSError as e:
+            raise ConfigError(f"{spec.source}: input file {e.filename}: {e.strerror}") from None
+        for role, path in input_files(scen).items():
+            label = role if role not in out or out[role][0] == path else f"{role} {path}"
+            out.setdefault(label, (path, digests[role]))
+    return out
+
+
+def check_study_inputs(study: optuna.Study, spec: TuneSpec, *, where: str, todo: str,
+                       ) -> tuple[dict[str, tuple[Path, str]], str | None]:
+    """Check that the files the study's trials read still hold what they held when it was made.
+
+    Args:
+        study: the study (its record, user attribute :data:`~memtp_sim.tuning.STUDY_ATTR`).
+        spec: its tune spec.
+        where: the start of the error line (the tune YAML, or ``export: study NAME``).
+        todo: what the user can do, ending the error line.
+
+    Returns:
+        ``(inputs, note)``: the files now (:func:`study_inputs`); ``note`` is None when every digest
+        matches, a one-line note when the study records no digests (made before ``tune`` recorded
+        them), so its inputs cannot be checked.
+
+    Raises:
+        ConfigError: a file changed, appeared or is gone since (one line naming the first, its
+            path, and ``todo``); or as :func:`study_inputs`.
+
+    Source:
+        Digests of :func:`study_inputs`, compared with those :func:`open_study` recorded.
+    """
+    now = study_inputs(spec)
+    stored = (study.user_attrs.get(STUDY_ATTR) or {}).get("inputs")
+    if not isinstance(stored, dict):
+        return now, (f"study {study.study_name!r} records no digests of its input files (made before tune recorded "
+                     "them), so it cannot be checked that the trace and profiles are still the files its trials read")
+    changed = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k, (None, None))[1])
+    if not changed:
+        return now, None
+    shown = [k if k in now and str(now[k][0]) in k else f"{k} ({now[k][0]})" if k in now else f"{k} (no longer read)"
+             for k in changed]
+    raise ConfigError(f"{where}: input changed since study {study.study_name!r} was tuned: {', '.join(shown)}; "
+                      f"its trials were priced on the old contents; {todo}")
 
 
 def count_trials(study: optuna.Study, state: Any) -> int:

@@ -30,8 +30,16 @@ library defaults that were not simulated (vLLM and SGLang files then carry no ga
 
 Every file records ``provenance``: study, storage (password masked), trial number and the rule that
 chose it, parameters, objective and constraint values (tuning mean and per-seed values; fresh-seed
-mean with its t-distribution 95% CI), calibration profiles with their sources, and the
-memtp_sim and Optuna versions. Files are written atomically.
+mean with its t-distribution 95% CI), calibration profiles with their sources, the input files
+(trace, profiles) with their content digests (``input_files``; ``input_files_checked`` says whether
+they were checked against the digests the study recorded when it was made), and the memtp_sim and
+Optuna versions. Files are written atomically.
+
+A study whose input files changed since it was tuned is refused (one line naming the file; see
+:func:`memtp_sim.tuning.check_study_inputs`): its trials were priced on the old contents, while the
+SGLang SPS table, the calibration provenance and any validation run now would come from the new
+ones, so the file would describe a deployment nobody simulated. A study made before the digests
+were recorded is exported with one note line saying its inputs cannot be checked.
 
 ``--trial N`` exports trial N even when it fails the constraints (it was asked for by number), with
 one warning line saying which constraint fails and by how much; so does a trial that meets them on
@@ -64,7 +72,7 @@ from ._loading import parse_tune_spec
 from ._selection import constraint_failures, select_trial
 from ._space import scenario_for
 from ._spec import STUDY_ATTR, TuneSpec
-from ._storage import default_storage_url, mask_url, open_storage
+from ._storage import check_study_inputs, default_storage_url, mask_url, open_storage
 from ._validation import validate_trials
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -429,17 +437,19 @@ def stock_engine_gaps(fmt: str, settings: dict[str, Any], method: str = "") -> s
     """
     if fmt not in _STOCK_CONTROLS:
         return None
-    gaps = []
+    gaps = []  # noun phrases, each read after "this trial's" or "its"
     if settings["policy"] not in _STOCK_POLICIES and not _adaptive(fmt, method, settings["policy"]):
         gaps.append(f"policy {settings['policy']} (it verifies a confidence-chosen subset of the drafted tokens)")
     control = (settings.get("draft_control") or {}).get("name", "always")
     if control not in _STOCK_CONTROLS[fmt]:
         gaps.append(f"draft_control {control}")
     if settings["memtp"]["enabled"]:
-        gaps.append(f"the MEMTP ensemble (depth {settings['memtp']['depth']}, coherence gate)")
+        gaps.append(f"MEMTP ensemble (depth {settings['memtp']['depth']}, coherence gate)")
     if not gaps:
         return None
-    return (f"stock {fmt} cannot run this trial's {'; '.join(gaps)}: its flags draft and verify "
+    items = [f"this trial's {gaps[0]}", *(f"its {g}" for g in gaps[1:])]
+    what = items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+    return (f"stock {fmt} cannot run {what}: the exported flags draft and verify "
             f"{settings['max_depth']} tokens a round; those settings are only in the file's dspark block, "
             "for a DSpark-aware build, so a stock deployment will not match the simulated numbers")
 
@@ -473,42 +483,16 @@ def method_mismatch(fmt: str, method: str, simulated_kind: str) -> str | None:
             "set to match")
 
 
-def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, trial: str | int = "best",
-                  output: str | Path | None = None, out_dir: str | Path = "results",
-                  warn: Callable[[str], None] | None = None) -> list[Path]:
-    """Write a production config for one trial of a tuned study.
-
-    Args:
-        study_name: Optuna study name (the tune spec's ``name``).
-        fmt: ``vllm``, ``sglang`` or ``memtp``.
-        storage_url: storage URL (default: ``sqlite:///<out_dir>/<study>/optuna.db``).
-        trial: ``"best"`` or a trial number.
-        output: output file (default: ``<out_dir>/<study>/export/<study>-trial<N><suffix>``).
-        out_dir: results folder.
-        warn: called with one line when the exported trial fails a constraint (on the tuning seeds,
-            or on the fresh validation seeds); default: :func:`warnings.warn` (UserWarning).
-
-    Returns:
-        The written files (the main file first; sglang adds the SPS table).
+def _open_tuned_study(study_name: str, storage_url: str | None, out_dir: str | Path,
+                      ) -> tuple[optuna.Study, TuneSpec, str, dict[str, tuple[Path, str]], str | None]:
+    """The study, its stored tune spec, the storage URL, and its input files checked
+    (:func:`memtp_sim.tuning.check_study_inputs`: the files now, and a note when they cannot be checked).
 
     Raises:
-        ConfigError: unknown format, missing storage or study, a study not made by
-            ``memtp_sim tune``, empty study, no feasible trial, bad trial number, r_low >= r_high,
-            ``memtp`` for a trial that did not simulate the MEMTP ensemble (``memtp.depth`` unset).
-
-    Source:
-        Optuna documentation (``optuna.load_study``); the best-trial rule of
-        :func:`memtp_sim.tuning.select_trial`; file formats as in :func:`build_export`.
+        ConfigError: missing storage or study, a study not made by ``tune``, changed input files.
     """
     import optuna  # lazy: importing memtp_sim.tuning must not import optuna (~0.1 s)
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
-    if trial != "best":
-        try:
-            trial = int(trial)
-        except (TypeError, ValueError):
-            raise ConfigError(f"--trial: expected 'best' or a trial number (got {trial!r})") from None
     if storage_url is None:
         db = Path(out_dir) / study_name / "optuna.db"
         if not db.is_file():
@@ -528,6 +512,54 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
     if not isinstance(rec, dict) or "tune_spec" not in rec:
         raise ConfigError(f"study {study_name!r} was not created by `python -m memtp_sim tune` (no tune spec stored)")
     spec = parse_tune_spec(rec["tune_spec"], source=f"study {study_name} (stored tune spec)", check_effects=False)
+    # refused, not warned: the file would pair the trial's settings and numbers (priced on the old
+    # files) with the new files' SPS table and calibration sources, and a validation run now would
+    # price the trial on the new files; nothing in it would say which numbers came from which
+    inputs, unchecked = check_study_inputs(
+        study, spec, where="export",
+        todo="a config exported now would take its SPS table and calibration from the new ones; restore the old "
+             "file(s), or tune again under a new name")
+    return study, spec, storage_url, inputs, unchecked
+
+
+def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, trial: str | int = "best",
+                  output: str | Path | None = None, out_dir: str | Path = "results",
+                  warn: Callable[[str], None] | None = None) -> list[Path]:
+    """Write a production config for one trial of a tuned study.
+
+    Args:
+        study_name: Optuna study name (the tune spec's ``name``).
+        fmt: ``vllm``, ``sglang`` or ``memtp``.
+        storage_url: storage URL (default: ``sqlite:///<out_dir>/<study>/optuna.db``).
+        trial: ``"best"`` or a trial number.
+        output: output file (default: ``<out_dir>/<study>/export/<study>-trial<N><suffix>``).
+        out_dir: results folder.
+        warn: called with one line for each warning: the study's input files cannot be checked
+            (no digests recorded), the exported trial fails a constraint (on the tuning seeds, or
+            on the fresh validation seeds), the method runs another drafter, a stock engine cannot
+            run all of the trial; default: :func:`warnings.warn` (UserWarning).
+
+    Returns:
+        The written files (the main file first; sglang adds the SPS table).
+
+    Raises:
+        ConfigError: unknown format, missing storage or study, a study not made by
+            ``memtp_sim tune``, empty study, no feasible trial, bad trial number, r_low >= r_high,
+            ``memtp`` for a trial that did not simulate the MEMTP ensemble (``memtp.depth`` unset),
+            an input file (trace, profile, cost table) changed since the study was tuned.
+
+    Source:
+        Optuna documentation (``optuna.load_study``); the best-trial rule of
+        :func:`memtp_sim.tuning.select_trial`; file formats as in :func:`build_export`.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format: unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if trial != "best":
+        try:
+            trial = int(trial)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--trial: expected 'best' or a trial number (got {trial!r})") from None
+    study, spec, storage_url, inputs, unchecked = _open_tuned_study(study_name, storage_url, out_dir)
     chosen = select_trial(study, spec, trial)
     if trial == "best":
         selection = (f"best: the feasible Pareto trial with the best {spec.best_by} "
@@ -551,6 +583,8 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
                           scenario_obj=scen)
     method = {"vllm": spec.export.vllm_method, "sglang": spec.export.sglang_algorithm}.get(fmt, "")
     mismatch = method_mismatch(fmt, method, scen.draft_spec().kind or DEFAULT_DRAFTER_KIND)
+    prov["input_files"] = {label: {"path": str(path), "sha256_16": digest} for label, (path, digest) in inputs.items()}
+    prov["input_files_checked"] = unchecked is None  # against the digests recorded when the study was made
     if mismatch is not None:
         prov["drafter_mismatch"] = mismatch  # the shipped file says it too
     gaps = stock_engine_gaps(fmt, settings, method)
@@ -560,7 +594,7 @@ def export_config(*, study_name: str, fmt: str, storage_url: str | None = None, 
         prov["position_temperatures_from"] = (
             f"the STS fit of tuning seed {spec.seeds[0]} (each seed fits its own held-out stream); refit STS on "
             "held-out data of the drafter you deploy")
-    for message in (_infeasibility_warning(spec, chosen, validation), mismatch, gaps):
+    for message in (unchecked, _infeasibility_warning(spec, chosen, validation), mismatch, gaps):
         if message is None:
             continue
         if warn is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import optuna
@@ -9,6 +10,7 @@ import yaml
 
 from _sim_helpers import tiny_tune_doc
 
+from memtp_sim.cli import main
 from memtp_sim.tuning import open_storage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,3 +41,26 @@ def _assert_one_line_error(rc: int, err: str, *must_contain: str, starts: str = 
 
 def _trials(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=open_storage(url)).get_trials(deepcopy=False)
+
+
+def imported_profile(folder) -> str:
+    """A format-2 profile made by `calibrate import` of the fixture table (B 1..16, B=16 at 58.7391 ms):
+    ``folder/prof/p.yaml`` and its cost table ``folder/prof/p.costs.csv``."""
+    out = folder / "prof" / "p.yaml"
+    rc = main(["calibrate", "import", str(REPO / "tests" / "fixtures" / "calibration" / "table.csv"),
+               "--format", "table", "--memory", "gpu_allocatable_gib=110", "--memory", "kv_shape=32,8,128",
+               "--memory", "max_model_len=131072", "--memory", "weights_bytes=4912898304", "-o", str(out)])
+    assert rc == 0
+    return str(out)
+
+
+def profiled_doc(name: str, profile: str) -> dict:
+    doc = tiny_doc(name)
+    doc["base"]["hardware"] = {"profile": profile}
+    doc["base"]["engine"].update(max_batch_tokens=64, prefill_chunk_tokens=32)  # the table's measured range
+    return doc
+
+
+def _sha16(path) -> str:
+    """Independent oracle for a recorded digest: the first 16 hex digits of SHA-256 of the bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

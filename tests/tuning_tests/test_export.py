@@ -22,8 +22,10 @@ import memtp_sim
 from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
 from memtp_sim.hardware import load_profile
-from memtp_sim.tuning import open_storage, open_study, parse_tune_spec, run_tune
+from memtp_sim.tuning import STUDY_ATTR, open_storage, open_study, parse_tune_spec, run_tune
 from memtp_sim.tuning.export import _infeasibility_warning, build_export, deployment_settings, method_mismatch
+
+from ._helpers import _sha16, _write, imported_profile, profiled_doc
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
@@ -93,6 +95,12 @@ def _check_provenance(prov: dict, trial: optuna.trial.FrozenTrial) -> None:
         assert v["n"] == 3 and v["seeds"] == [2, 3, 4]  # fresh: not the tuning seeds 0, 1
         assert v["ci95_low"] <= v["mean"] <= v["ci95_high"]
     assert set(prov["constraints"]) == {f"mean_verify_len <= {SLA_VERIFY:g}", "num_rejected <= 0"}
+    # the files the trial read, with their digests, checked against those recorded when the study was made
+    files = prov["input_files"]
+    assert files["trace"] == {"path": str(TRACE), "sha256_16": _sha16(TRACE)}
+    assert files["hardware"]["sha256_16"] == _sha16(REPO / "calibration" / "gfx1151" / "llama31-8b-q4km-vulkan.yaml")
+    assert files["measurements"]["sha256_16"] == _sha16(REPO / "calibration" / "gfx1151" / "measurements.csv")
+    assert set(files) == {"trace", "hardware", "measurements", "acceptance"} and prov["input_files_checked"] is True
 
 
 def test_best_rule_and_report(tuned):
@@ -357,13 +365,83 @@ def test_what_a_stock_engine_cannot_run_is_named(fmt):
     assert said.startswith(f"stock {fmt} cannot run this trial's policy threshold") and "draft_control acceptance_target" in said
     assert "draft and verify 4 tokens a round" in said
     ens = deployment_settings({"memtp": {"depth": "elastic", "max_depth": 5}, "policy": {"name": "static", "k": 2}})
-    assert "the MEMTP ensemble (depth elastic" in stock_engine_gaps(fmt, ens)
+    assert stock_engine_gaps(fmt, ens).startswith(f"stock {fmt} cannot run this trial's MEMTP ensemble (depth elastic")
     assert stock_engine_gaps("memtp", tuned) is None
     # vLLM's dspark method verifies adaptively (enable_adaptive_verification): DSpark policies run there
     dsp = deployment_settings({**base, "policy": {"name": "dspark", "gamma": 5}})
     assert (stock_engine_gaps(fmt, dsp, "dspark") is None) == (fmt == "vllm")
     assert stock_engine_gaps(fmt, dsp, "mtp").startswith(f"stock {fmt} cannot run this trial's policy dspark")
     assert stock_engine_gaps(fmt, tuned, "dspark").startswith(f"stock {fmt} cannot run this trial's policy threshold")
+
+
+def test_export_refuses_a_study_whose_input_files_changed(tmp_path, capsys):
+    """Review: after the profile's cost table changed (B=16: 58.7391 -> 99.0 ms), `export --format sglang`
+    wrote an SPS table with (16, 99.0), a table the trial never simulated, without a warning."""
+    costs = tmp_path / "prof" / "p.costs.csv"
+    spec = parse_tune_spec(profiled_doc("tprof", imported_profile(tmp_path)))
+    assert run_tune(spec, n_trials=2, out_dir=tmp_path, validate=False, report=False).complete == 2
+    costs.write_bytes(costs.read_bytes().replace(b"58.7391", b"99.0"))
+    capsys.readouterr()
+    rc, stdout, err = _export(capsys, tmp_path, "--study", "tprof", "--format", "sglang", "--trial", "0")
+    _one_line_error(rc, err, f"error: export: input changed since study 'tprof' was tuned: measurements ({costs}); "
+                             "its trials were priced on the old contents; a config exported now would take its SPS "
+                             "table and calibration from the new ones; restore the old file(s), or tune again under a "
+                             "new name")
+    assert not (tmp_path / "tprof" / "export").exists()  # nothing written, nothing validated on the new table
+    assert "validation" not in optuna.load_study(study_name="tprof",
+                                                 storage=f"sqlite:///{tmp_path / 'tprof' / 'optuna.db'}").user_attrs
+
+
+def test_a_study_without_input_digests_resumes_and_exports_with_a_note(tmp_path, capsys):
+    """A study made before tune recorded its input files' digests cannot be checked: it still resumes
+    and exports, each with one line saying so (and the export's provenance says it too)."""
+    path = _write(tmp_path, tiny_tune_doc("old"))
+    args = ["tune", str(path), "--out", str(tmp_path), "--no-validate", "--quiet"]
+    assert main([*args, "--n-trials", "2"]) == 0
+    study = optuna.load_study(study_name="old", storage=f"sqlite:///{tmp_path / 'old' / 'optuna.db'}")
+    rec = study.user_attrs[STUDY_ATTR]
+    del rec["inputs"]  # as a study made before the digests were recorded
+    study.set_user_attr(STUDY_ATTR, rec)
+    capsys.readouterr()
+    assert main([*args, "--n-trials", "3"]) == 0
+    out, err = capsys.readouterr()
+    note = ("study 'old' records no digests of its input files (made before tune recorded them), so it cannot be "
+            "checked that the trace and profiles are still the files its trials read")
+    assert err == f"note: {note}\n" and "3/3 complete trials (1 started now: 1 complete; " in out
+    rc, stdout, err = _export(capsys, tmp_path, "--study", "old", "--format", "vllm", "--trial", "0")
+    assert rc == 0 and err.splitlines()[0] == f"warning: {note}", err
+    prov = json.loads(Path(stdout.strip()).read_text())["provenance"]
+    assert prov["input_files_checked"] is False and prov["input_files"]["trace"]["sha256_16"] == _sha16(TRACE)
+
+
+def test_the_stock_engine_warning_reads_as_a_sentence():
+    """Review: "stock vllm cannot run this trial's the MEMTP ensemble". Each item reads after "this
+    trial's" (the first) or "its" (the rest), joined as a list: every combination the code makes."""
+    from memtp_sim.tuning.export import stock_engine_gaps
+
+    tail = ("the exported flags draft and verify 5 tokens a round; those settings are only in the file's dspark "
+            "block, for a DSpark-aware build, so a stock deployment will not match the simulated numbers")
+    pol = "policy threshold (it verifies a confidence-chosen subset of the drafted tokens)"
+    ens = "MEMTP ensemble (depth elastic, coherence gate)"
+    ctl = "draft_control acceptance_target"
+    assert stock_engine_gaps("vllm", deployment_settings(
+        {"memtp": {"depth": "elastic", "max_depth": 5}, "policy": {"name": "static", "k": 2}})) == \
+        f"stock vllm cannot run this trial's {ens}: {tail}"
+    assert stock_engine_gaps("sglang", deployment_settings(
+        {"memtp": {"depth": "elastic", "max_depth": 5}, "policy": {"name": "threshold", "threshold": 0.3},
+         "draft_control": {"name": "acceptance_target", "target": 0.6}})) == \
+        f"stock sglang cannot run this trial's {pol}, its {ctl} or its {ens}: {tail}"
+    for policy, control, memtp, want in [  # the other combinations
+            ("threshold", None, None, f"this trial's {pol}"),
+            ("static", "acceptance_target", None, f"this trial's {ctl}"),
+            ("threshold", "acceptance_target", None, f"this trial's {pol} or its {ctl}"),
+            ("threshold", None, "elastic", f"this trial's {pol} or its {ens}"),
+            ("static", "acceptance_target", "elastic", f"this trial's {ctl} or its {ens}")]:
+        doc = {"memtp": {"depth": memtp, "max_depth": 5}, "policy": {"name": policy, "gamma": 5, "threshold": 0.3}
+               if policy == "threshold" else {"name": "static", "k": 5}}
+        if control:
+            doc["draft_control"] = {"name": control, "target": 0.6}
+        assert stock_engine_gaps("vllm", deployment_settings(doc)) == f"stock vllm cannot run {want}: {tail}"
 
 
 def test_memtp_export_carries_every_knob_the_trial_ran(tmp_path, capsys):

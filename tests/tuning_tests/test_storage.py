@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +24,19 @@ from optuna.trial import TrialState
 
 from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
-from memtp_sim.tuning import open_storage, open_study, parse_tune_spec, run_tune
+from memtp_sim.tuning import STUDY_ATTR, open_storage, open_study, parse_tune_spec, run_tune
 
-from ._helpers import REPO, _assert_one_line_error, _trials, _write, tiny_doc
+from ._helpers import (
+    REPO,
+    TRACE,
+    _assert_one_line_error,
+    _sha16,
+    _trials,
+    _write,
+    imported_profile,
+    profiled_doc,
+    tiny_doc,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -37,6 +49,59 @@ def test_resume_refuses_a_changed_spec(tmp_path):
     doc["search_space"]["policy.gamma"]["high"] = 5
     with pytest.raises(ConfigError, match="different search_space"):
         open_study(parse_tune_spec(doc), open_storage(url))
+
+
+def test_resume_refuses_changed_input_files(tmp_path, capsys):
+    # review: after the profile's cost table was edited (B=16: 58.7391 -> 99.0 ms), `tune --n-trials 6`
+    # ran 3 more trials in the same study without a word: trials priced on two different tables
+    costs = tmp_path / "prof" / "p.costs.csv"
+    path = _write(tmp_path, profiled_doc("tprof", imported_profile(tmp_path)))
+    url = f"sqlite:///{tmp_path / 'results' / 'tprof' / 'optuna.db'}"
+    args = ["tune", str(path), "--out", str(tmp_path / "results"), "--no-validate", "--quiet"]
+    assert main([*args, "--n-trials", "2"]) == 0
+    rec = optuna.load_study(study_name="tprof", storage=url).user_attrs[STUDY_ATTR]["inputs"]
+    assert rec["measurements"] == _sha16(costs) and rec["hardware"] == _sha16(tmp_path / "prof" / "p.yaml")
+    assert rec["trace"] == _sha16(TRACE)
+    original = costs.read_bytes()
+    assert original.count(b"58.7391") == 1
+    costs.write_bytes(original.replace(b"58.7391", b"99.0"))
+    capsys.readouterr()
+    rc = main([*args, "--n-trials", "4"])
+    _assert_one_line_error(rc, capsys.readouterr().err,
+                           f"error: {path}: input changed since study 'tprof' was tuned: measurements ({costs}); "
+                           "its trials were priced on the old contents; restore the old file(s), or give the tune "
+                           "spec a new name")
+    assert len(_trials(url, "tprof")) == 2  # nothing ran
+    # under a new name the new table is tuned; with the old contents back the study resumes
+    path2 = _write(tmp_path, profiled_doc("tprof2", str(tmp_path / "prof" / "p.yaml")), "tune2.yaml")
+    assert main(["tune", str(path2), "--out", str(tmp_path / "results"), "--no-validate", "--quiet",
+                 "--n-trials", "1"]) == 0
+    costs.write_bytes(original)
+    assert main([*args, "--n-trials", "4"]) == 0
+    assert sum(t.state == TrialState.COMPLETE for t in _trials(url, "tprof")) == 4
+
+
+def test_every_file_a_categorical_choice_reads_is_checked(tmp_path):
+    """A tuned workload.trace reads one file per choice: changing the second choice's file (which the
+    base scenario never reads) is caught too."""
+    from memtp_sim.tuning import check_study_inputs
+
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    shutil.copy(TRACE, a)
+    shutil.copy(TRACE, b)
+    doc = tiny_doc("cat")
+    doc["base"]["workload"]["trace"] = str(a)
+    doc["search_space"]["workload.trace"] = {"type": "categorical", "choices": [str(a), str(b)]}
+    spec = parse_tune_spec(doc)
+    study = open_study(spec, open_storage(f"sqlite:///{tmp_path / 'c.db'}"))
+    rec = study.user_attrs[STUDY_ATTR]["inputs"]
+    assert rec["trace"] == _sha16(a) and rec[f"trace {b}"] == _sha16(b)
+    assert check_study_inputs(study, spec, where="w", todo="t")[1] is None
+    lines = b.read_text().splitlines(keepends=True)
+    b.write_text("".join(lines[:-1]))  # one request fewer
+    with pytest.raises(ConfigError, match=rf"^w: input changed since study 'cat' was tuned: trace {re.escape(str(b))}; "
+                                          r"its trials were priced on the old contents; t$"):
+        check_study_inputs(study, spec, where="w", todo="t")
 
 
 def _pg_url() -> str:
@@ -107,13 +172,31 @@ def test_two_tune_processes_started_together_stop_at_n_trials_in_all(storage_url
     args = ["tune", str(path), "--storage", url, "--n-trials", "6", "--no-validate", "--quiet",
             "--out", str(tmp_path / "results")]
     procs = [_cli(args), _cli(args)]
+    said = {}
     for p in procs:
-        _, err = p.communicate(timeout=300)
+        out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    complete = [t for t in _trials(url, name) if t.state == TrialState.COMPLETE]
+        said[p.pid] = _started_now(out)
+    trials = _trials(url, name)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
     # Optuna stops each process once 6 are COMPLETE; a trial in flight then still finishes
     assert 6 <= len(complete) <= 7, len(complete)
     assert len({t.user_attrs["worker"]["pid"] for t in complete}) == 2  # both processes took part
+    # review: each process printed "N started now" with N its quota at start (40 and 30 for a study of 41
+    # trials): each now counts the trials it ran, by the pid its trials recorded
+    for pid, (started, states) in said.items():
+        mine = [t for t in trials if t.user_attrs["worker"]["pid"] == pid]
+        assert started == len(mine) and states == {"complete": len(mine)}, (pid, said, len(mine))
+    assert sum(n for n, _ in said.values()) == len(trials)
+
+
+def _started_now(stdout: str) -> tuple[int, dict[str, int]]:
+    """``(N, {state: count})`` from the summary line's "(N started now: 2 complete, 1 failed; 3.1 s)"."""
+    m = re.search(r"\((\d+) started now(?:: ([^;]*))?[;,] [\d.]+ s\) in ", stdout)
+    assert m is not None, stdout
+    words = {"complete": "complete", "failed": "fail", "left RUNNING by a dead worker (marked FAIL on resume)": "running"}
+    parts = dict(reversed(part.split(" ", 1)) for part in (m.group(2) or "").split(", ") if part)
+    return int(m.group(1)), {words[w]: int(n) for w, n in parts.items()}
 
 
 @pytest.mark.slow
@@ -144,17 +227,23 @@ def test_resume_after_a_worker_is_killed_mid_trial(storage_url, tmp_path):
                 os.kill(t.user_attrs["worker"]["pid"], signal.SIGKILL)
                 break
     assert victim is not None, "never saw a RUNNING trial to kill"
-    _, err = proc.communicate(timeout=180)
+    out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1, err  # the study is short; the command says so and how to resume
     assert "run the same command again to resume" in err
     state = {t.number: t.state for t in _trials(url, name)}
     assert state[victim.number] == TrialState.RUNNING  # the killed worker's trial is stuck until resumed
     assert sum(s == TrialState.COMPLETE for s in state.values()) < 4
+    # review: "24/40 complete trials (40 started now ...)" after a worker was killed: the count was the
+    # quota; now it is the trials this call's workers started, the killed one's still RUNNING
+    counted = {"complete": sum(s == TrialState.COMPLETE for s in state.values()), "running": 1}
+    counted["fail"] = len(state) - counted["complete"] - 1
+    assert _started_now(out) == (len(state), {k: v for k, v in counted.items() if v})
 
     proc = _cli(args)
-    _, err = proc.communicate(timeout=180)
+    out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     trials = _trials(url, name)
+    assert _started_now(out)[0] == len(trials) - len(state)  # the first call's trials are not counted again
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 4
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert sorted(t.number for t in trials) == list(range(len(trials)))  # contiguous, unique
