@@ -29,30 +29,59 @@ workload built from the scenario's trace lengths (see :func:`poisson_scenario`):
    ``hi / lo <= 1 + rel_tol``.
 
 Every rate is judged on every seed: a rate **passes** when the SLO holds on the seed means of its
-metrics (``nanmean``; a metric NaN on every seed fails) and the run is not overloaded. Per-seed
+metrics (``nanmean``; a metric NaN on every seed fails) and the rate is not overloaded. Per-seed
 verdicts are recorded too. The capacity is the last passing rate (a rate that was seen to pass),
 and the interval is ``[last passing rate, first failing rate]``; the true crossing lies in it up
 to sampling noise.
 
 **Overload.** A finite run hides a queue that grows without bound: its percentiles describe the
-requests that happened to finish. A rate whose seed-mean ``offered_load_ratio`` (arrivals /
-completions while load is offered) exceeds :data:`memtp_sim.metrics.OVERLOAD_RATIO` therefore
-fails whatever its percentiles say (:func:`memtp_sim.metrics.is_overloaded`: runs of fewer than
-``OVERLOAD_MIN_ARRIVALS`` requests are too short to tell). The flip side: an SLO so loose that it
-holds on any finite backlog can report up to about ``OVERLOAD_RATIO`` times the service capacity.
+requests that happened to finish, so a rate the GPU cannot sustain must fail whatever they say.
+The test is flow conservation over the late half of each run's arrival window, ``(mid, last
+arrival]``: ``offered_load_ratio_late = A / D``, arrivals over departures (completions and
+rejections) there, and ``A - D = N(last) - N(mid)``, the growth of the number in system over the
+window (:mod:`memtp_sim.metrics`).
+
+* A stable queue ends the window about as full as it began it: ``A - D`` is a difference of two
+  samples of the number in system, ``O(std N)`` whatever the run's length, so the ratio scatters
+  around 1 by ``O(std N / n)``.
+* An overloaded queue is saturated over the window: it departs at its service rate ``mu`` while
+  requests arrive at ``lambda``, so the ratio tends to ``lambda / mu`` whatever the run's length.
+
+A rate is **overloaded** when its seed-mean late ratio exceeds :func:`overload_limit`, ``1 + 1 /
+sqrt(k n / 2)`` for ``k`` seeds of ``n`` requests: the backlog grew by more than one Poisson
+standard deviation of the ``k n / 2`` arrivals of the late halves, the scale on which a critically
+loaded queue (``lambda = mu``) wanders. The limit falls toward 1 as runs lengthen, so the test
+resolves ever smaller overloads; at a given length it cannot tell ``lambda`` within about ``mu /
+sqrt(k n / 2)`` of ``mu`` from ``mu`` (a critically loaded queue's backlog grows like ``sqrt(n)``,
+as fast as a slightly overloaded one's), and rates there pass or fail by sampling noise. Measured
+on the tests' M/D/1 queue (service rate 10 req/s) at 4,000 requests a run, 60 seeds: one seed
+was flagged in none of 60 runs at 0.9 ``mu``, 2% at 0.95 ``mu``, 18% at ``mu``, 52% at 1.02 ``mu``,
+90% at 1.05 ``mu`` and every time at 1.1 ``mu``; the mean of three seeds in none of 20 triples at
+0.95 ``mu``, 10% at ``mu``, 95% at 1.02 ``mu`` and every time from 1.05 ``mu``. On
+``scenarios/h200-colocated.yaml`` with ``no_spec`` (``mu`` about 16.4 req/s), whose service rate
+varies with the request lengths drawn, the spread is about twice that (24 seeds): one seed was
+flagged never at 0.9 and 0.95 ``mu``, 17% at ``mu``, 62% at 1.05 ``mu`` and 92% at 1.1 ``mu``;
+the mean of three never at 0.95 ``mu``, 25% at ``mu``, 88% at 1.05 ``mu`` and every time at 1.1
+``mu``. So the capacity lies below about 1.05 ``mu`` (three seeds; 1.1 ``mu`` with one), a stable
+rate at 0.95 ``mu`` passes, and more seeds or requests narrow the band. The limit assumes a stable
+queue's own swing, ``std N``, is small beside ``sqrt(n)`` (true of both queues measured: at 0.9
+and 0.95 ``mu`` and 4,000 requests the ratio's spread was under 0.01); one whose number in system
+swings by hundreds needs longer runs (``min_requests``). (The whole-window ``offered_load_ratio``
+starts from an empty system: a stable run ends with about ``L`` requests it did not start with,
+which lifts that ratio by about ``L / n``; the limit of 1.2 it needs,
+:data:`memtp_sim.metrics.OVERLOAD_RATIO`, let a rate 18% past ``mu``
+pass an SLO with no queue-sensitive term. Reports still flag load points with it.)
 
 **Run length.** Each run has ``n = max(scenario num_requests, min_requests,
-REQUESTS_PER_IN_SYSTEM x rate x W0)`` requests: enough that the p90s rest on many requests, and
-that requests still in the system when arrivals stop (about ``L = rate x W`` of them, by Little's
-law) do not push the ratio over the limit in a stable system (it is then about ``n / (n - L)``).
-``W`` grows with load, so ``W0`` can undersize a run. A run that starts empty is optimistic, and a
-short one can hide a queue that grows slowly (an offered load a few percent above capacity keeps
-the ratio near 1 but TTFT grows with the run's length), or show a stable system's tail as
-overload. So when a rate's SLO terms hold (it passes, or fails by the ratio alone) but its runs
-held fewer than ``REQUESTS_PER_IN_SYSTEM x L`` requests (``L`` its seed-mean ``mean_in_system``),
-the rate is run once more with that many requests (at most 4x as many) and the longer runs
-decide. A rate whose SLO terms fail is not rerun. Even so the answer is "meets the SLO over runs
-of this length": a load within a few percent of saturation can pass a finite run.
+REQUESTS_PER_IN_SYSTEM x rate x W0)`` requests: enough that the p90s rest on many requests.
+``W`` grows with load, so ``W0`` can undersize a run, and a run that starts empty is optimistic: a
+short one can hide a queue that grows slowly (TTFT grows with the run's length). So a rate whose
+SLO terms hold (a candidate answer) on runs of fewer than ``max(OVERLOAD_MIN_REQUESTS,
+REQUESTS_PER_IN_SYSTEM x L)`` requests (``L`` its seed-mean ``mean_in_system``) is run once more
+with ``max(OVERLOAD_MIN_REQUESTS, min(4 n, REQUESTS_PER_IN_SYSTEM x L))`` requests, and the longer
+runs decide: every passing rate rests on at least :data:`OVERLOAD_MIN_REQUESTS` requests a seed,
+the length the overload test's resolution above was measured at. A rate whose SLO terms fail is
+not rerun. Even so the answer is "meets the SLO over runs of this length".
 
 **Common random numbers.** Every rate uses the same seeds; Poisson gaps are drawn as
 ``Exponential(1 / rate)``, so one seed's gaps scale exactly with ``1 / rate``. For a FIFO single
@@ -61,7 +90,9 @@ rates tried lie on one geometric grid whatever the SLO (the start rate times pow
 geometric midpoints), and a rate that passes a tighter SLO passes a looser one, so while the
 verdict is monotone in the rate a looser SLO never yields a lower capacity.
 
-Sources: bisection on a monotone predicate; Little's law (L = lambda W); the Pollaczek-Khinchine
+Sources: bisection on a monotone predicate; flow conservation (arrivals - departures = change in
+the number in system) and the stability condition of a queue (lambda < mu); Little's law
+(L = lambda W); the Pollaczek-Khinchine
 mean waiting time of M/G/1 queues (the tests' closed-form oracle); DESIGN.md section 3 (goodput
 under an SLA); issue 11 item 5.
 """
@@ -91,7 +122,7 @@ from .config import (
     read_config_yaml,
 )
 from .errors import ConfigError, InvalidArgumentError
-from .metrics import METRIC_NAMES, OVERLOAD_RATIO, is_overloaded
+from .metrics import METRIC_NAMES, OVERLOAD_MIN_ARRIVALS
 
 __all__ = [
     "SLO",
@@ -112,6 +143,8 @@ __all__ = [
     "LOAD_MONOTONE",
     "NO_GAIN_HALVINGS",
     "NO_GAIN_FRAC",
+    "OVERLOAD_MIN_REQUESTS",
+    "overload_limit",
 ]
 
 #: Requests of the unloaded (one-user, closed-loop) run that estimates the start rate.
@@ -136,8 +169,12 @@ LOAD_MONOTONE: dict[str, str] = {
 NO_GAIN_HALVINGS = 3
 #: The gain (fraction of the first gap) that counts as closer: more than run-to-run noise.
 NO_GAIN_FRAC = 0.1
+#: A rate whose SLO terms hold is judged on runs of at least this many requests: their late halves
+#: hold about 2,000 arrivals a seed, the length the overload test's resolution was measured at
+#: (module docstring, overload).
+OVERLOAD_MIN_REQUESTS = 4000
 #: Extra metrics every point records besides the SLO's own.
-_ALWAYS = ("offered_load_ratio", "mean_in_system", "mean_e2e_s", "num_completed")
+_ALWAYS = ("offered_load_ratio_late", "offered_load_ratio", "mean_in_system", "mean_e2e_s", "num_completed")
 
 _TERM_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|>=)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 _AND_RE = re.compile(r"\s+and\s+|\s*&&\s*", re.IGNORECASE)
@@ -402,12 +439,15 @@ class CapacityPoint:
     Attributes:
         rate_per_s: the Poisson arrival rate, requests per second.
         num_requests: requests per run at this rate (the deciding runs).
-        means: seed means (``nanmean``) of the SLO's metrics and of ``offered_load_ratio``,
-            ``mean_in_system``, ``mean_e2e_s``, ``num_completed``; units as named.
+        means: seed means (``nanmean``) of the SLO's metrics and of ``offered_load_ratio_late``,
+            ``offered_load_ratio``, ``mean_in_system``, ``mean_e2e_s``, ``num_completed``; units as
+            named.
         per_seed: the same metrics, one value per seed (in seed order).
-        seed_passed: per seed, whether that seed alone met the SLO and was not overloaded.
-        overloaded: the seed-mean ``offered_load_ratio`` exceeds ``OVERLOAD_RATIO`` (on runs of at
-            least ``OVERLOAD_MIN_ARRIVALS`` requests: :func:`memtp_sim.metrics.is_overloaded`).
+        seed_passed: per seed, whether that seed alone met the SLO and was not overloaded (its
+            late ratio within ``overload_limit(num_requests, 1)``).
+        overloaded: the seed-mean ``offered_load_ratio_late`` exceeds :func:`overload_limit` of
+            the runs' length and number (on runs of at least
+            :data:`memtp_sim.metrics.OVERLOAD_MIN_ARRIVALS` requests; module docstring, overload).
         passed: the SLO holds on the seed means and the rate is not overloaded.
         failures: why the rate failed (empty when it passed).
         num_runs: runs spent on this rate (seeds, twice when rerun longer).
@@ -574,10 +614,11 @@ class _Search:
         spent = len(self.seeds)
         in_system = _nanmean([r["mean_in_system"] for r in runs])
         slo_holds = self.slo.holds({k: _nanmean([r[k] for r in runs]) for k in self.slo.metrics})
-        if slo_holds and n < REQUESTS_PER_IN_SYSTEM * in_system and n < MAX_REQUESTS_PER_RUN:
-            # too short for its own number in system: it may hide a slowly growing queue (a pass) or show a
-            # stable system's tail as overload (a fail by the ratio alone); the longer runs decide
-            n = int(min(4 * n, math.ceil(REQUESTS_PER_IN_SYSTEM * in_system), MAX_REQUESTS_PER_RUN))
+        by_little = math.ceil(REQUESTS_PER_IN_SYSTEM * in_system) if math.isfinite(in_system) else n
+        if slo_holds and n < max(OVERLOAD_MIN_REQUESTS, by_little) and n < MAX_REQUESTS_PER_RUN:
+            # a candidate answer: too short for its own number in system (it may hide a slowly growing queue)
+            # or for the overload test's resolution; the longer runs decide
+            n = int(min(max(OVERLOAD_MIN_REQUESTS, min(4 * n, by_little)), MAX_REQUESTS_PER_RUN))
             runs = self._seed_runs(rate, n)
             spent += len(self.seeds)
         point = self._judge(rate, n, runs, spent)
@@ -590,15 +631,40 @@ class _Search:
         names = list(runs[0])
         per_seed = {k: tuple(r[k] for r in runs) for k in names}
         means = {k: _nanmean(vals) for k, vals in per_seed.items()}
-        overloaded = is_overloaded(means["offered_load_ratio"], n)
+        late = per_seed["offered_load_ratio_late"]
+        limit = overload_limit(n, sum(math.isfinite(v) for v in late))
+        overloaded = _overloaded(means["offered_load_ratio_late"], n, limit)
         failures = self.slo.failures(means)
         if overloaded:
-            failures.append(f"overloaded: offered_load_ratio = {means['offered_load_ratio']:.3g} > {OVERLOAD_RATIO:g} "
-                            "(the queue grows without bound)")
-        seed_passed = tuple(self.slo.holds(r) and not is_overloaded(r["offered_load_ratio"], n) for r in runs)
+            failures.append(f"overloaded: offered_load_ratio_late = {means['offered_load_ratio_late']:.4g} > "
+                            f"{limit:.4g} (the number in system grew over the late half of the runs: the queue "
+                            "grows without bound)")
+        one = overload_limit(n, 1)
+        seed_passed = tuple(self.slo.holds(r) and not _overloaded(v, n, one) for r, v in zip(runs, late, strict=True))
         return CapacityPoint(rate_per_s=float(rate), num_requests=n, means=means, per_seed=per_seed,
                              seed_passed=seed_passed, overloaded=overloaded, passed=not failures,
                              failures=tuple(failures), num_runs=spent)
+
+
+def overload_limit(num_requests: int, num_seeds: int = 1) -> float:
+    """The seed-mean ``offered_load_ratio_late`` above which a rate is overloaded (module docstring, overload).
+
+    ``1 + 1 / sqrt(num_seeds x num_requests / 2)``: the backlog grew over the late half of the runs by more
+    than one Poisson standard deviation of the arrivals there (about ``num_requests / 2`` per seed).
+
+    Args:
+        num_requests: requests per run (>= 1).
+        num_seeds: runs the mean is over (>= 1).
+
+    Returns:
+        The limit, > 1 (e.g. 1.0224 for one seed of 4,000 requests, 1.0129 for three).
+    """
+    return 1.0 + 1.0 / math.sqrt(max(1, num_seeds) * max(1, num_requests) / 2.0)
+
+
+def _overloaded(late_ratio: float, num_requests: int, limit: float) -> bool:
+    """``late_ratio`` above ``limit`` on runs long enough to tell (NaN, e.g. no arrival window: not overloaded)."""
+    return bool(num_requests >= OVERLOAD_MIN_ARRIVALS and late_ratio > limit)
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -740,7 +806,8 @@ def sla_capacity(scenario: Scenario, slo: "SLO | str | Iterable[str]", *, seeds:
         rel_tol: stop when ``first failing / last passing <= 1 + rel_tol``.
         max_runs: simulation runs at most (the unloaded run and every seed of every rate, reruns
             included); the search stops with status ``max_runs`` when the next rate would exceed it.
-        min_requests: requests per run at least (the scenario's ``num_requests`` is also a floor).
+        min_requests: requests per run at least (the scenario's ``num_requests`` is also a floor;
+            a rate whose SLO holds is rerun with at least :data:`OVERLOAD_MIN_REQUESTS`).
         progress: called with each :class:`CapacityPoint` once evaluated.
 
     Returns:

@@ -465,7 +465,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     # lazy: a subcommand loads only what it uses
     from ._io import atomic_write_text, json_default
     # lazy: a subcommand loads only what it uses (capacity imports the simulator)
-    from .capacity import SLO, CapacityPoint, check_capacity_args, load_capacity_scenarios, sla_capacity
+    from .capacity import (SLO, CapacityPoint, check_capacity_args, load_capacity_scenarios, overload_limit,
+                           sla_capacity)
 
     slo = SLO.parse(args.slo)
     try:  # before any output: a bad flag is one line, named as typed
@@ -476,7 +477,9 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
     def on_point(p: CapacityPoint) -> None:
         vals = ", ".join(f"{k} {p.means[k]:.4g}" if math.isfinite(p.means[k]) else f"{k} - (nothing measured)"
-                         for k in (*slo.metrics, "offered_load_ratio"))
+                         for k in (*slo.metrics, "offered_load_ratio_late"))
+        limit = overload_limit(p.num_requests, sum(math.isfinite(v) for v in p.per_seed["offered_load_ratio_late"]))
+        vals += f" (overloaded above {limit:.4g})"
         verdict = "pass" if p.passed else "FAIL"
         print(f"  {p.rate_per_s:10.4g} req/s  {verdict}  ({vals}; seeds passing {sum(p.seed_passed)}/"
               f"{len(p.seed_passed)}, {p.num_requests} requests)", file=sys.stderr, flush=True)
@@ -687,7 +690,8 @@ def _add_capacity_parser(sub: argparse._SubParsersAction) -> None:
                     "this (default 0.05)")
     ca.add_argument("--rate-lo", type=float, default=None, help="a rate to try first, req/s (default: estimated)")
     ca.add_argument("--rate-hi", type=float, default=None, help="a rate expected to fail, req/s")
-    ca.add_argument("--min-requests", type=_positive_int, default=1000, help="requests per run at least (default 1000)")
+    ca.add_argument("--min-requests", type=_positive_int, default=1000, help="requests per run at least (default 1000; a rate "
+                    "whose SLO holds is rerun with at least 4000: memtp_sim.capacity.OVERLOAD_MIN_REQUESTS)")
     ca.add_argument("--max-runs", type=_positive_int, default=60, help="runs per policy at most (default 60)")
     ca.add_argument("--json", default=None, metavar="FILE", help="also write every evaluated rate as JSON here")
     ca.add_argument("--quiet", action="store_true", help="no per-rate progress lines")

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 import memtp_sim
-from _sim_helpers import scenario
+from _sim_helpers import TRACE, scenario, scenario_doc
+from memtp_sim.cli import main
 from memtp_sim.engine import REJECT_REASONS
 
 
@@ -193,6 +194,32 @@ def test_closed_loop_in_system_equals_concurrency(concurrency):
     assert big_l == pytest.approx(concurrency, rel=0.06)
     lam, w, _ = _little_terms(res)
     assert big_l == pytest.approx(lam * w, rel=0.03)
+
+
+def test_littles_law_holds_on_the_runs_csv_columns(tmp_path):
+    # fault (fresh user): L = lambda W computed from runs.csv failed (64 users: L = 55.3, arrival_rate_per_s
+    # x mean_e2e_s = 75.8) because arrival_rate_per_s covers first to last arrival only. The law's terms all
+    # span the whole run: L = mean_in_system, lambda = num_completed / makespan_s = request_throughput_per_s,
+    # W = mean_e2e_s; the docs must say so, and the columns must satisfy it to rounding.
+    doc = {"name": "little", "base": scenario_doc(engine={"prefill": "colocated"}, policy={"name": "dspark"}),
+           "sweep": {"workload": [{"trace": str(TRACE), "mode": "closed_loop", "concurrency": 64, "num_requests": 150},
+                                  {"trace": str(TRACE), "mode": "poisson", "rate_per_s": 0.3, "num_requests": 150},
+                                  {"trace": str(TRACE), "mode": "poisson", "rate_per_s": 0.6, "num_requests": 150}]}}
+    f = tmp_path / "little.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--jobs", "1", "--quiet"]) == 0
+    t = pd.read_csv(tmp_path / "out" / "little" / "runs.csv")
+    assert len(t) == 3
+    for _, r in t.iterrows():
+        lam = r["num_completed"] / r["makespan_s"]
+        assert r["request_throughput_per_s"] == pytest.approx(lam, rel=1e-12)
+        assert r["mean_in_system"] == pytest.approx(lam * r["mean_e2e_s"], rel=1e-9)
+    # the first-to-last-arrival rate is not the law's lambda: a closed loop drains after its last arrival
+    (_, closed), = t[t["offered_load_ratio"].isna()].iterrows()  # NaN only for the closed loop
+    assert closed["arrival_rate_per_s"] * closed["mean_e2e_s"] > 1.1 * closed["mean_in_system"]
+    law = " ".join(memtp_sim.metrics.__doc__.split())
+    assert "mean_in_system = request_throughput_per_s x mean_e2e_s" in law
+    assert "``arrival_rate_per_s`` is not the law's ``lambda``" in law
 
 
 @pytest.mark.parametrize("wl", [
