@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,9 @@ def run_in_workers(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int,
     given up (``on_lost``). The other workers and the items queued behind them go on untouched.
     The pool is Pebble's :class:`pebble.ProcessPool`, which, unlike
     :class:`concurrent.futures.ProcessPoolExecutor`, fails only the dead worker's task
-    (``ProcessExpired``) and starts another worker; the retries are this function's.
+    (``ProcessExpired``) and starts another worker; the retries are this function's, and so is a
+    fresh pool when Pebble gives one up (a worker dead while no task ran: every worker killed at
+    once near the end), its queued items moved over without counting a try.
 
     Args:
         fn: the function, module-level (``spawn`` and ``forkserver`` pickle it).
@@ -149,14 +152,24 @@ def run_in_workers(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int,
     """
     import pebble  # lazy: only `run --jobs N` and the dashboard's pool need it
 
-    pool = pebble.ProcessPool(max_workers=max(1, min(jobs, len(items))), initializer=initializer,
-                              initargs=initargs, context=context or multiprocessing.get_context())
+    def new_pool() -> Any:
+        return pebble.ProcessPool(max_workers=max(1, min(jobs, len(items))), initializer=initializer,
+                                  initargs=initargs, context=context or multiprocessing.get_context())
+
+    pools = [new_pool()]
     tried: collections.Counter[int] = collections.Counter()
     pending: dict[Any, int] = {}
 
     def submit(i: int) -> None:
         tried[i] += 1
-        pending[pool.schedule(fn, args=(items[i],))] = i
+        for attempt in range(2):
+            try:
+                pending[pools[-1].schedule(fn, args=(items[i],))] = i
+                return
+            except RuntimeError:  # the pool broke (below): this item and the rest go to a fresh one
+                if attempt:
+                    raise
+                pools.append(new_pool())
 
     done = False
     try:
@@ -175,6 +188,15 @@ def run_in_workers(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int,
                         on_lost(i, f"its worker process died under it {tried[i]} time(s) "
                                    f"(last: {_how_it_ended(e.exitcode)})")
                     continue
+                except BrokenProcessPool:
+                    # Pebble gives up a pool in which a worker died while no task ran ("All workers
+                    # expired": both workers killed at once, the busy one's task already failed) and
+                    # fails its queued tasks so: not the item's fault, not a try of its own
+                    tried[i] -= 1
+                    if not pools[-1].active:
+                        pools.append(new_pool())
+                    submit(i)
+                    continue
                 except Exception as e:
                     tb = getattr(e, "traceback", "")  # pebble keeps the worker's formatted traceback
                     if tb:
@@ -183,11 +205,13 @@ def run_in_workers(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int,
                 on_result(i, value)
         done = True
     finally:
-        if done:
-            pool.close()  # every item is done: the workers exit
-        else:  # Ctrl-C or an error: stop the workers now (they ignore SIGINT), not after their items
-            pool.stop()
-        pool.join()
+        for pool in pools:
+            if done:
+                pool.close()  # every item is done: the workers exit
+            else:  # Ctrl-C or an error: stop the workers now (they ignore SIGINT), not after their items
+                pool.stop()
+        for pool in pools:
+            pool.join()
 
 
 class FolderLock:

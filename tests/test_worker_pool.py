@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,33 @@ def test_more_jobs_than_items_start_one_worker_per_item(tmp_path):
     results, lost = _run([(x, "", str(log)) for x in range(3)], jobs=16)
     assert results == {0: 0, 1: 1, 2: 4} and lost == {}
     assert len({line.split()[1] for line in log.read_text().splitlines()}) <= 3  # worker pids
+
+
+def _kill_every_worker_once(item: tuple[int, str]) -> int:
+    """Item 1, on its first try, waits until the other worker is idle, then kills every worker of
+    the pool with SIGKILL (the other one first, its own process last)."""
+    import psutil
+    x, marker = item
+    if x == 1 and not Path(marker).exists():
+        Path(marker).touch()
+        time.sleep(0.5)  # item 0 is done: its worker is idle
+        me = os.getpid()
+        for sibling in psutil.Process(os.getppid()).children():
+            if sibling.pid != me and sibling.name() == psutil.Process(me).name():
+                os.kill(sibling.pid, signal.SIGKILL)
+        os.kill(me, signal.SIGKILL)
+    return x
+
+
+def test_all_workers_killed_while_one_is_idle_costs_no_item(tmp_path):
+    # kill -9 of both workers near a study's end (one busy, one idle) crashed `run` with
+    # "RuntimeError: Unexpected error within the Pool": Pebble gives up a pool in which a worker
+    # died while no task ran, so the retried item needs a fresh pool
+    for attempt in range(3):  # the pool may notice the idle worker's death before or after the busy one's
+        marker = tmp_path / f"died{attempt}"
+        results, lost = {}, {}
+        run_in_workers(_kill_every_worker_once, [(0, str(marker)), (1, str(marker))], 2, results.__setitem__,
+                       lost.__setitem__, context=FORK)
+        assert results == {0: 0, 1: 1} and lost == {}
+        assert marker.exists()
+    assert not multiprocessing.active_children()
