@@ -349,17 +349,25 @@ def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str
     return (s, None) if why is None else (None, f"damaged: {why}")
 
 
+def _earlier_key(scenario: dict[str, Any], seed: Any) -> str:
+    """What an earlier folder and a run of this study must share to be the same run from other
+    inputs: the scenario without its input paths (a moved copy of the files is the same input)
+    and the seed."""
+    return json.dumps([_without_paths(scenario), seed], sort_keys=True)
+
+
 def _earlier_results(runs_dir: Path, known: set[str]) -> dict[str, dict[str, Any]]:
     """Summaries of the folders under ``runs_dir`` that belong to no run id in ``known``, by
-    ``json.dumps([scenario, seed])``: with a run of this study's scenario and seed (paths and all),
-    such a folder is that run's earlier result, from inputs whose contents changed since or under
-    an earlier run id (before ids hashed contents instead of paths)."""
+    :func:`_earlier_key`: with a run of this study's scenario (its input paths aside) and seed, such
+    a folder is that run's earlier result, from inputs whose contents changed since (wherever the
+    files were) or under an earlier run id (before ids hashed contents instead of paths)."""
     out: dict[str, dict[str, Any]] = {}
     for d in runs_dir.iterdir():
         if d.is_dir() and d.name not in known:
             s, _ = _read_summary(d)
             if s is not None:
-                out[json.dumps([s.get("scenario"), s.get("seed")], sort_keys=True)] = s
+                scen = s.get("scenario")
+                out[_earlier_key(scen if isinstance(scen, dict) else {}, s.get("seed"))] = s
     return out
 
 
@@ -634,7 +642,7 @@ def run_study(
         earlier = _earlier_results(root / "runs", {s.run_id for s in specs}) if new and not force else {}
         superseded = 0
         for spec in new:
-            before = earlier.get(json.dumps([spec.scenario.model_dump(mode="json"), spec.seed], sort_keys=True))
+            before = earlier.get(_earlier_key(spec.scenario.model_dump(mode="json"), spec.seed))
             if before is not None:
                 recomputed[spec.run_id] = _superseded_why(spec, before)
                 superseded += 1

@@ -191,11 +191,13 @@ def test_run_ids_follow_input_contents_not_paths(tmp_path, capsys):
     assert (moved.num_reused, moved.num_ran, moved.num_stale) == (2, 0, 0)
     assert sorted(d.name for d in runs.iterdir()) == sorted(first.table["run_id"])
 
-    # other contents at the other place: new runs; the summary records the new file's digest
+    # other contents at the other place: new runs, saying why (the folders reused from mv1's
+    # files hold the same runs' results from the old contents); the summary records the new digest
     trace2 = tmp_path / "mv2" / "t.csv"
     trace2.write_text("\n".join(lines + lines[-1:]) + "\n")
     edited = run_study(load_study(tmp_path / "mv2" / "s.yaml"), out_dir=out, jobs=1)
-    assert (edited.num_reused, edited.num_ran, edited.recomputed) == (0, 2, {})
+    assert (edited.num_reused, edited.num_ran) == (0, 2)
+    assert edited.recomputed == {rid: "input changed: trace" for rid in edited.table["run_id"]}
     assert not set(edited.table["run_id"]) & set(first.table["run_id"])
     digest = hashlib.sha256(trace2.read_bytes()).hexdigest()[:16]
     for rid in edited.table["run_id"]:
