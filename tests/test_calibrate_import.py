@@ -559,6 +559,28 @@ def test_a_llama_bench_runs_tg_passes_are_its_b1_point_and_price_decode(tmp_path
     assert memtp_sim.run(sc, seed=0).metrics["tpot_ms_p50"] == pytest.approx(tg_ms, rel=0.01)
 
 
+
+def test_a_context_slope_measured_on_prompt_passes_only_is_not_charged_to_decode(tmp_path):
+    # fresh check: llama_bench.json measures pp512 at depths 0 and 512 but tg128 at depth 0 only;
+    # the fit charged a one-token pass the 512-token pass's slope, so one user's decode at a
+    # 1000-token context cost 23.7 ms against the 8.4 ms tg measurement. Oracle: tg measured at two
+    # depths (llama_bench.md) rises 3% over 512 tokens of context; the pp pair stays as measured.
+    out = tmp_path / "p.yaml"
+    import_profile(FIX / "llama_bench.json", "llama-bench", out, memory=MEM)
+    p = load_profile(out)
+    tg = {d: ms for kind, n, d, ms in _lb_fixture_passes(FIX / "llama_bench.md") if kind == "tg"}
+    assert 1.0 < tg[512] / tg[0] < 1.05
+    t1_at = [p.decode_table.at_context(1, ctx, ctx).pass_time_s(1) * 1e3 for ctx in (63, 575, 1000, 4000)]
+    tg0 = next(ms for kind, n, d, ms in _lb_fixture_passes(FIX / "llama_bench.json") if kind == "tg")
+    assert t1_at[0] == pytest.approx(tg0, rel=1e-9)
+    assert t1_at == sorted(t1_at) and t1_at[2] <= tg0 * 1.05  # was 2.8x
+    with (tmp_path / "p.costs.csv").open() as f:
+        pp = [r for r in csv.DictReader(f) if r["kind"] == "verify" and r["batch_tokens"] == "512"]
+    for r in pp:  # both pp512 passes, each at its own context, priced as measured
+        ctx = int(r["context_tokens"])
+        assert p.sps.at_context(1, ctx, ctx).pass_time_s(512) * 1e3 == pytest.approx(float(r["pass_ms"]), rel=1e-6)
+
+
 def test_multi_ubatch_pp_and_tg_rows_are_on_the_curve(tmp_path):
     # review (same fault): rows at a context other than the curve's reference were dropped: the
     # pp2048 row of llama_bench.jsonl (4 passes of ub = 512 at mean context 768) and the tg128 row

@@ -240,7 +240,8 @@ def _nearest_context(r: pd.DataFrame, ref: int) -> pd.DataFrame:
     return r[(key == best).to_numpy()]
 
 
-def fit_attention(pairs: list[tuple[int, int, int, float, int, float]], source: str = "") -> AttentionCost:
+def fit_attention(pairs: list[tuple[int, int, int, float, int, float]], source: str = "", *,
+                  prices_one_token: bool = False) -> AttentionCost:
     """Fit the attention roofline ``max(a(q) * L_max, b * K, c * W)`` on context pairs.
 
     Each pair is one shape (R requests x v tokens) measured at contexts L1 < L2 (times t1, t2):
@@ -250,8 +251,17 @@ def fit_attention(pairs: list[tuple[int, int, int, float, int, float]], source: 
     (compute-bound: ``dt / (v R dL)``). The other pairs validate the fit
     (:meth:`CurveFit.pair_errors`). Negative slopes are clipped to 0.
 
+    A curve that prices one-token passes (``prices_one_token``) without a decode pair (a
+    llama-bench file with ``pp`` at two depths and ``tg`` at one) has no measured context cost
+    for them: there ``b`` is 0 and ``a`` falls in proportion to the tokens per request below the
+    smallest measured v (a point ``(1, a(v) / v)``: attention over the context is compute-bound,
+    per query), instead of charging a decode step the slope of a 512-token pass (3x the measured
+    tg time at a 575-token context).
+
     Args:
         pairs: ``(R, v, L1, t1_ms, L2, t2_ms)``.
+        source: where the pairs come from, for the term's provenance.
+        prices_one_token: the curve holds one-token (v = 1) passes.
 
     Source: the roofline reading of the H200 context pairs (calibration/h200/SOURCES.md).
     """
@@ -264,8 +274,12 @@ def fit_attention(pairs: list[tuple[int, int, int, float, int, float]], source: 
         few = min((p for p in pairs if p[1] == v), key=lambda p: p[0])
         a_pts.append((float(v), slope(few, 1.0)))
     v_min = min(p[1] for p in pairs)
-    many = max((p for p in pairs if p[1] == v_min), key=lambda p: p[0])
-    b = slope(many, many[0])
+    if prices_one_token and v_min > 1:  # one-token passes, none at two contexts: a(q) per query below v_min
+        b = 0.0
+        a_pts.insert(0, (1.0, a_pts[0][1] / v_min))
+    else:
+        many = max((p for p in pairs if p[1] == v_min), key=lambda p: p[0])
+        b = slope(many, many[0])
     multi = [p for p in pairs if p[1] > 1]
     c = 0.0
     if multi:
@@ -295,7 +309,8 @@ def _attention(r: pd.DataFrame, context: Any, where: str):  # noqa: ANN202
             rows += [int(x) for x in grp.loc[grp["context_tokens"].isin((l1, l2)), "_row"]]
     if not pairs:
         return None, (), ()
-    return (fit_attention(pairs, source=f"fitted on {len(pairs)} shapes measured at two contexts"), tuple(pairs),
+    return (fit_attention(pairs, source=f"fitted on {len(pairs)} shapes measured at two contexts",
+                          prices_one_token=bool((r["tokens_per_request"] == 1).any())), tuple(pairs),
             tuple(sorted(rows)))
 
 
