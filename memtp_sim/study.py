@@ -48,6 +48,7 @@ from .hardware import profile_files
 from .errors import ConfigError, ExecutorUnavailableError, InvalidArgumentError
 
 __all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_files", "input_fingerprint",
+           "without_input_paths",
            "check_writable", "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor",
            "INPUT_ERRORS", "fails_again"]
 
@@ -109,8 +110,15 @@ def input_fingerprint(scenario: Scenario) -> dict[str, str]:
 INPUT_FIELDS = (("workload", "trace"), ("hardware", "profile"), ("acceptance", "profile"))
 
 
-def _without_paths(scenario: dict[str, Any]) -> dict[str, Any]:
-    """A scenario's JSON dump without the fields of :data:`INPUT_FIELDS`."""
+def without_input_paths(scenario: dict[str, Any]) -> dict[str, Any]:
+    """A scenario's JSON dump (or a tune spec's ``base``) without the fields of :data:`INPUT_FIELDS`.
+
+    Args:
+        scenario: ``Scenario.model_dump(mode="json")`` or the same sections as a mapping.
+
+    Returns:
+        A shallow copy with each input path field left out of its section.
+    """
     out = dict(scenario)
     for section, name in INPUT_FIELDS:
         if isinstance(out.get(section), dict):
@@ -119,7 +127,7 @@ def _without_paths(scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 def _key(scenario: dict[str, Any], inputs: dict[str, str], seed: int) -> str:
-    blob = json.dumps({"scenario": _without_paths(scenario), "inputs": inputs, "seed": seed}, sort_keys=True)
+    blob = json.dumps({"scenario": without_input_paths(scenario), "inputs": inputs, "seed": seed}, sort_keys=True)
     return "r" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -338,7 +346,7 @@ def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str
         return None, why
     scen = s.get("scenario")  # its input files may have been at other paths: they count by content below
     if (s.get("seed") != spec.seed or not isinstance(scen, dict)
-            or _without_paths(scen) != _without_paths(spec.scenario.model_dump(mode="json"))):
+            or without_input_paths(scen) != without_input_paths(spec.scenario.model_dump(mode="json"))):
         return None, "damaged: summary.json records another scenario or seed"
     inputs = spec.inputs
     if s.get("inputs") != inputs:
@@ -353,7 +361,7 @@ def _earlier_key(scenario: dict[str, Any], seed: Any) -> str:
     """What an earlier folder and a run of this study must share to be the same run from other
     inputs: the scenario without its input paths (a moved copy of the files is the same input)
     and the seed."""
-    return json.dumps([_without_paths(scenario), seed], sort_keys=True)
+    return json.dumps([without_input_paths(scenario), seed], sort_keys=True)
 
 
 def _earlier_results(runs_dir: Path, known: set[str]) -> dict[str, dict[str, Any]]:

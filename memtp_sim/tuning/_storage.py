@@ -350,6 +350,10 @@ def open_study(spec: TuneSpec, storage: optuna.storages.BaseStorage, *, create: 
         theirs = rec.get("tune_spec", {})
         keys = ("base", "search_space", "pair_constraints", "objectives", "constraints", "seeds")
         diff = [k for k in keys if json.dumps(theirs.get(k), sort_keys=True) != json.dumps(mine.get(k), sort_keys=True)]
+        if diff == ["base"] and _moved_inputs(theirs.get("base"), mine.get("base")):
+            raise ConfigError(f"{spec.source}: base: study {spec.name!r} in storage was tuned on input files at other "
+                              f"paths ({_moved_inputs(theirs.get('base'), mine.get('base'))}); its trials and export "
+                              "read the files where they were: tune from there, or give the tune spec a new name")
         if diff:
             raise ConfigError(f"{spec.source}: {diff[0]}: does not match study {spec.name!r} in storage (tuned with a "
                               f"different {', '.join(diff)}); resume with the same spec or give the tune spec a "
@@ -359,6 +363,21 @@ def open_study(spec: TuneSpec, storage: optuna.storages.BaseStorage, *, create: 
         raise ConfigError(f"{spec.source}: objectives: study {spec.name!r} in storage has directions "
                           f"{theirs_dirs}, the spec {spec.directions}; give the tune spec a new name")
     return study
+
+
+def _moved_inputs(theirs: Any, mine: Any) -> str:
+    """``"workload.trace: A -> B, ..."`` when two tune bases differ in their input file paths alone
+    (a copied or moved tree), else ``""``."""
+    from ..study import INPUT_FIELDS, without_input_paths  # lazy: memtp_sim.study imports pandas
+
+    if not (isinstance(theirs, dict) and isinstance(mine, dict)):
+        return ""
+    if json.dumps(without_input_paths(theirs), sort_keys=True) != json.dumps(without_input_paths(mine), sort_keys=True):
+        return ""
+    moved = [f"{sec}.{name}: {(theirs.get(sec) or {}).get(name)} -> {(mine.get(sec) or {}).get(name)}"
+             for sec, name in INPUT_FIELDS
+             if (theirs.get(sec) or {}).get(name) != (mine.get(sec) or {}).get(name)]
+    return ", ".join(moved)
 
 
 def study_inputs(spec: TuneSpec) -> dict[str, tuple[Path, str]]:

@@ -51,6 +51,26 @@ def test_resume_refuses_a_changed_spec(tmp_path):
         open_study(parse_tune_spec(doc), open_storage(url))
 
 
+def test_resume_from_a_copied_tree_says_the_input_paths_moved(tmp_path):
+    # fresh check: a copied tuning tree (identical files) was refused as "tuned with a different
+    # base", though only the files' paths differ: the message now says which paths moved
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    a, b = tmp_path / "a" / "t.csv", tmp_path / "b" / "t.csv"
+    for t in (a, b):
+        t.parent.mkdir()
+        shutil.copy(TRACE, t)
+    doc = tiny_doc("moved")
+    doc["base"]["workload"]["trace"] = str(a)
+    open_study(parse_tune_spec(doc), open_storage(url))
+    doc["base"]["workload"]["trace"] = str(b)
+    with pytest.raises(ConfigError, match=rf": base: study 'moved' in storage was tuned on input files at other paths "
+                                          rf"\(workload\.trace: {re.escape(str(a))} -> {re.escape(str(b))}\); .* give the "
+                                          "tune spec a new name$"):
+        open_study(parse_tune_spec(doc), open_storage(url))
+    doc["base"]["workload"]["num_requests"] = 7  # another base, not only a path: the general message
+    with pytest.raises(ConfigError, match="tuned with a different base"):
+        open_study(parse_tune_spec(doc), open_storage(url))
+
 def test_resume_refuses_changed_input_files(tmp_path, capsys):
     # review: after the profile's cost table was edited (B=16: 58.7391 -> 99.0 ms), `tune --n-trials 6`
     # ran 3 more trials in the same study without a word: trials priced on two different tables
