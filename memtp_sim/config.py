@@ -823,6 +823,11 @@ class Study(StrictModel):
             if k in ("policy", "policy.name"):
                 raise ValueError(f"{where}.{k}: the study's policies list already chooses the policy; put the "
                                  "policy in the list (or drop the list and sweep policy.name)")
+            param = k.removeprefix("policy.")
+            entry = next((p for p in self.policies if k.startswith("policy.") and param in p.params), None)
+            if entry is not None:  # the sweep's value would replace the entry's: that one never runs
+                raise ValueError(f"{where}.{k}: the policies entry {entry.flow()} also sets {param}; one value "
+                                 f"per run, so set it in one place (drop {param} from the entry)")
         return self
 
     def expand(self, *, source: str = "<study>") -> list[tuple[dict[str, Any], Scenario, int]]:

@@ -119,6 +119,19 @@ def test_a_policy_parameter_no_run_has_is_still_refused(tmp_path, doc, where):
     assert str(exc.value) == f"{f}: {where}"
 
 
+@pytest.mark.parametrize("over", [{"sweep": {"policy.gamma": [3, 5]}}, {"variants": {"g3": {"policy.gamma": 3}}}])
+def test_a_policy_parameter_set_by_an_entry_and_a_sweep_is_refused(tmp_path, over):
+    # fresh check: the load study's {name: dspark, gamma: 7, ...} entry beside a policy.gamma sweep
+    # ran gamma 3 and 5 only; the entry's 7 never ran, without a word
+    policies = [{"name": "no_spec"}, {"name": "dspark", "gamma": 7, "early_stop": True}]
+    f = _study(tmp_path, {"base": {"workload": dict(_WL)}, "policies": policies, **over})
+    where = "sweep" if "sweep" in over else "variants.g3"
+    with pytest.raises(ConfigError) as exc:
+        load_study(f)
+    assert str(exc.value) == (f"{f}: {where}.policy.gamma: the policies entry {{name: dspark, gamma: 7, early_stop: "
+                              "true} also sets gamma; one value per run, so set it in one place (drop gamma from "
+                              "the entry)")
+
 def test_the_review_study_runs_and_its_report_puts_each_baseline_beside_each_gamma(tmp_path, capsys):
     f = _study(tmp_path, _load_like(sweep={"workload.concurrency": [1, 2], "policy.gamma": [3, 5]}, seeds=[0]))
     assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 0, capsys.readouterr()
