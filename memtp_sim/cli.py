@@ -565,7 +565,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("study_dir", help="results/<study>")
     rp.set_defaults(func=_cmd_report)
 
-    pr = sub.add_parser("profiles", help="list shipped hardware profiles")
+    pr = sub.add_parser("profiles", help="list the hardware profiles under calibration/ (shipped and imported)")
     pr.set_defaults(func=_cmd_profiles)
 
     _add_calibrate_parser(sub)
