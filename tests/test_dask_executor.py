@@ -195,7 +195,11 @@ def test_a_dead_worker_costs_no_other_run(tmp_path, capsys):
         "policy": {"name": "test_dask_boom"}},
         "sweep": {"policy.die": [False, True], "workload.concurrency": [1, 2]}, "seeds": [0]}
     study = _study(tmp_path, doc)
-    config = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1"}
+    # one task on a worker at a time (saturation 1.0; the default 1.1 queues a second task on a
+    # one-thread worker): a queued run on the worker that dies would count that death too, and
+    # with allowed-failures 1 could fail beside the dying ones (seen under CPU load)
+    config = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1",
+              "DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0"}
     (tmp_path / "cluster").mkdir()
     with _cluster(tmp_path / "cluster", nanny=True, config=config) as address:
         rc = main(["run", str(study), "--out", str(tmp_path / "out"), "--quiet", "--executor", "dask",
