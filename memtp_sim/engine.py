@@ -477,8 +477,9 @@ class Engine:
         for by preempting another)."""
         mem = self.profile.memory
         pending = 0
-        if self.running:
-            run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
+        if self.running:  # the running ids as _guarantee_anchors keeps them (valid until the set changes)
+            run = self._run_ids[0] if self._run_ids is not None else np.fromiter(
+                self.running, dtype=np.int64, count=len(self.running))
             pending = self.kv.anchor_blocks(run[self.prefilled[run] >= self.prefill_target[run]])
         if self.waiting:
             i = self.waiting[0]
