@@ -642,7 +642,7 @@ class Engine:
         first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
         draft_s = 0.0 + self.drafter.prefill_time_s(0)
         fixed_s = 0.0 + draft_s + overhead_s  # head load 0 + draft + overhead, as the round path adds them
-        tokens = self.kv.tokens[dec]
+        tokens = self._tables[2]  # the KV tokens _round_tables just gathered for these requests
         bt = self.kv.block_tokens
         first_end = now + (fixed_s + first_s)
         if first_end >= next_event:  # an event falls inside this very round (at high load, most rounds)
@@ -861,7 +861,7 @@ class Engine:
         prof = self.profile
         out = (kv_read, prof.sps.at_context(num_req, l_max, kv_read), prof.decode_table.at_context(num_req, l_max, kv_read))
         if no_prefill:
-            self._tables = (dec, out)
+            self._tables = (dec, out, kv_dec)  # kv_dec: the plain-block plan reads it too
         return out
 
     def _overhead_s(self, drafted: bool) -> float:
