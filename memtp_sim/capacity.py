@@ -117,12 +117,13 @@ from .config import (
     Scenario,
     Study,
     WorkloadConfig,
+    yaml_flow,
     format_validation_error,
     load_scenario,
     read_config_yaml,
 )
 from .errors import ConfigError, InvalidArgumentError
-from .metrics import METRIC_NAMES, OVERLOAD_MIN_ARRIVALS
+from .metrics import METRIC_NAMES, is_overloaded
 
 __all__ = [
     "SLO",
@@ -379,11 +380,6 @@ def parse_policies(texts: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _flow(item: dict[str, Any]) -> str:
-    """A ``--policies`` item as it could be typed: its name, or a flow mapping."""
-    return item["name"] if len(item) == 1 else yaml.safe_dump(item, default_flow_style=True, sort_keys=False).strip()
-
-
 def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = None) -> list[Scenario]:
     """The scenarios a ``capacity`` command searches: the scenario file, once per policy.
 
@@ -417,7 +413,7 @@ def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = N
         loc = err["loc"]
         msg = str(err["msg"]).removeprefix("Value error, ")
         if len(loc) >= 2 and loc[0] == "policies" and isinstance(loc[1], int):  # the flag's fault, not the file's
-            raise ConfigError(f"--policies: {_flow(items[loc[1]])}: {msg}") from None
+            raise ConfigError(f"--policies: {yaml_flow(items[loc[1]])}: {msg}") from None
         if tuple(loc) == ("policies",):  # the list as a whole: one policy given twice
             raise ConfigError(f"--policies: {msg}") from None
         raise ConfigError(format_validation_error(e, str(path), Scenario)) from None
@@ -633,14 +629,14 @@ class _Search:
         means = {k: _nanmean(vals) for k, vals in per_seed.items()}
         late = per_seed["offered_load_ratio_late"]
         limit = overload_limit(n, sum(math.isfinite(v) for v in late))
-        overloaded = _overloaded(means["offered_load_ratio_late"], n, limit)
+        overloaded = is_overloaded(means["offered_load_ratio_late"], n, limit=limit)
         failures = self.slo.failures(means)
         if overloaded:
             failures.append(f"overloaded: offered_load_ratio_late = {means['offered_load_ratio_late']:.4g} > "
                             f"{limit:.4g} (the number in system grew over the late half of the runs: the queue "
                             "grows without bound)")
         one = overload_limit(n, 1)
-        seed_passed = tuple(self.slo.holds(r) and not _overloaded(v, n, one) for r, v in zip(runs, late, strict=True))
+        seed_passed = tuple(self.slo.holds(r) and not is_overloaded(v, n, limit=one) for r, v in zip(runs, late, strict=True))
         return CapacityPoint(rate_per_s=float(rate), num_requests=n, means=means, per_seed=per_seed,
                              seed_passed=seed_passed, overloaded=overloaded, passed=not failures,
                              failures=tuple(failures), num_runs=spent)
@@ -660,11 +656,6 @@ def overload_limit(num_requests: int, num_seeds: int = 1) -> float:
         The limit, > 1 (e.g. 1.0224 for one seed of 4,000 requests, 1.0129 for three).
     """
     return 1.0 + 1.0 / math.sqrt(max(1, num_seeds) * max(1, num_requests) / 2.0)
-
-
-def _overloaded(late_ratio: float, num_requests: int, limit: float) -> bool:
-    """``late_ratio`` above ``limit`` on runs long enough to tell (NaN, e.g. no arrival window: not overloaded)."""
-    return bool(num_requests >= OVERLOAD_MIN_ARRIVALS and late_ratio > limit)
 
 
 def _nanmean(values: Sequence[float]) -> float:

@@ -77,6 +77,7 @@ __all__ = [
     "load_scenario",
     "read_config_yaml",
     "yaml_kind",
+    "yaml_flow",
     "format_validation_error",
     "check_no_ignored_fields",
     "set_paths",
@@ -559,7 +560,7 @@ class PolicySpec(BaseModel):
 
     def flow(self) -> str:
         """The entry as it could be written in YAML: ``dspark``, or ``{name: dspark, gamma: 5}``."""
-        return _flow({"name": self.name, **self.params})
+        return yaml_flow({"name": self.name, **self.params})
 
 
 class Scenario(StrictModel):
@@ -1030,8 +1031,9 @@ def _set_dotted(doc: dict[str, Any], key: str, value: Any, source: str) -> None:
     node[parts[-1]] = value
 
 
-def _flow(doc: dict[str, Any]) -> str:
-    """A ``{name: ..., **params}`` mapping as it could be written in YAML: the bare name without parameters."""
+def yaml_flow(doc: dict[str, Any]) -> str:
+    """A ``{name: ..., **params}`` mapping as it could be written in YAML (a policies entry, a
+    ``--policies`` item): the bare name without parameters, else a one-line flow mapping."""
     if set(doc) == {"name"}:
         return str(doc["name"])
     return yaml.safe_dump(doc, default_flow_style=True, sort_keys=False, width=1 << 30).strip()

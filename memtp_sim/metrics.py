@@ -180,13 +180,14 @@ OVERLOAD_MIN_ARRIVALS = 20
 EXTRAPOLATED_WARN_FRAC = 0.05
 
 
-def is_overloaded(offered_load_ratio: float, num_arrived: float) -> bool:
-    """The overload flag of the study reports (terminal and HTML): the ratio exceeds :data:`OVERLOAD_RATIO`
-    on at least :data:`OVERLOAD_MIN_ARRIVALS` arrivals (``num_requests``: every request that
-    arrived; NaN ratio, e.g. a closed loop: not overloaded). Coarse: it misses overloads below about
-    20% (the whole-window ratio's start-empty bias needs the margin); the SLA capacity search uses
-    the sharper ``offered_load_ratio_late`` test (:func:`memtp_sim.capacity.overload_limit`)."""
-    return bool(num_arrived >= OVERLOAD_MIN_ARRIVALS and offered_load_ratio > OVERLOAD_RATIO)
+def is_overloaded(offered_load_ratio: float, num_arrived: float, *, limit: float = OVERLOAD_RATIO) -> bool:
+    """The overload verdict: the ratio exceeds ``limit`` on at least :data:`OVERLOAD_MIN_ARRIVALS`
+    arrivals (``num_requests``: every request that arrived; NaN ratio, e.g. a closed loop: not
+    overloaded). With the default :data:`OVERLOAD_RATIO` on ``offered_load_ratio`` it is the study
+    reports' flag (terminal and HTML): coarse, it misses overloads below about 20% (the whole-window
+    ratio's start-empty bias needs the margin); the SLA capacity search passes
+    ``offered_load_ratio_late`` with the sharper :func:`memtp_sim.capacity.overload_limit`."""
+    return bool(num_arrived >= OVERLOAD_MIN_ARRIVALS and offered_load_ratio > limit)
 
 
 def _offered_load_ratio(st: EngineState) -> float:
