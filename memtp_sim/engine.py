@@ -141,17 +141,14 @@ class _RoundLog:
         self.append = self.rows.append
         self._pieces = 0  # block pieces appended since the last merge (append_block)
 
-    #: blocks of at most this many rounds are stored as tuples, like single rounds: 31 typed
-    #: arrays per block cost more than the rows themselves for the short blocks of a busy engine
+    #: blocks of at most this many rounds are written as tuples (:meth:`extend`), like single
+    #: rounds: 31 typed arrays per block cost more than the rows themselves for the short blocks
+    #: of a busy engine; longer ones as columns (:meth:`append_block`)
     SHORT_BLOCK = 64
 
     def append_block(self, cols: dict[str, np.ndarray | float | int], num_rows: int) -> None:
-        """Append ``num_rows`` rounds at once: each ``_LOGGED`` field an array of that length or
-        one value for every row (after the tuples appended so far, in order)."""
-        if num_rows <= self.SHORT_BLOCK:
-            self.extend(list(zip(*[v.tolist() if isinstance(v, np.ndarray) else (v,) * num_rows
-                                   for v in map(cols.__getitem__, _LOGGED)])))
-            return
+        """Append ``num_rows`` rounds at once as typed columns: each ``_LOGGED`` field an array of
+        that length or one value for every row (after the rows appended so far, in order)."""
         self.flush()
         for f in _LOGGED:
             v = cols[f]
