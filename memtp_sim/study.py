@@ -48,7 +48,7 @@ from .hardware import profile_files
 from .errors import ConfigError, ExecutorUnavailableError, InvalidArgumentError
 
 __all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_files", "input_fingerprint",
-           "without_input_paths",
+           "changed_inputs", "without_input_paths",
            "check_writable", "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor",
            "INPUT_ERRORS", "fails_again"]
 
@@ -102,6 +102,19 @@ def input_fingerprint(scenario: Scenario) -> dict[str, str]:
         OSError: a file cannot be read; CalibrationError: as :func:`input_files`.
     """
     return {role: file_digest(path) for role, path in input_files(scenario).items()}
+
+
+def changed_inputs(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The roles whose digests differ between two :func:`input_fingerprint` records (a role only
+    one of them has counts as changed), sorted.
+
+    Args:
+        a, b: ``{role: digest}``.
+
+    Returns:
+        The roles, e.g. ``["trace"]``; empty when the inputs are the same.
+    """
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 #: Scenario fields (section, field) that name an input file. A run's id leaves them out and
@@ -226,7 +239,7 @@ def _input_mismatch(spec: RunSpec, inputs: dict[str, str], expect: dict[str, Any
         return (f"ConfigError: this worker runs memtp_sim {__version__}, the submitting process "
                 f"{expect.get('version')}; install the same version on every worker")
     want = spec.inputs if expect is None else expect.get("inputs", {})
-    differ = sorted(k for k in set(inputs) | set(want) if inputs.get(k) != want.get(k))
+    differ = changed_inputs(inputs, want)
     if differ and expect is not None:  # a setup to fix: a retry alone fails the same way
         return (f"ConfigError: this worker's input files differ from the submitting process's ({', '.join(differ)}); "
                 "every worker must see the same trace and profile files at the same paths")
@@ -351,7 +364,7 @@ def _load_done(run_dir: Path, spec: RunSpec) -> tuple[dict[str, Any] | None, str
     inputs = spec.inputs
     if s.get("inputs") != inputs:
         recorded = s.get("inputs") if isinstance(s.get("inputs"), dict) else {}
-        changed = sorted(k for k in set(inputs) | set(recorded) if inputs.get(k) != recorded.get(k))
+        changed = changed_inputs(inputs, recorded)
         return None, f"input changed: {', '.join(changed)}"
     why = verify_run_files(run_dir, s)
     return (s, None) if why is None else (None, f"damaged: {why}")
@@ -382,7 +395,7 @@ def _earlier_results(runs_dir: Path, known: set[str]) -> dict[str, dict[str, Any
 def _superseded_why(spec: RunSpec, earlier: dict[str, Any]) -> str:
     """Why ``spec`` is computed although ``earlier`` (from :func:`_earlier_results`) ran it."""
     recorded = earlier.get("inputs") if isinstance(earlier.get("inputs"), dict) else {}
-    changed = sorted(k for k in set(spec.inputs) | set(recorded) if spec.inputs.get(k) != recorded.get(k))
+    changed = changed_inputs(spec.inputs, recorded)
     if changed:
         return f"input changed: {', '.join(changed)}"
     return "earlier run id (run ids now hash input file contents, not paths)"

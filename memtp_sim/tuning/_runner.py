@@ -11,6 +11,7 @@ that has not stopped 60 s later is terminated, and its RUNNING trial is marked F
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import multiprocessing
 import os
@@ -219,14 +220,12 @@ def run_tune(
                              n_trials, on_progress, call)
     elapsed = time.perf_counter() - t0
     complete = count_trials(study, TrialState.COMPLETE)
-    mine = [t for t in study.get_trials(deepcopy=False)
-            if isinstance(t.user_attrs.get("worker"), dict) and t.user_attrs["worker"].get("call") == call]
-    states: dict[str, int] = {}
-    for t in mine:
-        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    trials = study.get_trials(deepcopy=False)  # one query on an RDB storage
+    mine = [t for t in trials if isinstance(t.user_attrs.get("worker"), dict) and t.user_attrs["worker"].get("call") == call]
+    states = dict(collections.Counter(t.state.name.lower() for t in mine))
     outcome = TuneOutcome(spec.name, mask_url(url), n_trials, complete, len(mine), stale, codes, {}, None, elapsed,
                           ran_states=states, notes=[note] if note is not None else [])
-    zero = zero_capacity_warning(spec, study.get_trials(deepcopy=False))
+    zero = zero_capacity_warning(spec, trials)
     if zero is not None:
         outcome.warnings.append(zero)
     if outcome.short:

@@ -350,9 +350,10 @@ def open_study(spec: TuneSpec, storage: optuna.storages.BaseStorage, *, create: 
         theirs = rec.get("tune_spec", {})
         keys = ("base", "search_space", "pair_constraints", "objectives", "constraints", "seeds")
         diff = [k for k in keys if json.dumps(theirs.get(k), sort_keys=True) != json.dumps(mine.get(k), sort_keys=True)]
-        if diff == ["base"] and _moved_inputs(theirs.get("base"), mine.get("base")):
+        moved = _moved_inputs(theirs.get("base"), mine.get("base")) if diff == ["base"] else ""
+        if moved:
             raise ConfigError(f"{spec.source}: base: study {spec.name!r} in storage was tuned on input files at other "
-                              f"paths ({_moved_inputs(theirs.get('base'), mine.get('base'))}); its trials and export "
+                              f"paths ({moved}); its trials and export "
                               "read the files where they were: tune from there, or give the tune spec a new name")
         if diff:
             raise ConfigError(f"{spec.source}: {diff[0]}: does not match study {spec.name!r} in storage (tuned with a "
@@ -447,7 +448,9 @@ def check_study_inputs(study: optuna.Study, spec: TuneSpec, *, where: str, todo:
     if not isinstance(stored, dict):
         return now, (f"study {study.study_name!r} records no digests of its input files (made before tune recorded "
                      "them), so it cannot be checked that the trace and profiles are still the files its trials read")
-    changed = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k, (None, None))[1])
+    from ..study import changed_inputs  # lazy: memtp_sim.study imports pandas
+
+    changed = changed_inputs(stored, {label: digest for label, (_, digest) in now.items()})
     if not changed:
         return now, None
     shown = [k if k in now and str(now[k][0]) in k else f"{k} ({now[k][0]})" if k in now else f"{k} (no longer read)"
