@@ -475,9 +475,9 @@ class Engine:
         mem = self.profile.memory
         pending = 0
         if self.running:  # the running ids as _guarantee_anchors keeps them (valid until the set changes)
-            run = self._run_ids[0] if self._run_ids is not None else np.fromiter(
-                self.running, dtype=np.int64, count=len(self.running))
-            pending = self.kv.anchor_blocks(run[self.prefilled[run] >= self.prefill_target[run]])
+            run, all_decode = self._run_ids if self._run_ids is not None else (
+                np.fromiter(self.running, dtype=np.int64, count=len(self.running)), None)
+            pending = self.kv.anchor_blocks(run if all_decode else run[self.prefilled[run] >= self.prefill_target[run]])
         if self.waiting:
             i = self.waiting[0]
             tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
