@@ -85,13 +85,6 @@ class AttentionCost:
         a = slopes[0] if qs.size == 1 else np.interp(q, qs, slopes)
         return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
 
-    def ms_float(self, q: float, l_max: float, kv: float, pairs: float) -> float:
-        """:meth:`ms` for Python floats, on floats: the same IEEE operations in the same order, so
-        the same bits (none of the terms is NaN), at a fraction of numpy's per-scalar cost."""
-        qs, slopes = self._a_arrays
-        a = float(slopes[0]) if qs.size == 1 else float(np.interp(q, qs, slopes))
-        return max(max(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
-
 
 @dataclass(frozen=True)
 class _Dense:
@@ -501,13 +494,45 @@ class SPSTable:
         q = pad_f[bs] / max(num_requests, 1.0)
         return (zero_at_pad[bs] + self.attention.ms(q, l_max, kv, kv * q)) * d.factor[bs] / 1000.0
 
+    def context_coefficients(self, b: int, num_requests: float) -> tuple[float, float, float, float] | None:
+        """The context pricing at one B for ``num_requests`` requests, as Python floats: the pass
+        time at ``l_max`` and ``kv`` KV tokens read is ``(zero_ms + max(max(a * l_max,
+        b_ms_per_kv_token * kv), c_ms_per_pair * (kv * q))) * factor / 1000`` s (:meth:`_context_s`,
+        the same operations in the same order; the engine's compiled plain rounds take these).
+
+        Args:
+            b: token batch B.
+            num_requests: requests R in the pass.
+
+        Returns:
+            ``(zero_ms, factor, a, q)``: the context-free pass time at B's padded size (ms), the
+            eager factor, the latency slope at q (ms per context token) and the query tokens per
+            request; None where no one-B rule prices B (no context term, B outside the dense
+            range, or no value there).
+
+        Source:
+            docs/model.md section 1 step 4 (real passes grow with the KV context they read).
+        """
+        if not self.has_context_term or not 0 < b < self._dense.zero_ms.size:
+            return None
+        pad_f, zero_at_pad, factor = self._dense.padded_lists
+        if zero_at_pad[b] != zero_at_pad[b]:  # NaN: B refused by the table's rules
+            return None
+        q = pad_f[b] / max(num_requests, 1.0)
+        qs, slopes = self.attention._a_arrays
+        a = float(slopes[0]) if qs.size == 1 else float(np.interp(q, qs, slopes))
+        return zero_at_pad[b], factor[b], a, q
+
     def _context_one_s(self, b: int) -> float:
         """:meth:`_context_s` for one B on Python floats: the same operations in the same order
         (tests/test_cost_context_scalar.py checks the bits against the array formula)."""
-        pad_f, zero_at_pad, factor = self._dense.padded_lists
-        num_requests, l_max, kv = self.context
-        q = pad_f[b] / max(num_requests, 1.0)
-        return (zero_at_pad[b] + self.attention.ms_float(q, l_max, kv, kv * q)) * factor[b] / 1000.0
+        _, l_max, kv = self.context
+        coef = self.context_coefficients(b, self.context[0])
+        if coef is None:
+            return float("nan")
+        zero_ms, factor, a, q = coef
+        att = self.attention
+        return (zero_ms + max(max(a * l_max, att.b_ms_per_kv_token * kv), att.c_ms_per_pair * (kv * q))) * factor / 1000.0
 
     def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
