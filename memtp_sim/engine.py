@@ -51,6 +51,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import simpy
 
+from ._compiled import kernels_or_warn
 from ._lazy import expit
 from .acceptance import AcceptanceModel
 from .confidence import ConfidenceHead
@@ -281,8 +282,7 @@ class Engine:
         self.progress = progress
         self.env = simpy.Environment()
 
-        n = workload.num_requests
-        self.n = n
+        n = self.n = workload.num_requests
         self.prompt = workload.prompt_tokens.astype(np.int64)
         self.output = workload.output_tokens.astype(np.int64)
         self.domain = workload.domain.astype(np.int64)
@@ -339,6 +339,16 @@ class Engine:
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
         self._prefill_queue: deque[int] = deque()  # requests waiting for one, FIFO
+        self._use_kernels(n)
+
+    def _use_kernels(self, n: int) -> None:
+        # compiled plain rounds (memtp_sim/_kernels.pyx): pricing per batch size, scratch arrays
+        self._kernels = kernels_or_warn() if self.COMPILED else None
+        self.kv.kernels = self._kernels
+        self._plain_prices: dict[int, tuple | None] = {}
+        self._plain_buf = None if self._kernels is None else (  # times, durations, verify_s, blocks, finished
+            np.empty(_MAX_BLOCK_ROUNDS + 1), np.empty(_MAX_BLOCK_ROUNDS), np.empty(_MAX_BLOCK_ROUNDS),
+            np.empty(_MAX_BLOCK_ROUNDS, dtype=np.int64), np.empty(n, dtype=np.int64))
 
     # ----------------------------------------------------------------- arrivals
     def _count_in_system(self, delta: int) -> None:
@@ -610,6 +620,9 @@ class Engine:
     # ----------------------------------------------------------------- plain blocks
     #: run rounds without drafts as blocks (exact: see _plain_block); tests switch it off to compare
     PLAIN_BLOCKS = True
+    #: plan and apply plain blocks with the compiled kernels (memtp_sim/_kernels.pyx) when built;
+    #: the numpy code gives the same answers bit for bit (tests and the benchmark switch it off)
+    COMPILED = True
 
     def _plain_blocks_possible(self) -> bool:
         """Whether rounds without drafts can ever run as blocks here: the drafter's depth is fixed
@@ -634,6 +647,12 @@ class Engine:
         num_dec = dec.size
         if not num_dec or len(self.running) != num_dec:
             return None
+        if self._kernels is not None:
+            price = self._plain_prices.get(num_dec, False)
+            if price is False:
+                price = self._plain_prices[num_dec] = self._plain_price(num_dec)
+            if price is not None:
+                return self._plan_plain_block_compiled(dec, ahead, price)
         now, next_event = self.env.now, self.env.peek()
         kv_read, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
         first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
@@ -672,6 +691,42 @@ class Engine:
         return _PlainBlock(rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds],
                            kv_read, draft_s, overhead_s, extrapolated)
 
+    def _plain_price(self, num_dec: int) -> tuple | None:
+        """The plain pass's pricing at B = ``num_dec`` for the compiled planner: (context term?,
+        pass time without one, zero_ms, factor, a, q, b and c slopes, extrapolated flag); None
+        where the numpy planner must price (no finite value at B: it raises or refuses there)."""
+        table = self.profile.decode_table
+        extrapolated = 0 if table.is_measured(num_dec) else 1
+        if table.has_context_term:
+            coef = table.context_coefficients(num_dec, float(num_dec))
+            if coef is None:
+                return None
+            att = table.attention
+            return (True, 0.0, *coef, att.b_ms_per_kv_token, att.c_ms_per_pair, extrapolated)
+        first_s = float(table.pass_time_s(num_dec))
+        if not 0.0 < first_s < float("inf"):
+            return None
+        return (False, first_s, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, extrapolated)
+
+    def _plan_plain_block_compiled(self, dec: np.ndarray, ahead: int, price: tuple) -> _PlainBlock | None:
+        """:meth:`_plan_plain_block` by the compiled planner (``_kernels.plain_plan``): the same
+        block, bit for bit. The plan's arrays are views of scratch arrays the next plan overwrites
+        (the block runs before then)."""
+        times, durations, verify_s, blocks, _ = self._plain_buf
+        context, first_s, zero_ms, factor, a, q, b_slope, c_slope, extrapolated = price
+        draft_s = 0.0 + self.drafter.prefill_time_s(0)
+        overhead_s = self._overhead_s(False)
+        fixed_s = 0.0 + draft_s + overhead_s  # head load 0 + draft + overhead, as the round path adds them
+        kv = self.kv
+        rounds, kv_read = self._kernels.plain_plan(
+            dec, kv.tokens, self.output, self.generated, kv.block_tokens, kv.capacity, self.env.now,
+            self.env.peek(), ahead, _MAX_BLOCK_ROUNDS, fixed_s, context, first_s, zero_ms, factor, a, q, b_slope,
+            c_slope, times, durations, verify_s, blocks)
+        if rounds < 1:
+            return None
+        return _PlainBlock(rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds],
+                           kv_read, draft_s, overhead_s, extrapolated)
+
     def _plain_block(self, dec: np.ndarray, plan: _PlainBlock, gamma: int, head_load_s: float, round_index: int):
         """Run the plain rounds of ``plan`` at once (see :meth:`_plan_plain_block`): every request
         emits one token a round; the clock moves round by round (the same float additions), and
@@ -688,14 +743,25 @@ class Engine:
         else:
             env._now = float(times[-2])  # the rounds before the last end before any other event
             yield env.timeout(float(durations[-1]))
-        gen = self.generated[dec] + rounds
-        self.generated[dec] = gen
-        self.num_rounds[dec] += rounds
-        kv.append(dec, rounds)
-        self._spec_on = False
-        fin = gen >= self.output[dec]
-        if _any(fin):
-            self._finish(dec[fin].tolist())
+        if self._kernels is not None:
+            finished = self._plain_buf[4]
+            added, num_fin = self._kernels.plain_apply(dec, rounds, self.generated, self.num_rounds, kv.tokens,
+                                                       kv.blocks, self.output, kv.block_tokens, finished)
+            kv.blocks_used += added  # KVCacheManager.append's bookkeeping, done in the kernel
+            if kv.blocks_used > kv.capacity:
+                kv.check("append")
+            self._spec_on = False
+            if num_fin:
+                self._finish(finished[:num_fin].tolist())
+        else:
+            gen = self.generated[dec] + rounds
+            self.generated[dec] = gen
+            self.num_rounds[dec] += rounds
+            kv.append(dec, rounds)
+            self._spec_on = False
+            fin = gen >= self.output[dec]
+            if _any(fin):
+                self._finish(dec[fin].tolist())
         log = self.log
         if rounds <= log.SHORT_BLOCK:  # rows as tuples (_LOGGED order), as the round path writes them
             peak = blocks.tolist()

@@ -69,6 +69,7 @@ class KVCacheManager:
         self.blocks_used = 0
         self.capacity = int(capacity)
         self.watermark = int(np.ceil(self.watermark_frac * self.capacity))
+        self.kernels = None  # the compiled kernels module, when the engine uses them (anchor_blocks)
 
     # ------------------------------------------------------------------ queries
     def blocks_for(self, tokens):  # noqa: ANN001, ANN201 - int or int array in, same out
@@ -118,6 +119,8 @@ class KVCacheManager:
         Source:
             docs/model.md section 1, step 3 (one anchor/bonus slot per request).
         """
+        if self.kernels is not None:
+            return self.kernels.anchor_blocks(reqs, self.tokens, self.block_tokens)
         return int(np.count_nonzero(self.tokens[reqs] % self.block_tokens == 0))
 
     def lookahead_blocks(self, reqs: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:

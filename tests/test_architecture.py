@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "memtp_sim"
 
 #: Floors, lowest first (docs/architecture.md). A module may import its own floor or lower ones.
 FLOORS: list[tuple[str, ...]] = [
-    ("errors", "_version", "_io", "_html", "_procs", "_lazy"),
+    ("errors", "_version", "_io", "_html", "_procs", "_lazy", "_compiled"),
     ("hardware", "acceptance", "workload", "memtp", "exactness", "measure", "_measure_shapes", "_measure_torch"),
     ("confidence", "telemetry", "policies", "lab"),
     ("drafting", "kv_cache"),

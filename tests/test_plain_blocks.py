@@ -4,7 +4,9 @@ per-request times and counters, and every column of every round of the round log
 
 Oracle: the round-by-round engine itself, on the shipped scenarios where blocks are taken
 (closed and open loop, colocated and disaggregated prefill, think time, a batch-slot limit, KV
-pressure with preemption) and on random hand-made workloads (fuzz).
+pressure with preemption) and on random hand-made workloads (fuzz). Every test runs twice: blocks
+planned and applied by the compiled kernels (``memtp_sim/_kernels.pyx``, the default) and by the
+numpy code (``Engine.COMPILED = False``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,24 @@ from memtp_sim import run
 from memtp_sim.engine import Engine
 
 from _sim_helpers import flat_profile, run_engine, scenario, workload
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["compiled", "numpy"])
+def compiled(request, monkeypatch):
+    if request.param:
+        from memtp_sim._compiled import kernels
+
+        assert kernels is not None, "memtp_sim._kernels is not built: run pip install -e ."
+        planned, ran = [], []
+        plan, block = Engine._plan_plain_block_compiled, Engine._plain_block
+        monkeypatch.setattr(Engine, "_plan_plain_block_compiled", lambda self, *a: planned.append(1) or plan(self, *a))
+        monkeypatch.setattr(Engine, "_plain_block", lambda self, *a: ran.append(1) or block(self, *a))
+        yield
+        # blocks ran, so the compiled planner must have planned (not the numpy code behind it)
+        assert planned or not ran, "blocks ran but none was planned by the compiled kernels"
+    else:
+        monkeypatch.setattr(Engine, "COMPILED", False)
+        yield None
 
 
 def assert_same_state(a, b):

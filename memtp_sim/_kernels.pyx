@@ -1,0 +1,243 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Compiled steps of the engine's plain rounds (rounds that draft nothing), bit for bit the numpy
+code they replace in :mod:`memtp_sim.engine` (``Engine.COMPILED`` switches them off; the tests
+compare both paths on every round-log column and request array).
+
+At 64 decoding users a plain round's numpy steps cost ~1 us a call on arrays of ~64 elements, so
+the planning and bookkeeping of a round cost ~30 us of interpreter and call overhead around ~1 us
+of arithmetic; here each is one call. Arrays are checked (int64 or float64, C-contiguous, ids in
+range) on every call: the checks cost nanoseconds and a wrong array raises instead of reading
+memory it does not own.
+
+Float operations are the engine's, in the same order (IEEE double, no fused multiply-add: the
+extension is built with ``-ffp-contract=off``), so pass times and clocks match to the bit.
+"""
+
+cimport numpy as cnp
+
+cnp.import_array()
+
+ctypedef long long i64
+
+
+cdef inline i64* _i64(cnp.ndarray a, str name) except NULL:
+    if cnp.PyArray_TYPE(a) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 1:
+        raise TypeError(f"{name}: a C-contiguous 1-D int64 array is required, got {a.dtype} {a.ndim}-D")
+    return <i64*>cnp.PyArray_DATA(a)
+
+
+cdef inline double* _f64(cnp.ndarray a, str name, Py_ssize_t need) except NULL:
+    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 1:
+        raise TypeError(f"{name}: a C-contiguous 1-D float64 array is required, got {a.dtype} {a.ndim}-D")
+    if cnp.PyArray_DIM(a, 0) < need:
+        raise ValueError(f"{name}: {need} elements needed, got {cnp.PyArray_DIM(a, 0)}")
+    return <double*>cnp.PyArray_DATA(a)
+
+
+cdef inline int _check_ids(i64* ids, Py_ssize_t n, Py_ssize_t size) except -1:
+    cdef Py_ssize_t k
+    for k in range(n):
+        if ids[k] < 0 or ids[k] >= size:
+            raise IndexError(f"request id {ids[k]} outside 0..{size - 1}")
+    return 0
+
+
+cdef inline i64 _blocks_for(i64 tokens, i64 block_tokens) noexcept nogil:
+    # ceil(tokens / block_tokens) for tokens >= 0 (the engine's -(-t // bt))
+    return (tokens + block_tokens - 1) // block_tokens
+
+
+cdef inline double _dmax(double x, double y) noexcept nogil:
+    # Python's max(x, y): x unless y is larger (numpy's maximum agrees on non-NaN values)
+    return y if y > x else x
+
+
+def anchor_blocks(cnp.ndarray reqs, cnp.ndarray tokens, i64 block_tokens):
+    """New KV blocks the requests ``reqs`` need to store one more token each: the count of those
+    whose stored tokens fill their last block (``KVCacheManager.anchor_blocks``).
+
+    Args:
+        reqs: ``(R,)`` int64 request ids.
+        tokens: ``(n,)`` int64 stored tokens per request.
+        block_tokens: tokens per KV block (>= 1).
+
+    Returns:
+        int in ``0..R``.
+
+    Raises:
+        TypeError, IndexError: an array of the wrong type, or an id outside ``tokens``.
+    """
+    cdef i64* ids = _i64(reqs, "reqs")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(reqs, 0), k
+    cdef i64 count = 0
+    _check_ids(ids, n, cnp.PyArray_DIM(tokens, 0))
+    for k in range(n):
+        if tok[ids[k]] % block_tokens == 0:
+            count += 1
+    return count
+
+
+def plain_plan(cnp.ndarray dec, cnp.ndarray tokens, cnp.ndarray output, cnp.ndarray generated,
+               i64 block_tokens, i64 capacity, double now, double next_event, i64 ahead, i64 max_rounds,
+               double fixed_s, bint context, double first_s, double zero_ms, double factor, double a_slope,
+               double q, double b_ms_per_kv_token, double c_ms_per_pair,
+               cnp.ndarray times, cnp.ndarray durations, cnp.ndarray verify_s, cnp.ndarray blocks):
+    """Plan a block of plain rounds (``Engine._plan_plain_block``): how many rounds run before an
+    event, a completion or a full KV cache, each priced at its own context.
+
+    Every request in ``dec`` (R of them, all decoding) emits one token a round. Round j's pass
+    reads ``sum(tokens) + R*j`` KV tokens, longest context ``max(tokens) + j``; its time is
+    ``first_s`` without a context term, else ``(zero_ms + max(max(a*L, b*K), c*K*q)) * factor /
+    1000`` (``SPSTable._context_s``; docs/model.md section 1 step 4), and the round lasts
+    ``fixed_s`` more. The block stops at the first of: ``ahead`` or ``max_rounds`` rounds, the
+    round where the first request finishes, the round whose end reaches ``next_event`` (included),
+    the round whose anchors would exceed ``capacity`` KV blocks (excluded).
+
+    Args:
+        dec: ``(R,)`` int64 ids of the decoding requests (R >= 1).
+        tokens, output, generated: ``(n,)`` int64 per-request stored KV tokens, output lengths and
+            tokens generated so far.
+        block_tokens, capacity: KV block size in tokens and capacity in blocks.
+        now, next_event: the clock and SimPy's next event time, s.
+        ahead, max_rounds: caps on the rounds (the policy's plain rounds ahead; the block limit).
+        fixed_s: a round's time besides its pass (draft, host overhead), s.
+        context: whether the pass time has a context term (else every pass takes ``first_s``).
+        first_s: the pass time without a context term, s.
+        zero_ms, factor, a_slope, q, b_ms_per_kv_token, c_ms_per_pair: the context pricing at
+            B = R (pass time at context 0 at the padded size, eager factor, latency slope at q,
+            query tokens per request, bandwidth and compute slopes).
+        times: float64 out, ``(max_rounds + 1,)`` or longer: round starts and the last end.
+        durations, verify_s: float64 out, ``(max_rounds,)``: round and pass times, s.
+        blocks: int64 out, ``(max_rounds,)``: KV blocks after each round's token (its peak).
+
+    Returns:
+        ``(rounds, kv_read_tokens)``: rounds in the block (0: not even this round fits the KV
+        cache) and the KV tokens the first pass reads.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(dec, "dec")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef i64* out = _i64(output, "output")
+    cdef i64* gen = _i64(generated, "generated")
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(tokens, 0), k
+    if cnp.PyArray_DIM(output, 0) != size or cnp.PyArray_DIM(generated, 0) != size:
+        raise ValueError("tokens, output and generated must have one element per request")
+    if num < 1 or max_rounds < 1 or block_tokens < 1:
+        raise ValueError(f"plain_plan: needs >= 1 request, round and block token (got {num}, {max_rounds}, "
+                         f"{block_tokens})")
+    _check_ids(ids, num, size)
+    cdef double* t_out = _f64(times, "times", max_rounds + 1)
+    cdef double* d_out = _f64(durations, "durations", max_rounds)
+    cdef double* v_out = _f64(verify_s, "verify_s", max_rounds)
+    cdef i64* b_out = _i64(blocks, "blocks")
+    if cnp.PyArray_DIM(blocks, 0) < max_rounds:
+        raise ValueError(f"blocks: {max_rounds} elements needed, got {cnp.PyArray_DIM(blocks, 0)}")
+
+    cdef i64 kv_read = 0, l_max = 0, left, min_left = -1, t, j, rounds, total
+    for k in range(num):
+        t = tok[ids[k]]
+        kv_read += t
+        if t > l_max:
+            l_max = t
+        left = out[ids[k]] - gen[ids[k]]
+        if min_left < 0 or left < min_left:
+            min_left = left
+    cdef double kv, verify
+    # the first round, priced as the round path prices it (SPSTable._context_one_s)
+    if context:
+        kv = <double>kv_read
+        verify = (zero_ms + _dmax(_dmax(a_slope * <double>l_max, b_ms_per_kv_token * kv),
+                                  c_ms_per_pair * (kv * q))) * factor / 1000.0
+    else:
+        verify = first_s
+    t_out[0] = now
+    d_out[0] = fixed_s + verify
+    v_out[0] = verify
+    t_out[1] = now + d_out[0]
+    if t_out[1] >= next_event:
+        rounds = 1  # an event falls inside this very round
+    else:
+        rounds = min_left if min_left < ahead else ahead
+        if rounds > max_rounds:
+            rounds = max_rounds
+        if rounds < 1:
+            rounds = 1
+    with nogil:
+        for j in range(rounds):
+            if j > 0:
+                if context:
+                    kv = <double>(kv_read + num * j)
+                    verify = (zero_ms + _dmax(_dmax(a_slope * <double>(l_max + j), b_ms_per_kv_token * kv),
+                                              c_ms_per_pair * (kv * q))) * factor / 1000.0
+                v_out[j] = verify
+                d_out[j] = fixed_s + verify
+                t_out[j + 1] = t_out[j] + d_out[j]
+            total = 0
+            for k in range(num):
+                total += _blocks_for(tok[ids[k]] + j + 1, block_tokens)
+            if total > capacity:
+                rounds = j  # the rounds before the first whose anchors would not fit
+                break
+            b_out[j] = total
+            if t_out[j + 1] >= next_event:
+                rounds = j + 1  # a round may reach the next event only as the block's last
+                break
+    return rounds, kv_read
+
+
+def plain_apply(cnp.ndarray dec, i64 rounds, cnp.ndarray generated, cnp.ndarray num_rounds, cnp.ndarray tokens,
+                cnp.ndarray blocks, cnp.ndarray output, i64 block_tokens, cnp.ndarray finished):
+    """Apply a block of ``rounds`` plain rounds (``Engine._plain_block``): every request in ``dec``
+    generates and stores ``rounds`` tokens (``KVCacheManager.append``), and those that reach their
+    output length are listed.
+
+    Args:
+        dec: ``(R,)`` int64 request ids.
+        rounds: rounds in the block (>= 1).
+        generated, num_rounds, tokens, blocks: ``(n,)`` int64 per-request counters, updated in
+            place (tokens generated, rounds taken part in, stored KV tokens, KV blocks held).
+        output: ``(n,)`` int64 output lengths.
+        block_tokens: tokens per KV block.
+        finished: int64 out, ``(R,)`` or longer: the ids that finished, in ``dec`` order.
+
+    Returns:
+        ``(blocks_added, num_finished)``: the change in KV blocks held, and how many ids were
+        written to ``finished``.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(dec, "dec")
+    cdef i64* gen = _i64(generated, "generated")
+    cdef i64* nr = _i64(num_rounds, "num_rounds")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef i64* blk = _i64(blocks, "blocks")
+    cdef i64* out = _i64(output, "output")
+    cdef i64* fin = _i64(finished, "finished")
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0), k
+    for a in (num_rounds, tokens, blocks, output):
+        if cnp.PyArray_DIM(a, 0) != size:
+            raise ValueError("generated, num_rounds, tokens, blocks and output must have one element per request")
+    if cnp.PyArray_DIM(finished, 0) < num:
+        raise ValueError(f"finished: {num} elements needed, got {cnp.PyArray_DIM(finished, 0)}")
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+    _check_ids(ids, num, size)
+    cdef i64 added = 0, nb, i
+    cdef Py_ssize_t nf = 0
+    with nogil:
+        for k in range(num):
+            i = ids[k]
+            gen[i] += rounds
+            nr[i] += rounds
+            tok[i] += rounds
+            nb = _blocks_for(tok[i], block_tokens)
+            added += nb - blk[i]
+            blk[i] = nb
+            if gen[i] >= out[i]:
+                fin[nf] = i
+                nf += 1
+    return added, nf

@@ -1,0 +1,36 @@
+"""Build of memtp_sim's compiled kernels (``memtp_sim/_kernels.pyx``, Cython); the project's
+metadata and dependencies are in pyproject.toml.
+
+Built by ``pip install -e .`` (in place) or ``pip install .``; a C compiler and the Python headers
+are needed (Debian: ``gcc python3-dev``). Without the built extension the engine runs its numpy
+code (the same results, slower) and warns once.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+
+
+class BuildPyWithCalibration(build_py):
+    """Ship the repository's ``calibration/`` inside the package as ``memtp_sim/_calibration``
+    (``hardware/profile.py`` looks there first, then in the source tree)."""
+
+    def run(self) -> None:
+        super().run()
+        shutil.copytree(ROOT / "calibration", Path(self.build_lib) / "memtp_sim" / "_calibration",
+                        dirs_exist_ok=True)
+
+
+# no fused multiply-add: the kernels must round exactly as the numpy code they replace
+FLAGS = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
+KERNELS = Extension("memtp_sim._kernels", ["memtp_sim/_kernels.pyx"], include_dirs=[np.get_include()],
+                    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")], extra_compile_args=FLAGS)
+
+setup(ext_modules=cythonize([KERNELS], language_level=3), cmdclass={"build_py": BuildPyWithCalibration})

@@ -1,0 +1,149 @@
+"""The compiled kernels (``memtp_sim/_kernels.pyx``, issue 13) on hand-derived cases and against
+closed forms; their agreement with the numpy engine on whole runs is tests/test_plain_blocks.py.
+
+Oracles: block lengths, clocks and KV blocks worked out by hand for two requests; the anchor count
+as a plain Python loop over ``tokens % block_tokens == 0``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memtp_sim import _compiled
+from memtp_sim.engine import Engine
+
+kernels = _compiled.kernels
+
+
+def test_the_extension_is_built():
+    # CI installs with pip install -e . which compiles it; a missing build would halve the speed
+    # silently (the engine falls back to numpy), so the suite fails instead
+    assert kernels is not None, "memtp_sim._kernels is not built: run pip install -e ."
+
+
+needs_kernels = pytest.mark.skipif(kernels is None, reason="memtp_sim._kernels is not built")
+
+
+def _buffers(m=16):
+    return np.zeros(m + 1), np.zeros(m), np.zeros(m), np.zeros(m, dtype=np.int64)
+
+
+def _plan(tokens, left, *, capacity=100, next_event=math.inf, ahead=1 << 62, max_rounds=16, context=None,
+          first_s=0.010, fixed_s=0.001, bt=16):
+    n = len(tokens)
+    dec = np.arange(n, dtype=np.int64)
+    output = np.array(left, dtype=np.int64) + 5
+    generated = np.full(n, 5, dtype=np.int64)
+    ctx = (True, 0.0, *context) if context else (False, first_s, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+    bufs = _buffers(max_rounds)
+    rounds, kv_read = kernels.plain_plan(dec, np.array(tokens, dtype=np.int64), output, generated, bt, capacity, 0.0,
+                                         next_event, ahead, max_rounds, fixed_s, *ctx, *bufs)
+    times, durations, verify_s, blocks = bufs
+    return rounds, kv_read, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds]
+
+
+@needs_kernels
+def test_a_block_runs_until_the_first_request_finishes():
+    # tokens 15 and 3 (16-token blocks), 4 and 9 tokens left: 4 rounds, the first request fills
+    # its first block in round 0 (16 tokens) and needs a second from round 1 (17 tokens)
+    rounds, kv_read, times, durations, verify_s, blocks = _plan([15, 3], [4, 9])
+    assert rounds == 4 and kv_read == 18
+    assert blocks.tolist() == [2, 3, 3, 3]
+    assert verify_s.tolist() == [0.010] * 4 and durations.tolist() == [0.011] * 4
+    assert times.tolist() == [0.0, 0.011, 0.011 + 0.011, 0.011 + 0.011 + 0.011, 0.011 + 0.011 + 0.011 + 0.011]
+
+
+@needs_kernels
+def test_a_block_stops_before_the_round_the_kv_cache_cannot_hold():
+    assert _plan([15, 3], [4, 9], capacity=2)[0] == 1  # round 1 needs a third block
+    assert _plan([15, 3], [4, 9], capacity=1)[0] == 0  # not even this round's anchors fit
+
+
+@needs_kernels
+def test_a_block_ends_with_the_round_that_reaches_the_next_event():
+    assert _plan([15, 3], [4, 9], next_event=0.015)[0] == 2  # round 1 ends at 0.022 > 0.015: last
+    assert _plan([15, 3], [4, 9], next_event=0.011)[0] == 1  # round 0 ends exactly at the event
+    assert _plan([15, 3], [4, 9], ahead=3)[0] == 3 and _plan([15, 3], [4, 9], max_rounds=2)[0] == 2
+
+
+@needs_kernels
+def test_each_round_is_priced_at_its_own_context():
+    # zero_ms 2, factor 1, a = 0.001 ms per context token at q = 1, b = 1e-4 ms per KV token, c = 0:
+    # round j reads 18 + 2j KV tokens with longest context 15 + j
+    coef = (2.0, 1.0, 0.001, 1.0, 1e-4, 0.0)
+    rounds, _, times, durations, verify_s, _ = _plan([15, 3], [4, 9], context=coef)
+    want = [(2.0 + max(max(0.001 * (15 + j), 1e-4 * (18 + 2 * j)), 0.0 * ((18 + 2 * j) * 1.0))) * 1.0 / 1000.0
+            for j in range(4)]
+    assert verify_s.tolist() == want
+    assert durations.tolist() == [0.001 + v for v in want]
+    clock = [0.0]
+    for d in durations.tolist():
+        clock.append(clock[-1] + d)
+    assert times.tolist() == clock
+
+
+@needs_kernels
+def test_apply_stores_tokens_grows_blocks_and_lists_the_finished():
+    dec = np.array([2, 0], dtype=np.int64)
+    generated = np.array([5, 0, 7], dtype=np.int64)
+    num_rounds = np.zeros(3, dtype=np.int64)
+    tokens = np.array([14, 0, 30], dtype=np.int64)
+    blocks = np.array([1, 0, 2], dtype=np.int64)
+    output = np.array([8, 4, 9], dtype=np.int64)
+    finished = np.zeros(2, dtype=np.int64)
+    added, num_fin = kernels.plain_apply(dec, 3, generated, num_rounds, tokens, blocks, output, 16, finished)
+    assert generated.tolist() == [8, 0, 10] and num_rounds.tolist() == [3, 0, 3]
+    assert tokens.tolist() == [17, 0, 33] and blocks.tolist() == [2, 0, 3] and added == 2
+    assert num_fin == 2 and finished.tolist() == [2, 0]  # in dec order
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=80), st.integers(1, 64), st.data())
+def test_anchor_blocks_counts_full_last_blocks(tokens, block_tokens, data):
+    tok = np.array(tokens, dtype=np.int64)
+    ids = np.array(data.draw(st.lists(st.integers(0, len(tokens) - 1), max_size=80)), dtype=np.int64)
+    want = sum(1 for i in ids.tolist() if tokens[i] % block_tokens == 0)
+    assert kernels.anchor_blocks(ids, tok, block_tokens) == want
+
+
+@needs_kernels
+def test_bad_arrays_raise_one_line_errors():
+    tok = np.zeros(4, dtype=np.int64)
+    with pytest.raises(TypeError, match="reqs: a C-contiguous 1-D int64 array is required, got float64"):
+        kernels.anchor_blocks(np.zeros(2), tok, 16)
+    with pytest.raises(IndexError, match=r"request id 4 outside 0\.\.3"):
+        kernels.anchor_blocks(np.array([4], dtype=np.int64), tok, 16)
+    with pytest.raises(TypeError, match="tokens: .*int64"):
+        kernels.anchor_blocks(np.array([0], dtype=np.int64), tok[::2], 16)  # not contiguous
+    dec = np.array([0], dtype=np.int64)
+    times, durations, verify_s, blocks = _buffers(4)
+    with pytest.raises(ValueError, match="times: 9 elements needed, got 5"):
+        kernels.plain_plan(dec, tok, tok, tok, 16, 10, 0.0, 1.0, 8, 8, 0.0, False, 0.01, 0, 1, 0, 0, 0, 0,
+                           times, durations, verify_s, blocks)
+
+
+def test_without_the_extension_the_engine_warns_once_and_gives_the_same_answers(monkeypatch):
+    from memtp_sim import run
+
+    from _sim_helpers import scenario
+
+    scen = scenario(policy={"name": "no_spec"}, workload={"concurrency": 4, "num_requests": 16})
+    with_kernels = run(scen, seed=1).state
+    monkeypatch.setattr(_compiled, "kernels", None)
+    monkeypatch.setattr(_compiled, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="memtp_sim._kernels is not built .*pip install -e"):
+        without = run(scen, seed=1).state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(scen, seed=1)  # once per process
+    for f in ("finished_at_s", "first_token_at_s", "generated_tokens"):
+        assert np.array_equal(getattr(with_kernels, f), getattr(without, f)), f
+    assert np.array_equal(with_kernels.rounds["start_s"], without.rounds["start_s"])
+    assert Engine.COMPILED  # the class switch is untouched: only the module was missing
