@@ -6,12 +6,13 @@ Sections:
 1. Throughput: DSpark and no speculation at closed-loop concurrency 1, 16 and 64 (gfx1151 default
    profile, Azure 2023 conversation trace, disaggregated prefill as in studies/load.yaml):
    simulated output tokens per wall second, engine rounds per wall second, microseconds a round.
-   Baselines of the same run: the no-speculation engine loop round by round (plain blocks off:
-   ``Engine.PLAIN_BLOCKS = False``; the same answers bit for bit, the ratio is what the blocks
-   buy), and a minimal SimPy server (one timeout per round, nothing else: the floor of any SimPy
-   design).
+   Baselines of the same run: each policy on the numpy engine (the compiled kernels off:
+   ``Engine.COMPILED = False``; the same answers bit for bit, the ratio is what the kernels buy),
+   the no-speculation engine loop round by round (plain blocks off: ``Engine.PLAIN_BLOCKS =
+   False``; the same answers, the ratio is what the blocks buy), and a minimal SimPy server (one
+   timeout per round, nothing else: the floor of any SimPy design).
 2. Targets: DSpark at 64 users >= 3 M simulated output tokens/s, no speculation >= 5 M; each
-   printed with its value, ratio to target and ratio to the SimPy floor, twice: on the table's
+   printed with its value, ratio to target and ratio to the numpy engine, twice: on the table's
    short runs (``--requests``: a run's set-up, metrics and the drain of the last requests
    included) and on long ones (``--steady-requests``, about an hour of simulated traffic: the
    rate a sweep of long runs sees).
@@ -39,6 +40,7 @@ import numpy as np
 import simpy
 
 from memtp_sim import run
+from memtp_sim._compiled import kernels
 from memtp_sim.config import Scenario
 from memtp_sim.engine import Engine
 
@@ -68,11 +70,12 @@ def scenario(policy: dict, concurrency: int, requests: int) -> Scenario:
     })
 
 
-def best_of(scen: Scenario, repeat: int, blocks: bool = True) -> tuple[float, dict]:
+def best_of(scen: Scenario, repeat: int, blocks: bool = True, compiled: bool = True) -> tuple[float, dict]:
     """Best wall time of ``repeat`` runs (seed 0) and that run's metrics; ``blocks=False`` runs
-    plain rounds one by one (the engine's exact shortcut off)."""
+    plain rounds one by one (the engine's exact shortcut off), ``compiled=False`` on the numpy
+    engine (the compiled kernels off)."""
     best, metrics = float("inf"), {}
-    Engine.PLAIN_BLOCKS = blocks
+    Engine.PLAIN_BLOCKS, Engine.COMPILED = blocks, compiled
     try:
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -81,8 +84,15 @@ def best_of(scen: Scenario, repeat: int, blocks: bool = True) -> tuple[float, di
             if wall < best:
                 best, metrics = wall, res.metrics
     finally:
-        Engine.PLAIN_BLOCKS = True
+        Engine.PLAIN_BLOCKS = Engine.COMPILED = True
     return best, metrics
+
+
+def same_answers(a: dict, b: dict, what: str) -> None:
+    """Stop the benchmark when two runs that must agree bit for bit do not."""
+    if (a["output_tokens_total"], a["makespan_s"], a["num_rounds"]) != \
+            (b["output_tokens_total"], b["makespan_s"], b["num_rounds"]):
+        raise SystemExit(f"{what} changed an answer: see tests/test_plain_blocks.py")
 
 
 def simpy_floor_us(rounds: int = 20000) -> float:
@@ -138,6 +148,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer scaling points, one repeat of the subprocesses")
     args = ap.parse_args()
     run(scenario({"name": "dspark"}, 4, 20), seed=0)  # warm caches (profile, trace, STS fit)
+    if kernels is None:
+        print("memtp_sim._kernels is not built (pip install -e .): every run below is the numpy engine")
 
     floor_us = simpy_floor_us()
     print(f"SimPy floor (one timeout a round, nothing else): {floor_us:.2f} us/round")
@@ -146,41 +158,44 @@ def main() -> None:
     per_round: dict[tuple[str, int], float] = {}
     tok_s: dict[tuple[str, int], float] = {}
     for conc in (1, 16, 64):
-        rbr_wall, rbr = best_of(scenario({"name": "no_spec"}, conc, args.requests), args.repeat, blocks=False)
-        base_wall, base = best_of(scenario({"name": "no_spec"}, conc, args.requests), args.repeat)
-        wall, m = best_of(scenario({"name": "dspark"}, conc, args.requests), args.repeat)
-        if (base["output_tokens_total"], base["makespan_s"]) != (rbr["output_tokens_total"], rbr["makespan_s"]):
-            raise SystemExit("plain blocks changed an answer: see tests/test_plain_blocks.py")
-        for name, w, mm in (("no_spec rbr", rbr_wall, rbr), ("no_spec", base_wall, base), ("dspark", wall, m)):
+        rows = []
+        for name, pol, kw in (("no_spec rbr", "no_spec", {"blocks": False}), ("no_spec numpy", "no_spec",
+                              {"compiled": False}), ("no_spec", "no_spec", {}), ("dspark numpy", "dspark",
+                              {"compiled": False}), ("dspark", "dspark", {})):
+            rows.append((name, *best_of(scenario({"name": pol}, conc, args.requests), args.repeat, **kw)))
+        same_answers(rows[0][2], rows[2][2], "plain blocks")
+        same_answers(rows[1][2], rows[2][2], "the compiled kernels")
+        same_answers(rows[3][2], rows[4][2], "the compiled kernels")
+        for name, w, mm in rows:
             us = w / mm["num_rounds"] * 1e6
             per_round[name, conc] = us
             tok_s[name, conc] = mm["output_tokens_total"] / w
             print(f"{conc:>5} {name:>14} {w:7.2f} {mm['makespan_s']:8.0f} {mm['makespan_s'] / w:10.0f} "
                   f"{tok_s[name, conc]:15.0f} {mm['num_rounds'] / w:14.0f} {us:9.1f} "
                   f"{us / per_round['no_spec rbr', conc]:14.2f} {us / floor_us:14.1f}")
-    print("(rbr: round by round, plain blocks off: the same answers; no_spec's and dspark's rows run blocks "
-          "where rounds draft nothing)")
+    print("(rbr: round by round, plain blocks off; numpy: the compiled kernels off; both give the same "
+          "answers. no_spec's and dspark's rows run blocks where rounds draft nothing)")
 
     n_long = args.steady_requests
     long_tok_s, long_sim_s = {}, {}
     for name in ("no_spec", "dspark"):
         w, mm = best_of(scenario({"name": name}, 64, n_long), args.repeat)
         long_tok_s[name], long_sim_s[name] = mm["output_tokens_total"] / w, mm["makespan_s"]
-    rbr_w, rbr_m = best_of(scenario({"name": "no_spec"}, 64, n_long), 1, blocks=False)
-    long_tok_s["no_spec rbr"] = rbr_m["output_tokens_total"] / rbr_w
+        w_np, mm_np = best_of(scenario({"name": name}, 64, n_long), 1, compiled=False)
+        same_answers(mm_np, mm, "the compiled kernels")
+        long_tok_s[name + " numpy"] = mm_np["output_tokens_total"] / w_np
 
     print(f"\nTargets (ratio >= 1 is met; 'vs' columns are same-run baselines); short: {args.requests} "
           f"requests (set-up and drain included), long: {n_long} requests "
           f"({long_sim_s['dspark'] / 3600:.1f} h simulated for DSpark)")
-    floor_tok_s = 64 / (floor_us * 1e-6)  # a 64-user round on the SimPy floor, one token each
     line("DSpark 64 users, short runs, out tok/s", tok_s["dspark", 64], "tok/s", TARGET_DSPARK_TOK_S,
-         baseline=("SimPy-floor tok/s", floor_tok_s))
+         baseline=("numpy engine", tok_s["dspark numpy", 64]))
     line("DSpark 64 users, long runs, out tok/s", long_tok_s["dspark"], "tok/s", TARGET_DSPARK_TOK_S,
-         baseline=("SimPy-floor tok/s", floor_tok_s))
+         baseline=("numpy engine", long_tok_s["dspark numpy"]))
     line("no_spec 64 users, short runs, out tok/s", tok_s["no_spec", 64], "tok/s", TARGET_NOSPEC_TOK_S,
-         baseline=("round by round", tok_s["no_spec rbr", 64]))
+         baseline=("numpy engine", tok_s["no_spec numpy", 64]))
     line("no_spec 64 users, long runs, out tok/s", long_tok_s["no_spec"], "tok/s", TARGET_NOSPEC_TOK_S,
-         baseline=("round by round", long_tok_s["no_spec rbr"]))
+         baseline=("numpy engine", long_tok_s["no_spec numpy"]))
     for conc in (1, 16):
         line(f"no_spec {conc} user{'s' if conc > 1 else ''}, simulated out tok/s", tok_s["no_spec", conc], "tok/s",
              baseline=("round by round", tok_s["no_spec rbr", conc]))
