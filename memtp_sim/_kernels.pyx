@@ -78,6 +78,32 @@ def anchor_blocks(cnp.ndarray reqs, cnp.ndarray tokens, i64 block_tokens):
     return count
 
 
+def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):
+    """Whether every request in ``reqs`` has prefilled its target (all of them decode this round).
+
+    Args:
+        reqs: ``(R,)`` int64 request ids.
+        prefilled, target: ``(n,)`` int64 prompt tokens computed so far and to compute.
+
+    Returns:
+        bool (True for no requests).
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(reqs, "reqs")
+    cdef i64* done = _i64(prefilled, "prefilled")
+    cdef i64* want = _i64(target, "target")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(reqs, 0), size = cnp.PyArray_DIM(prefilled, 0), k
+    if cnp.PyArray_DIM(target, 0) != size:
+        raise ValueError("prefilled and target must have one element per request")
+    _check_ids(ids, n, size)
+    for k in range(n):
+        if done[ids[k]] < want[ids[k]]:
+            return False
+    return True
+
+
 def plain_plan(cnp.ndarray dec, cnp.ndarray tokens, cnp.ndarray output, cnp.ndarray generated,
                i64 block_tokens, i64 capacity, double now, double next_event, i64 ahead, i64 max_rounds,
                double fixed_s, bint context, double first_s, double zero_ms, double factor, double a_slope,

@@ -736,8 +736,13 @@ class Engine:
         num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
         kv_read0 = plan.kv_read
         # the round checks, on the block's extremes (its largest KV, shortest pass, longest round)
-        self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(plan.verify_s)), plan.draft_s,
-                         plan.overhead_s, head_load_s, float(_max(durations)))
+        if rounds == 1:  # most blocks at high load: one round's values, without two reductions
+            verify0, duration0 = float(plan.verify_s[0]), float(durations[0])
+            self._check_pass(round_index, num_dec, int(blocks[0]), verify0, plan.draft_s, plan.overhead_s,
+                             head_load_s, duration0)
+        else:
+            self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(plan.verify_s)), plan.draft_s,
+                             plan.overhead_s, head_load_s, float(_max(durations)))
         if env.peek() > times[-1]:
             env._now = float(times[-1])
         else:
@@ -763,6 +768,12 @@ class Engine:
             if _any(fin):
                 self._finish(dec[fin].tolist())
         log = self.log
+        if rounds == 1:  # one row, the round path's tuple (_LOGGED order)
+            log.extend([(float(times[0]), duration0, plan.draft_s, verify0, num_dec, 0, 0, num_dec, 0, 0, 0, num_dec,
+                         num_waiting, num_running, int(blocks[0]), kv.blocks_used, np.nan, np.nan, 0, 0, gamma,
+                         self.coherence.value, self.drafter.held_gib, kv.capacity, head_load_s, num_remote, kv_read0,
+                         plan.overhead_s, plan.extrapolated)])
+            return
         if rounds <= log.SHORT_BLOCK:  # rows as tuples (_LOGGED order), as the round path writes them
             peak = blocks.tolist()
             after = peak.copy()
@@ -873,12 +884,15 @@ class Engine:
     def _guarantee_anchors(self) -> tuple[np.ndarray, np.ndarray, int]:
         """Step 2: every decoding request's anchor needs a KV slot; preempt the newest admissions
         until the anchors fit. Returns (decoding ids, prefilling ids, number preempted)."""
-        if self._run_ids is None:  # (running ids, all decode), kept until admission, completion or preemption
-            run = np.fromiter(self.running, dtype=np.int64, count=len(self.running))
-            self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
-        elif self._run_ids[1] is None:  # prefill moved on: the ids stand, "all decode" is asked again
-            run = self._run_ids[0]
-            self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
+        if self._run_ids is None or self._run_ids[1] is None:
+            # (running ids, all decode), kept until admission, completion or preemption; after a
+            # prefill pass (None) the ids stand and "all decode" is asked again
+            run = (np.fromiter(self.running, dtype=np.int64, count=len(self.running)) if self._run_ids is None
+                   else self._run_ids[0])
+            if self._kernels is not None:
+                self._run_ids = (run, self._kernels.all_prefilled(run, self.prefilled, self.prefill_target))
+            else:
+                self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
         run, all_decode = self._run_ids
         if all_decode and self.kv.blocks_used + self.kv.anchor_blocks(run) <= self.kv.capacity:
             return run, run[:0], 0  # the common round: everyone decodes and the anchors fit

@@ -155,3 +155,18 @@ def tiny_study_doc(seeds: tuple[int, ...] = (0,)) -> dict[str, Any]:
         "policies": [{"name": "mtp1"}, {"name": "dspark", "gamma": 7}],
         "seeds": list(seeds),
     }
+
+
+def assert_same_state(a: EngineState, b: EngineState) -> None:
+    """Two runs agree to the last bit: every request array, counter and round-log column."""
+    for name, va in vars(a).items():
+        vb = getattr(b, name)
+        if name == "rounds":
+            assert va.keys() == vb.keys()
+            for f in va:
+                assert va[f].dtype == vb[f].dtype, f
+                assert np.array_equal(va[f], vb[f], equal_nan=va[f].dtype.kind == "f"), f"rounds.{f}"
+        elif isinstance(va, np.ndarray):
+            assert np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), name
+        else:
+            assert va == vb or (va != va and vb != vb), name

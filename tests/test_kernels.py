@@ -1,8 +1,9 @@
-"""The compiled kernels (``memtp_sim/_kernels.pyx``, issue 13) on hand-derived cases and against
-closed forms; their agreement with the numpy engine on whole runs is tests/test_plain_blocks.py.
+"""The compiled kernels (``memtp_sim/_kernels.pyx``, issue 13) on hand-derived cases, against
+closed forms, and whole runs against the numpy engine (``Engine.COMPILED = False``) to the bit;
+tests/test_plain_blocks.py also compares both against the round-by-round engine.
 
-Oracles: block lengths, clocks and KV blocks worked out by hand for two requests; the anchor count
-as a plain Python loop over ``tokens % block_tokens == 0``.
+Oracles: block lengths, clocks and KV blocks worked out by hand for two requests; the anchor and
+all-prefilled checks as plain Python loops; the numpy engine for whole runs.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtp_sim import _compiled
+from memtp_sim import _compiled, run
 from memtp_sim.engine import Engine
+
+from _sim_helpers import assert_same_state, scenario
 
 kernels = _compiled.kernels
 
@@ -114,6 +117,16 @@ def test_anchor_blocks_counts_full_last_blocks(tokens, block_tokens, data):
 
 
 @needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=40), st.data())
+def test_all_prefilled_is_every_request_at_its_target(pairs, data):
+    done = np.array([p for p, _ in pairs], dtype=np.int64)
+    want = np.array([t for _, t in pairs], dtype=np.int64)
+    ids = np.array(data.draw(st.lists(st.integers(0, len(pairs) - 1), max_size=40)), dtype=np.int64)
+    assert kernels.all_prefilled(ids, done, want) is all(pairs[i][0] >= pairs[i][1] for i in ids.tolist())
+
+
+@needs_kernels
 def test_bad_arrays_raise_one_line_errors():
     tok = np.zeros(4, dtype=np.int64)
     with pytest.raises(TypeError, match="reqs: a C-contiguous 1-D int64 array is required, got float64"):
@@ -130,10 +143,6 @@ def test_bad_arrays_raise_one_line_errors():
 
 
 def test_without_the_extension_the_engine_warns_once_and_gives_the_same_answers(monkeypatch):
-    from memtp_sim import run
-
-    from _sim_helpers import scenario
-
     scen = scenario(policy={"name": "no_spec"}, workload={"concurrency": 4, "num_requests": 16})
     with_kernels = run(scen, seed=1).state
     monkeypatch.setattr(_compiled, "kernels", None)
@@ -147,3 +156,27 @@ def test_without_the_extension_the_engine_warns_once_and_gives_the_same_answers(
         assert np.array_equal(getattr(with_kernels, f), getattr(without, f)), f
     assert np.array_equal(with_kernels.rounds["start_s"], without.rounds["start_s"])
     assert Engine.COMPILED  # the class switch is untouched: only the module was missing
+
+
+WHOLE_RUNS = {
+    "dspark-64-disaggregated": ({"name": "dspark"}, {"workload": {"concurrency": 64, "num_requests": 200},
+                                                     "engine": {"prefill": "disaggregated", "prefill_gpus": 4}}),
+    "dspark-8-colocated": ({"name": "dspark"}, {"workload": {"concurrency": 8, "num_requests": 40}}),
+    "goodput-h200-context": ({"name": "goodput"}, {"hardware": {"profile": "h200-llama31-8b-bf16"},
+                                                   "workload": {"concurrency": 16, "num_requests": 60}}),
+    "no_spec-kv-pressure": ({"name": "no_spec"}, {
+        "workload": {"concurrency": 12, "num_requests": 36},
+        "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                     "memory": {"gpu_allocatable_gib": 4.0, "weights_bytes": 1 << 30, "kv_bytes_per_token": 131072,
+                                "max_model_len": 8192}}}),
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", sorted(WHOLE_RUNS))
+def test_whole_runs_match_the_numpy_engine(name, monkeypatch):
+    policy, sections = WHOLE_RUNS[name]
+    scen = scenario(policy=policy, **sections)
+    compiled = run(scen, seed=2).state
+    monkeypatch.setattr(Engine, "COMPILED", False)
+    assert_same_state(run(scen, seed=2).state, compiled)

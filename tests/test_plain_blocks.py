@@ -17,7 +17,7 @@ import pytest
 from memtp_sim import run
 from memtp_sim.engine import Engine
 
-from _sim_helpers import flat_profile, run_engine, scenario, workload
+from _sim_helpers import assert_same_state, flat_profile, run_engine, scenario, workload
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["compiled", "numpy"])
@@ -36,20 +36,6 @@ def compiled(request, monkeypatch):
     else:
         monkeypatch.setattr(Engine, "COMPILED", False)
         yield None
-
-
-def assert_same_state(a, b):
-    for name, va in vars(a).items():
-        vb = getattr(b, name)
-        if name == "rounds":
-            assert va.keys() == vb.keys()
-            for f in va:
-                assert va[f].dtype == vb[f].dtype, f
-                assert np.array_equal(va[f], vb[f], equal_nan=va[f].dtype.kind == "f"), f"rounds.{f}"
-        elif isinstance(va, np.ndarray):
-            assert np.array_equal(va, vb, equal_nan=va.dtype.kind == "f"), name
-        else:
-            assert va == vb or (va != va and vb != vb), name
 
 
 def both_ways(monkeypatch, fn):
