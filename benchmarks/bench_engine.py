@@ -7,7 +7,7 @@ Sections:
    profile, Azure 2023 conversation trace, disaggregated prefill as in studies/load.yaml):
    simulated output tokens per wall second, engine rounds per wall second, microseconds a round.
    Baselines of the same run: each policy on the numpy engine (the compiled kernels off:
-   ``Engine.COMPILED = False``; the same answers bit for bit, the ratio is what the kernels buy),
+   ``memtp_sim._compiled.ENABLED = False``; the same answers bit for bit, the ratio is what the kernels buy),
    the no-speculation engine loop round by round (plain blocks off: ``Engine.PLAIN_BLOCKS =
    False``; the same answers, the ratio is what the blocks buy), and a minimal SimPy server (one
    timeout per round, nothing else: the floor of any SimPy design).
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from memtp_sim import run
+from memtp_sim import _compiled, run
 from memtp_sim._compiled import kernels
 from memtp_sim.config import Scenario
 from memtp_sim.engine import Engine
@@ -75,7 +75,7 @@ def best_of(scen: Scenario, repeat: int, blocks: bool = True, compiled: bool = T
     plain rounds one by one (the engine's exact shortcut off), ``compiled=False`` on the numpy
     engine (the compiled kernels off)."""
     best, metrics = float("inf"), {}
-    Engine.PLAIN_BLOCKS, Engine.COMPILED = blocks, compiled
+    Engine.PLAIN_BLOCKS, _compiled.ENABLED = blocks, compiled
     try:
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def best_of(scen: Scenario, repeat: int, blocks: bool = True, compiled: bool = T
             if wall < best:
                 best, metrics = wall, res.metrics
     finally:
-        Engine.PLAIN_BLOCKS = Engine.COMPILED = True
+        Engine.PLAIN_BLOCKS = _compiled.ENABLED = True
     return best, metrics
 
 

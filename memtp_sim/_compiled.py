@@ -1,25 +1,33 @@
-"""The engine's compiled kernels (``memtp_sim/_kernels.pyx``, built by ``pip install``), or None
-when the extension is not built: the engine then runs its numpy code, the same answers bit for
-bit, about half as fast at high load, and warns once (:func:`kernels_or_warn`)."""
+"""The compiled kernels (``memtp_sim/_kernels.pyx``, built by ``pip install``): the engine's plain
+rounds and Algorithm 1's scan. :func:`active` gives the module, or None when :data:`ENABLED` is
+False (tests and the benchmark compare with the numpy code that way: the same answers bit for
+bit) or when the extension is not built (the numpy code runs, about half as fast at high load,
+with a one-time warning)."""
 
 from __future__ import annotations
 
 import warnings
 from types import ModuleType
 
-__all__ = ["kernels", "kernels_or_warn"]
+__all__ = ["ENABLED", "active", "kernels"]
 
 try:
     from . import _kernels as kernels
 except ImportError:  # a source tree run without `pip install -e .`
     kernels: ModuleType | None = None  # type: ignore[no-redef]
 
+#: use the kernels when built; False runs the numpy code they replace (same answers)
+ENABLED = True
+
 _warned = False
 
 
-def kernels_or_warn() -> ModuleType | None:
-    """The kernels module; None, with a one-time RuntimeWarning saying how to build it, when missing."""
+def active() -> ModuleType | None:
+    """The kernels module when enabled and built; None otherwise (the first time because the
+    extension is missing, with a RuntimeWarning saying how to build it)."""
     global _warned
+    if not ENABLED:
+        return None
     if kernels is None and not _warned:
         _warned = True
         warnings.warn("memtp_sim._kernels is not built (run `pip install -e .` in the repository): the engine "

@@ -14,6 +14,7 @@ extension is built with ``-ffp-contract=off``), so pass times and clocks match t
 """
 
 cimport numpy as cnp
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 cnp.import_array()
 
@@ -267,3 +268,142 @@ def plain_apply(cnp.ndarray dec, i64 rounds, cnp.ndarray generated, cnp.ndarray 
                 fin[nf] = i
                 nf += 1
     return added, nf
+
+
+cdef inline bint _before(double* a, i64* pos, Py_ssize_t width, Py_ssize_t r1, Py_ssize_t r2) noexcept nogil:
+    # row r1's next candidate comes first: larger joint survival, ties to the lower row (a stable
+    # sort of -a in row-major order; within a row survivals never rise, so rows stay in order)
+    cdef double x = a[r1 * width + pos[r1]], y = a[r2 * width + pos[r2]]
+    return x > y or (x == y and r1 < r2)
+
+
+cdef void _sift_down(i64* heap, Py_ssize_t size, Py_ssize_t i, double* a, i64* pos, Py_ssize_t width) noexcept nogil:
+    cdef Py_ssize_t child
+    cdef i64 top = heap[i]
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _before(a, pos, width, heap[child + 1], heap[child]):
+            child += 1
+        if not _before(a, pos, width, heap[child], top):
+            break
+        heap[i] = heap[child]
+        i = child
+    heap[i] = top
+
+
+def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, double no_draft_pass_s, i64 n_limit,
+                i64 n_cov_limit, bint early_stop, cnp.ndarray survival, cnp.ndarray rows, cnp.ndarray lengths):
+    """DSpark's hardware-aware prefix scheduler (paper Algorithm 1) on one round's confidences,
+    the engine's path of ``policies.dspark._schedule`` bit for bit.
+
+    Candidates (r, j) are ranked by joint survival ``a[r, j] = prod(vals[r, :j+1])`` (descending,
+    ties in row-major order) with a merge of the rows (each is non-increasing) that stops after
+    the candidates the scan reads. Admitting the first n gives ``tau_n = R + sum of their a`` and
+    ``theta_n = tau_n / (overhead_s + times[n])``.
+
+    Args:
+        vals: ``(R, L)`` float64 C-contiguous confidences in [0, 1] (R >= 1, L >= 1).
+        times: float64 pass times of B = base .. base + ``n_cov_limit``, s (element n: n drafts).
+        overhead_s: the round's fixed time besides the pass (drafting), s.
+        no_draft_pass_s: the pass time with no drafts (replaces ``times[0]``), or NaN.
+        n_limit: the most candidates the pass holds (max batch tokens minus the anchors and prefill).
+        n_cov_limit: the most candidates the table prices (``times`` has ``n_cov_limit + 1``).
+        early_stop: stop at the first candidate that does not raise theta (else the global best).
+        survival, rows: out, float64 and int64 of ``R * L`` or more: the ranked candidates'
+            survivals and rows (scratch).
+        lengths: int64 out ``(R,)``: drafts each request verifies.
+
+    Returns:
+        ``(n_star, n_cov, n_max, best, theta_star, tau_star, theta_best)``: candidates admitted,
+        candidates priced, candidates with positive survival within ``n_limit``, the global
+        search's count, and Theta (tok/s) and tau (tokens) at ``n_star`` and Theta at ``best``.
+        The caller raises when ``n_cov < n_max`` and the scan needed more: the global search, or
+        early stop with ``n_star == n_cov`` (no candidate failed to raise Theta).
+
+    Raises:
+        TypeError, ValueError: arrays of the wrong type or size.
+
+    Source:
+        DSpark paper (Cheng et al. 2026) Algorithm 1; docs/model.md section 1 step 3.
+    """
+    if cnp.PyArray_TYPE(vals) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(vals) or cnp.PyArray_NDIM(vals) != 2:
+        raise TypeError(f"vals: a C-contiguous 2-D float64 array is required, got {vals.dtype} {vals.ndim}-D")
+    cdef Py_ssize_t num_req = cnp.PyArray_DIM(vals, 0), width = cnp.PyArray_DIM(vals, 1), total = num_req * width
+    if num_req < 1 or width < 1:
+        raise ValueError(f"vals: at least one request and position needed, got shape ({num_req}, {width})")
+    if n_cov_limit < 0:
+        raise ValueError(f"n_cov_limit: must be >= 0, got {n_cov_limit}")
+    cdef double* v = <double*>cnp.PyArray_DATA(vals)
+    cdef double* t = _f64(times, "times", n_cov_limit + 1)
+    cdef double* a = _f64(survival, "survival", total)
+    cdef i64* picked = _i64(rows, "rows")
+    cdef i64* out = _i64(lengths, "lengths")
+    if cnp.PyArray_DIM(rows, 0) < total:
+        raise ValueError(f"rows: {total} elements needed, got {cnp.PyArray_DIM(rows, 0)}")
+    if cnp.PyArray_DIM(lengths, 0) != num_req:
+        raise ValueError(f"lengths: {num_req} elements needed, got {cnp.PyArray_DIM(lengths, 0)}")
+
+    cdef Py_ssize_t r, j, n, size, n_max = 0, n_cov, n_star, best
+    cdef double s, tau, theta, prev, theta_best, tau_best, theta_star, tau_star
+    cdef bint found = False, nan_best
+    cdef i64* pos = <i64*>PyMem_Malloc(2 * num_req * sizeof(i64))
+    if pos == NULL:
+        raise MemoryError()
+    cdef i64* heap = pos + num_req
+    with nogil:
+        for r in range(num_req):  # joint survivals: each row's running product, left to right
+            s = 1.0
+            for j in range(width):
+                s = s * v[r * width + j]
+                a[r * width + j] = s
+                if s > 0.0:
+                    n_max += 1  # only drafts with positive probability are candidates
+            pos[r] = 0
+            heap[r] = r
+            out[r] = 0
+        if n_max > n_limit:
+            n_max = n_limit
+        n_cov = n_max if n_max < n_cov_limit else n_cov_limit
+        size = num_req
+        for r in range(num_req // 2 - 1, -1, -1):
+            _sift_down(heap, size, r, a, pos, width)
+        # the scan; n = 0 is the anchors alone
+        tau = <double>num_req
+        theta = tau / (overhead_s + (no_draft_pass_s if no_draft_pass_s == no_draft_pass_s else t[0]))
+        theta_best, tau_best, best, nan_best = theta, tau, 0, theta != theta
+        theta_star, tau_star, n_star = theta, tau, 0
+        prev = theta
+        s = 0.0
+        for n in range(1, n_cov + 1):
+            r = heap[0]
+            picked[n - 1] = r
+            s = s + a[r * width + pos[r]]
+            pos[r] += 1
+            if pos[r] == width:
+                size -= 1
+                heap[0] = heap[size]
+            if size > 0:
+                _sift_down(heap, size, 0, a, pos, width)
+            tau = s + <double>num_req
+            theta = tau / (overhead_s + t[n])
+            if not nan_best:  # np.argmax: the first maximum, or the first NaN
+                if theta != theta:
+                    theta_best, tau_best, best, nan_best = theta, tau, n, True
+                elif theta > theta_best:
+                    theta_best, tau_best, best = theta, tau, n
+            if early_stop and not found:
+                if theta <= prev:
+                    found = True  # the first candidate that does not raise theta: stop before it
+                else:
+                    n_star, theta_star, tau_star = n, theta, tau
+            prev = theta
+        if not early_stop:
+            n_star, theta_star, tau_star = best, theta_best, tau_best
+        elif not found:
+            n_star = n_cov  # no candidate among those priced failed to raise theta
+        for n in range(n_star):
+            out[picked[n]] += 1
+    PyMem_Free(pos)
+    return n_star, n_cov, n_max, best, theta_star, tau_star, theta_best

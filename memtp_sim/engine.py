@@ -51,7 +51,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import simpy
 
-from ._compiled import kernels_or_warn
+from . import _compiled
 from ._lazy import expit
 from .acceptance import AcceptanceModel
 from .confidence import ConfidenceHead
@@ -343,7 +343,7 @@ class Engine:
 
     def _use_kernels(self, n: int) -> None:
         # compiled plain rounds (memtp_sim/_kernels.pyx): pricing per batch size, scratch arrays
-        self._kernels = kernels_or_warn() if self.COMPILED else None
+        self._kernels = _compiled.active()
         self.kv.kernels = self._kernels
         self._plain_prices: dict[int, tuple | None] = {}
         self._plain_buf = None if self._kernels is None else (  # times, durations, verify_s, blocks, finished
@@ -620,9 +620,6 @@ class Engine:
     # ----------------------------------------------------------------- plain blocks
     #: run rounds without drafts as blocks (exact: see _plain_block); tests switch it off to compare
     PLAIN_BLOCKS = True
-    #: plan and apply plain blocks with the compiled kernels (memtp_sim/_kernels.pyx) when built;
-    #: the numpy code gives the same answers bit for bit (tests and the benchmark switch it off)
-    COMPILED = True
 
     def _plain_blocks_possible(self) -> bool:
         """Whether rounds without drafts can ever run as blocks here: the drafter's depth is fixed

@@ -1,5 +1,5 @@
 """The compiled kernels (``memtp_sim/_kernels.pyx``, issue 13) on hand-derived cases, against
-closed forms, and whole runs against the numpy engine (``Engine.COMPILED = False``) to the bit;
+closed forms, and whole runs against the numpy engine (``memtp_sim._compiled.ENABLED = False``) to the bit;
 tests/test_plain_blocks.py also compares both against the round-by-round engine.
 
 Oracles: block lengths, clocks and KV blocks worked out by hand for two requests; the anchor and
@@ -155,7 +155,7 @@ def test_without_the_extension_the_engine_warns_once_and_gives_the_same_answers(
     for f in ("finished_at_s", "first_token_at_s", "generated_tokens"):
         assert np.array_equal(getattr(with_kernels, f), getattr(without, f)), f
     assert np.array_equal(with_kernels.rounds["start_s"], without.rounds["start_s"])
-    assert Engine.COMPILED  # the class switch is untouched: only the module was missing
+    assert _compiled.ENABLED  # the switch is untouched: only the module was missing
 
 
 WHOLE_RUNS = {
@@ -178,5 +178,60 @@ def test_whole_runs_match_the_numpy_engine(name, monkeypatch):
     policy, sections = WHOLE_RUNS[name]
     scen = scenario(policy=policy, **sections)
     compiled = run(scen, seed=2).state
-    monkeypatch.setattr(Engine, "COMPILED", False)
+    monkeypatch.setattr(_compiled, "ENABLED", False)
     assert_same_state(run(scen, seed=2).state, compiled)
+
+
+def _scan_both(*args, **kwargs):
+    """hardware_aware_prefix_scheduler with the compiled scan and with the numpy one: each result,
+    or each error's message."""
+    from memtp_sim import hardware_aware_prefix_scheduler
+
+    out = []
+    try:
+        for enabled in (True, False):
+            _compiled.ENABLED = enabled
+            try:
+                r = hardware_aware_prefix_scheduler(*args, **kwargs)
+                out.append((r.lengths.tolist(), r.lengths.dtype, r.theta, r.tau, r.batch_tokens,
+                            repr(r.theta_global), r.batch_tokens_global))
+            except Exception as e:  # noqa: BLE001 - the same error both ways is what is compared
+                out.append((type(e), str(e)))
+    finally:
+        _compiled.ENABLED = True
+    return out
+
+
+# confidences from a few values, so that ties (within and across requests) and zeros are common
+_CONF = st.sampled_from([0.0, 0.25, 0.5, 0.5, 0.75, 0.9, 1.0]) | st.floats(0.0, 1.0)
+
+
+@needs_kernels
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9).flatmap(lambda r: st.integers(1, 7).flatmap(lambda w: st.lists(
+           st.lists(_CONF, min_size=w, max_size=w), min_size=r, max_size=r))),
+       st.dictionaries(st.integers(1, 80), st.floats(1.0, 500.0), min_size=2, max_size=8),
+       st.booleans(), st.integers(0, 6), st.none() | st.integers(0, 90), st.sampled_from([0.0, 0.001, 0.02]),
+       st.none() | st.floats(0.001, 0.1), st.sampled_from(["error", "roofline"]))
+def test_the_compiled_scan_matches_the_numpy_scan(conf, sps, early_stop, prefill, cap, overhead_s,
+                                                  no_draft_pass_s, beyond_max):
+    from memtp_sim import SPSTable
+
+    table = SPSTable.from_mapping(sps)
+    if beyond_max != "error":
+        from dataclasses import replace
+
+        table = replace(table, beyond_max=beyond_max)
+    compiled, numpy_scan = _scan_both(np.array(conf), table, early_stop=early_stop,
+                                      prefill_tokens=prefill, max_batch_tokens=cap, overhead_s=overhead_s,
+                                      no_draft_pass_s=no_draft_pass_s)
+    assert compiled == numpy_scan
+
+
+@needs_kernels
+def test_the_compiled_scan_keeps_ties_in_request_order():
+    # four equal candidates; passes of 10 ms up to B = 6, then 100 ms: two are worth it, and they
+    # are the first two requests' (row-major order), both ways
+    table = {1: 100.0, 4: 100.0, 6: 100.0, 7: 10.0}
+    compiled, numpy_scan = _scan_both(np.full((4, 1), 0.5), table, early_stop=False, max_batch_tokens=7)
+    assert compiled == numpy_scan and compiled[0] == [1, 1, 0, 0]

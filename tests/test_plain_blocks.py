@@ -6,7 +6,7 @@ Oracle: the round-by-round engine itself, on the shipped scenarios where blocks 
 (closed and open loop, colocated and disaggregated prefill, think time, a batch-slot limit, KV
 pressure with preemption) and on random hand-made workloads (fuzz). Every test runs twice: blocks
 planned and applied by the compiled kernels (``memtp_sim/_kernels.pyx``, the default) and by the
-numpy code (``Engine.COMPILED = False``).
+numpy code (``memtp_sim._compiled.ENABLED = False``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memtp_sim import run
+from memtp_sim import _compiled, run
 from memtp_sim.engine import Engine
 
 from _sim_helpers import assert_same_state, flat_profile, run_engine, scenario, workload
@@ -23,9 +23,7 @@ from _sim_helpers import assert_same_state, flat_profile, run_engine, scenario, 
 @pytest.fixture(autouse=True, params=[True, False], ids=["compiled", "numpy"])
 def compiled(request, monkeypatch):
     if request.param:
-        from memtp_sim._compiled import kernels
-
-        assert kernels is not None, "memtp_sim._kernels is not built: run pip install -e ."
+        assert _compiled.kernels is not None, "memtp_sim._kernels is not built: run pip install -e ."
         planned, ran = [], []
         plan, block = Engine._plan_plain_block_compiled, Engine._plain_block
         monkeypatch.setattr(Engine, "_plan_plain_block_compiled", lambda self, *a: planned.append(1) or plan(self, *a))
@@ -34,7 +32,7 @@ def compiled(request, monkeypatch):
         # blocks ran, so the compiled planner must have planned (not the numpy code behind it)
         assert planned or not ran, "blocks ran but none was planned by the compiled kernels"
     else:
-        monkeypatch.setattr(Engine, "COMPILED", False)
+        monkeypatch.setattr(_compiled, "ENABLED", False)
         yield None
 
 

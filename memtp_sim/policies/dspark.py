@@ -33,6 +33,7 @@ from collections import deque
 
 from pydantic import Field
 
+from .. import _compiled
 from ..errors import InvalidArgumentError
 from ..hardware import HardwareProfile, SPSTable, load_profile
 from ._candidates import (
@@ -268,6 +269,10 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
         return ScheduleResult(np.zeros(0, dtype=np.int64), 0.0, 0.0, base_b, 0.0, base_b)
 
     width = vals.shape[1]
+    kernels = _compiled.active() if mask is None and width else None
+    if kernels is not None and vals.flags.c_contiguous:
+        return _schedule_compiled(kernels, vals, table, early_stop, base_b, max_batch_tokens, overhead_s,
+                                  no_draft_pass_s)
     a_sorted, order = _ranked_candidates(vals, mask)
 
     # Algorithm 1: only drafts with positive probability are candidates (they sort last; a >= 0,
@@ -324,6 +329,38 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
         theta_global=float(theta[g_star]) if g_star >= 0 else float("nan"),
         batch_tokens_global=base_b + g_star if g_star >= 0 else -1,
     )
+
+
+def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_stop: bool, base_b: int,
+                       max_batch_tokens: int | None, overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult:
+    """:func:`_schedule` by the compiled scan (``_kernels.prefix_scan``): the same result and
+    errors, bit for bit. The table prices every B the scan may read (the candidates the pass and
+    the table allow) before the kernel learns how many have positive survival."""
+    num_req, width = vals.shape
+    total = num_req * width
+    n_limit = total if max_batch_tokens is None else min(total, int(max_batch_tokens) - base_b)
+    if not table.covers(base_b):
+        raise InvalidArgumentError(f"sps: no value for B={base_b} (the anchor batch); measured range "
+                                   f"{table.min_batch_tokens}..{table.max_batch_tokens}")
+    n_cov_limit = n_limit if table.covers(base_b + n_limit) else table.max_batch_tokens - base_b
+    times = np.ascontiguousarray(table.pass_time_range_s(base_b, base_b + n_cov_limit), dtype=np.float64)
+    lengths = np.zeros(num_req, dtype=np.int64)
+    n_star, n_cov, n_max, best, theta, tau, theta_best = kernels.prefix_scan(
+        vals, times, float(overhead_s), float("nan") if no_draft_pass_s is None else float(no_draft_pass_s),
+        n_limit, n_cov_limit, early_stop, np.empty(total), np.empty(total, dtype=np.int64), lengths)
+    if n_cov < n_max:
+        if early_stop and n_star == n_cov:
+            raise InvalidArgumentError(
+                f"sps: the scan needs B={base_b + n_cov + 1}, beyond the measured range "
+                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens")
+        if not early_stop:
+            raise InvalidArgumentError(
+                f"sps: the global search needs B up to {base_b + n_max}, beyond the measured range "
+                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens")
+    full = n_cov == n_max
+    return ScheduleResult(lengths=lengths, theta=theta, tau=tau, batch_tokens=base_b + n_star,
+                          theta_global=theta_best if full else float("nan"),
+                          batch_tokens_global=base_b + best if full else -1)
 
 
 def _plan_round(view: RoundView, early_stop: bool) -> ScheduleResult:
