@@ -407,3 +407,119 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, double n
             out[picked[n]] += 1
     PyMem_Free(pos)
     return n_star, n_cov, n_max, best, theta_star, tau_star, theta_best
+
+
+cdef inline double* _f64_2d(cnp.ndarray a, str name, Py_ssize_t rows, Py_ssize_t cols) except NULL:
+    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 2:
+        raise TypeError(f"{name}: a C-contiguous 2-D float64 array is required, got {a.dtype} {a.ndim}-D")
+    if cnp.PyArray_DIM(a, 0) != rows or cnp.PyArray_DIM(a, 1) != cols:
+        raise ValueError(f"{name}: shape ({rows}, {cols}) needed, got ({cnp.PyArray_DIM(a, 0)}, {cnp.PyArray_DIM(a, 1)})")
+    return <double*>cnp.PyArray_DATA(a)
+
+
+def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray lengths, cnp.ndarray generated,
+                 cnp.ndarray output, cnp.ndarray num_rounds, cnp.ndarray verified, cnp.ndarray accepted,
+                 cnp.ndarray tokens, cnp.ndarray blocks, i64 block_tokens, cnp.ndarray acc, object would,
+                 cnp.ndarray finished):
+    """Step 7 of a drafted round for the decoding requests (``Engine._accept``): which drafts the
+    target accepts, and the tokens each request keeps.
+
+    Draft position j of request r is accepted when ``u[r, j] < probs[r, j]`` and every position
+    before it was; a request keeps its leading accepted drafts among the ``lengths[r]`` verified
+    plus one bonus token, capped at its remaining output (docs/model.md section 1 step 5), and
+    stores them in its KV cache (``KVCacheManager.append``).
+
+    Args:
+        dec: ``(R,)`` int64 request ids.
+        u: ``(R, L)`` float64 uniform draws in [0, 1) (the run's generator, drawn by the caller).
+        probs: ``(R, L)`` float64 acceptance probability of each draft position.
+        lengths: ``(R,)`` int64 drafts verified per request (``0..L``).
+        generated, output, num_rounds, verified, accepted, tokens, blocks: ``(n,)`` int64
+            per-request counters (output lengths read only), updated in place.
+        block_tokens: tokens per KV block.
+        acc: int64 out ``(R,)``: accepted drafts per request (verified and accepted).
+        would: None, or bool out ``(R, L)``: whether each position would be accepted (every
+            position up to it accepted), verified or not (calibration diagnostics).
+        finished: int64 out, ``(R,)`` or longer: ids that reached their output, in ``dec`` order.
+
+    Returns:
+        ``(accepted_total, emitted_total, blocks_added, num_finished)``.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids.
+    """
+    cdef i64* ids = _i64(dec, "dec")
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0), k, j
+    if cnp.PyArray_NDIM(u) != 2:
+        raise TypeError(f"u: a C-contiguous 2-D float64 array is required, got {u.dtype} {u.ndim}-D")
+    cdef Py_ssize_t width = cnp.PyArray_DIM(u, 1)
+    cdef double* draw = _f64_2d(u, "u", num, width)
+    cdef double* p = _f64_2d(probs, "probs", num, width)
+    cdef i64* lens = _i64(lengths, "lengths")
+    cdef i64* gen = _i64(generated, "generated")
+    cdef i64* out = _i64(output, "output")
+    cdef i64* nr = _i64(num_rounds, "num_rounds")
+    cdef i64* ver = _i64(verified, "verified")
+    cdef i64* acd = _i64(accepted, "accepted")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef i64* blk = _i64(blocks, "blocks")
+    cdef i64* a_out = _i64(acc, "acc")
+    cdef i64* fin = _i64(finished, "finished")
+    for arr, name in ((output, "output"), (num_rounds, "num_rounds"), (verified, "verified"),
+                      (accepted, "accepted"), (tokens, "tokens"), (blocks, "blocks")):
+        if cnp.PyArray_DIM(arr, 0) != size:
+            raise ValueError(f"{name}: {size} elements needed (one per request), got {cnp.PyArray_DIM(arr, 0)}")
+    if cnp.PyArray_DIM(lengths, 0) != num or cnp.PyArray_DIM(acc, 0) != num:
+        raise ValueError(f"lengths and acc: {num} elements needed (one per decoding request)")
+    if cnp.PyArray_DIM(finished, 0) < num:
+        raise ValueError(f"finished: {num} elements needed, got {cnp.PyArray_DIM(finished, 0)}")
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+    cdef char* w = NULL
+    cdef cnp.ndarray w_arr
+    if would is not None:
+        w_arr = <cnp.ndarray?>would
+        if cnp.PyArray_TYPE(w_arr) != cnp.NPY_BOOL or not cnp.PyArray_IS_C_CONTIGUOUS(w_arr) \
+                or cnp.PyArray_NDIM(w_arr) != 2 or cnp.PyArray_DIM(w_arr, 0) != num or cnp.PyArray_DIM(w_arr, 1) != width:
+            raise TypeError(f"would: a C-contiguous bool array of shape ({num}, {width}) is required")
+        w = <char*>cnp.PyArray_DATA(w_arr)
+    _check_ids(ids, num, size)
+    for k in range(num):
+        if lens[k] < 0 or lens[k] > width:
+            raise ValueError(f"lengths: {lens[k]} outside 0..{width}")
+    cdef i64 i, run, emit, nb, accepted_total = 0, emitted_total = 0, added = 0
+    cdef Py_ssize_t nf = 0
+    cdef bint ok
+    with nogil:
+        for k in range(num):
+            run = 0
+            ok = True
+            for j in range(width):
+                ok = ok and draw[k * width + j] < p[k * width + j]
+                if ok:
+                    run += 1
+                if w != NULL:
+                    w[k * width + j] = ok
+                elif not ok:
+                    break
+            if run > lens[k]:
+                run = lens[k]  # the accepted run, within the verified drafts
+            a_out[k] = run
+            accepted_total += run
+            i = ids[k]
+            emit = run + 1
+            if out[i] - gen[i] < emit:
+                emit = out[i] - gen[i]
+            emitted_total += emit
+            gen[i] += emit
+            tok[i] += emit
+            nb = _blocks_for(tok[i], block_tokens)
+            added += nb - blk[i]
+            blk[i] = nb
+            nr[i] += 1
+            ver[i] += lens[k]
+            acd[i] += run
+            if gen[i] >= out[i]:
+                fin[nf] = i
+                nf += 1
+    return accepted_total, emitted_total, added, nf

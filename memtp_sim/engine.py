@@ -989,6 +989,8 @@ class Engine:
         if not dec.size:
             return 0, 0, finished, 0
         accepted_total = 0
+        if probs is not None and self._kernels is not None:
+            return self._accept_compiled(dec, lengths, probs, raw, conf)
         if probs is not None:
             would = _and_accumulate(self.rng.random(probs.shape) < probs, axis=1)
             if self.diag_n < self.DIAG_ROUNDS:
@@ -1011,6 +1013,25 @@ class Engine:
         if _any(fin):
             finished.extend(dec[fin].tolist())
         return accepted_total, int(_sum(emit)), finished, acc
+
+    def _accept_compiled(self, dec: np.ndarray, lengths: np.ndarray, probs: np.ndarray, raw: np.ndarray,
+                         conf: np.ndarray) -> tuple[int, int, list[int], np.ndarray]:
+        """:meth:`_accept` of a drafted round by the compiled kernel (``_kernels.accept_apply``): the
+        same draws from the run's generator, the same outcome bit for bit."""
+        kv = self.kv
+        u = self.rng.random(probs.shape)
+        would = np.empty(probs.shape, dtype=bool) if self.diag_n < self.DIAG_ROUNDS else None
+        acc = np.empty(dec.size, dtype=np.int64)
+        fin = self._plain_buf[4]
+        accepted_total, emitted_total, added, num_fin = self._kernels.accept_apply(
+            dec, u, probs, lengths, self.generated, self.output, self.num_rounds, self.verified, self.accepted,
+            kv.tokens, kv.blocks, kv.block_tokens, acc, would, fin)
+        if would is not None:
+            self._record_diag(raw, conf, would)
+        kv.blocks_used += added  # KVCacheManager.append's bookkeeping, done in the kernel
+        if kv.blocks_used > kv.capacity:
+            kv.check("append")
+        return accepted_total, emitted_total, fin[:num_fin].tolist(), acc
 
     def _advance_prefill(self, pre: np.ndarray, chunks: np.ndarray | None, chunk_total: int,
                          finished: list[int]) -> tuple[int, int]:

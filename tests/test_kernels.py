@@ -235,3 +235,70 @@ def test_the_compiled_scan_keeps_ties_in_request_order():
     table = {1: 100.0, 4: 100.0, 6: 100.0, 7: 10.0}
     compiled, numpy_scan = _scan_both(np.full((4, 1), 0.5), table, early_stop=False, max_batch_tokens=7)
     assert compiled == numpy_scan and compiled[0] == [1, 1, 0, 0]
+
+
+@needs_kernels
+def test_accept_keeps_the_leading_accepted_drafts_and_a_bonus():
+    # request 1: drafts 1-2 accepted, 3 rejected (u = p: accepted only when u < p, probability p),
+    # verifies 3 -> 2 accepted + bonus = 3 tokens
+    # request 0: all 3 would be accepted but it verifies 1 -> 1 + bonus = 2, capped by 1 token left
+    dec = np.array([1, 0], dtype=np.int64)
+    u = np.array([[0.1, 0.2, 0.5], [0.0, 0.0, 0.0]])
+    probs = np.array([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]])
+    lengths = np.array([3, 1], dtype=np.int64)
+    generated, output = np.array([9, 4], dtype=np.int64), np.array([10, 40], dtype=np.int64)
+    num_rounds, verified, accepted = (np.zeros(2, dtype=np.int64) for _ in range(3))
+    tokens, blocks = np.array([15, 30], dtype=np.int64), np.array([1, 2], dtype=np.int64)
+    acc, would, finished = np.zeros(2, dtype=np.int64), np.zeros((2, 3), dtype=bool), np.zeros(2, dtype=np.int64)
+    got = kernels.accept_apply(dec, u, probs, lengths, generated, output, num_rounds, verified, accepted, tokens,
+                               blocks, 16, acc, would, finished)
+    assert got == (3, 4, 1, 1)  # 2 + 1 accepted, 3 + 1 emitted, request 1 needs a third block, 0 finishes
+    assert acc.tolist() == [2, 1] and would.tolist() == [[True, True, False], [True, True, True]]
+    assert generated.tolist() == [10, 7] and tokens.tolist() == [16, 33] and blocks.tolist() == [1, 3]
+    assert verified.tolist() == [1, 3] and accepted.tolist() == [1, 2] and num_rounds.tolist() == [1, 1]
+    assert finished[:1].tolist() == [0]
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 8), st.integers(0, 2**32 - 1), st.booleans())
+def test_accept_matches_a_python_loop(num, width, seed, diag):
+    rng = np.random.default_rng(seed)
+    n = num + 3
+    dec = rng.permutation(n)[:num].astype(np.int64)
+    probs = rng.choice([0.0, 0.3, 0.7, 1.0], size=(num, width))
+    # draws equal to the probabilities too: a draft is accepted only when u < p
+    u = np.where(rng.random((num, width)) < 0.3, rng.choice([0.0, 0.3, 0.7], size=(num, width)),
+                 rng.random((num, width)))
+    lengths = rng.integers(0, width + 1, num)
+    output = rng.integers(1, 30, n)
+    generated = np.minimum(rng.integers(0, 30, n), output - 1)
+    tokens = rng.integers(0, 100, n)
+    blocks = -(-tokens // 8)
+    blocks0 = blocks.copy()
+    counters = [np.zeros(n, dtype=np.int64) for _ in range(3)]
+    want_gen, want_tok = generated.copy(), tokens.copy()
+    want_acc, want_fin, emitted = [], [], 0
+    for k, i in enumerate(dec.tolist()):
+        run = 0
+        while run < width and u[k, run] < probs[k, run]:
+            run += 1
+        a = min(run, int(lengths[k]))
+        e = min(a + 1, int(output[i] - want_gen[i]))
+        want_gen[i] += e
+        want_tok[i] += e
+        emitted += e
+        want_acc.append(a)
+        if want_gen[i] >= output[i]:
+            want_fin.append(i)
+    acc, finished = np.zeros(num, dtype=np.int64), np.zeros(num, dtype=np.int64)
+    would = np.zeros((num, width), dtype=bool) if diag else None
+    got = kernels.accept_apply(dec, u, probs, lengths, generated, output, *counters, tokens, blocks, 8, acc, would,
+                               finished)
+    assert got[:2] == (sum(want_acc), emitted) and got[3] == len(want_fin)
+    assert acc.tolist() == want_acc and finished[: got[3]].tolist() == want_fin
+    assert generated.tolist() == want_gen.tolist() and tokens.tolist() == want_tok.tolist()
+    want_blocks = -(-want_tok // 8)
+    assert blocks.tolist() == want_blocks.tolist() and got[2] == int(want_blocks.sum() - blocks0.sum())
+    if diag:
+        assert would.tolist() == np.logical_and.accumulate(u < probs, axis=1).tolist()
