@@ -523,3 +523,42 @@ def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray 
                 fin[nf] = i
                 nf += 1
     return accepted_total, emitted_total, added, nf
+
+
+def lookahead_total(cnp.ndarray reqs, cnp.ndarray tokens, cnp.ndarray blocks, i64 block_tokens, i64 add,
+                    object add_each):
+    """New KV blocks the requests ``reqs`` need in all to store ``add`` (plus ``add_each[k]``)
+    more tokens each (``KVCacheManager.lookahead_blocks`` summed).
+
+    Args:
+        reqs: ``(R,)`` int64 request ids.
+        tokens, blocks: ``(n,)`` int64 stored tokens and blocks held per request.
+        block_tokens: tokens per KV block (>= 1).
+        add: tokens every request adds.
+        add_each: None, or ``(R,)`` int64 tokens each request adds besides ``add``.
+
+    Returns:
+        int, the sum over ``reqs`` of ``ceil((tokens + add + add_each) / block_tokens) - blocks``.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(reqs, "reqs")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef i64* blk = _i64(blocks, "blocks")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(reqs, 0), size = cnp.PyArray_DIM(tokens, 0), k
+    if cnp.PyArray_DIM(blocks, 0) != size:
+        raise ValueError("tokens and blocks must have one element per request")
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+    cdef i64* each = NULL
+    if add_each is not None:
+        each = _i64(<cnp.ndarray?>add_each, "add_each")
+        if cnp.PyArray_DIM(<cnp.ndarray>add_each, 0) != n:
+            raise ValueError(f"add_each: {n} elements needed, got {cnp.PyArray_DIM(<cnp.ndarray>add_each, 0)}")
+    _check_ids(ids, n, size)
+    cdef i64 total = 0, more
+    for k in range(n):
+        more = add + (each[k] if each != NULL else 0)
+        total += _blocks_for(tok[ids[k]] + more, block_tokens) - blk[ids[k]]
+    return total

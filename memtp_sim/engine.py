@@ -338,7 +338,8 @@ class Engine:
         self._next_request = 0
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
-        self._prefill_queue: deque[int] = deque()  # requests waiting for one, FIFO
+        # requests waiting for one (FIFO); a remote prefill's time by prompt length
+        self._prefill_queue, self._prefill_memo = deque[int](), dict[int, float]()
         self._use_kernels(n)
 
     def _use_kernels(self, n: int) -> None:
@@ -424,6 +425,12 @@ class Engine:
         T(done + chunk) - T(done), and never less than the chunk alone, T(chunk). The chunks
         then sum to at least T(prompt) where the table prices it (one pass is never slower).
         """
+        t = self._prefill_memo.get(prompt)
+        if t is None:  # prompt lengths repeat across a trace: priced once each
+            t = self._prefill_memo[prompt] = self._price_prefill_s(prompt)
+        return t
+
+    def _price_prefill_s(self, prompt: int) -> float:
         m = self.cfg.max_batch_tokens
         table = self.profile.prefill_table
         whole_prompts = not table.has_context_term
@@ -858,7 +865,7 @@ class Engine:
         Returns (decoding ids, prefilling ids, number preempted)."""
         num = 0
         while dec.size > 1:
-            need = int(_sum(self.kv.lookahead_blocks(dec, 1 + k)))
+            need = self.kv.lookahead_total(dec, 1 + k)
             if self.kv.blocks_used + need <= self.kv.capacity:
                 break
             victim = self.running[-1]

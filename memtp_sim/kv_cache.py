@@ -138,6 +138,20 @@ class KVCacheManager:
         """
         return self.blocks_for(self.tokens[reqs] + num_tokens) - self.blocks[reqs]
 
+    def lookahead_total(self, reqs: np.ndarray, num_tokens: int) -> int:
+        """:meth:`lookahead_blocks` summed over ``reqs``, for the same ``num_tokens`` each.
+
+        Args:
+            reqs: ``(R,)`` int64 request ids.
+            num_tokens: tokens every request adds.
+
+        Returns:
+            Blocks, >= 0.
+        """
+        if self.kernels is not None:
+            return self.kernels.lookahead_total(reqs, self.tokens, self.blocks, self.block_tokens, num_tokens, None)
+        return int(_sum(self.lookahead_blocks(reqs, num_tokens)))
+
     # ------------------------------------------------------------------ changes
     def allocate(self, i: int, target_tokens: int, stored_tokens: int) -> int:
         """Admit request ``i``: reserve blocks for ``target_tokens`` tokens, of which
@@ -212,6 +226,11 @@ class KVCacheManager:
             slots are taken only while blocks last.
         """
         num_trimmed = 0
+        if self.kernels is not None:  # the common round: everything fits, nothing to trim
+            peak = self.blocks_used + self.kernels.lookahead_total(reqs, self.tokens, self.blocks, self.block_tokens,
+                                                                   1, lengths)
+            if peak <= self.capacity:
+                return peak, 0
         extra = self.lookahead_blocks(reqs, 1 + lengths)
         peak = self.blocks_used + int(_sum(extra))
         while peak > self.capacity and lengths.any():

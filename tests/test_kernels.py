@@ -164,6 +164,11 @@ WHOLE_RUNS = {
     "dspark-8-colocated": ({"name": "dspark"}, {"workload": {"concurrency": 8, "num_requests": 40}}),
     "goodput-h200-context": ({"name": "goodput"}, {"hardware": {"profile": "h200-llama31-8b-bf16"},
                                                    "workload": {"concurrency": 16, "num_requests": 60}}),
+    "dspark-kv-pressure": ({"name": "dspark", "gamma": 7}, {
+        "workload": {"concurrency": 12, "num_requests": 36},
+        "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                     "memory": {"gpu_allocatable_gib": 3.8, "weights_bytes": 1 << 30, "kv_bytes_per_token": 131072,
+                                "max_model_len": 8192}}}),
     "no_spec-kv-pressure": ({"name": "no_spec"}, {
         "workload": {"concurrency": 12, "num_requests": 36},
         "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
@@ -180,6 +185,8 @@ def test_whole_runs_match_the_numpy_engine(name, monkeypatch):
     compiled = run(scen, seed=2).state
     monkeypatch.setattr(_compiled, "ENABLED", False)
     assert_same_state(run(scen, seed=2).state, compiled)
+    if name == "dspark-kv-pressure":  # the draft lookahead preempts requests: that path ran
+        assert compiled.rounds["num_preempted"].sum() > 0 and compiled.rounds["verify_tokens"].sum() > 0
 
 
 def _scan_both(*args, **kwargs):
@@ -302,3 +309,39 @@ def test_accept_matches_a_python_loop(num, width, seed, diag):
     assert blocks.tolist() == want_blocks.tolist() and got[2] == int(want_blocks.sum() - blocks0.sum())
     if diag:
         assert would.tolist() == np.logical_and.accumulate(u < probs, axis=1).tolist()
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 500), min_size=1, max_size=40), st.integers(1, 32), st.integers(0, 9), st.data())
+def test_lookahead_total_sums_the_new_blocks(tokens, block_tokens, add, data):
+    tok = np.array(tokens, dtype=np.int64)
+    blk = -(-tok // block_tokens)
+    ids = np.array(data.draw(st.lists(st.integers(0, len(tokens) - 1), max_size=40, unique=True)), dtype=np.int64)
+    each = np.array(data.draw(st.lists(st.integers(0, 9), min_size=ids.size, max_size=ids.size)), dtype=np.int64)
+    ceil = lambda t: -(-t // block_tokens)  # noqa: E731
+    assert kernels.lookahead_total(ids, tok, blk, block_tokens, add, None) == \
+        sum(ceil(tokens[i] + add) - ceil(tokens[i]) for i in ids.tolist())
+    assert kernels.lookahead_total(ids, tok, blk, block_tokens, add, each) == \
+        sum(ceil(tokens[i] + add + e) - ceil(tokens[i]) for i, e in zip(ids.tolist(), each.tolist()))
+
+
+@pytest.mark.parametrize("with_kernels", [True, False], ids=["compiled", "numpy"])
+def test_fit_lookahead_trims_the_longest_drafts_until_the_peak_fits(with_kernels):
+    # 4-token blocks; requests hold 3 and 4 tokens (a block each) and want 3 and 2 drafts + an anchor:
+    # 2 new blocks, 1 more than the 3-block capacity allows. Trimming the first longest, one token at
+    # a time: [3,2] -> [2,2] -> [1,2] -> [1,1] -> [0,1], where request 0's anchor fits its block.
+    from memtp_sim.kv_cache import KVCacheManager
+
+    if with_kernels and kernels is None:
+        pytest.skip("memtp_sim._kernels is not built")
+    kv = KVCacheManager(2, block_tokens=4, capacity=3)
+    kv.kernels = kernels if with_kernels else None
+    kv.allocate(0, 3, 3)
+    kv.allocate(1, 4, 4)
+    lengths = np.array([3, 2], dtype=np.int64)
+    assert kv.fit_lookahead(np.array([0, 1], dtype=np.int64), lengths) == (3, 4)
+    assert lengths.tolist() == [0, 1]
+    roomy = np.array([3, 2], dtype=np.int64)
+    kv.capacity = 4
+    assert kv.fit_lookahead(np.array([0, 1], dtype=np.int64), roomy) == (4, 0) and roomy.tolist() == [3, 2]
