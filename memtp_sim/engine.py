@@ -338,8 +338,7 @@ class Engine:
         self._next_request = 0
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
-        # requests waiting for one (FIFO); a remote prefill's time by prompt length
-        self._prefill_queue, self._prefill_memo = deque[int](), dict[int, float]()
+        self._prefill_queue, self._prefill_memo = deque[int](), dict[int, float]()  # FIFO; time by prompt
         self._use_kernels(n)
 
     def _use_kernels(self, n: int) -> None:
