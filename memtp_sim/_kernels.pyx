@@ -562,3 +562,105 @@ def lookahead_total(cnp.ndarray reqs, cnp.ndarray tokens, cnp.ndarray blocks, i6
         more = add + (each[k] if each != NULL else 0)
         total += _blocks_for(tok[ids[k]] + more, block_tokens) - blk[ids[k]]
     return total
+
+
+def place_prefill(cnp.ndarray pre, cnp.ndarray prefilled, cnp.ndarray target, i64 limit, cnp.ndarray chunks):
+    """Chunked prefill (``Engine._place_prefill``): the prefilling requests, first admitted first,
+    share ``limit`` prompt tokens; each takes what it has left, up to what the ones before it left
+    over (docs/model.md section 1 step 3).
+
+    Args:
+        pre: ``(P,)`` int64 ids of the prefilling requests, in admission order.
+        prefilled, target: ``(n,)`` int64 prompt tokens computed so far and to compute.
+        limit: prompt tokens this pass takes in all (>= 0).
+        chunks: int64 out ``(P,)``: each request's chunk.
+
+    Returns:
+        int, the chunks' total.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(pre, "pre")
+    cdef i64* done = _i64(prefilled, "prefilled")
+    cdef i64* want = _i64(target, "target")
+    cdef i64* out = _i64(chunks, "chunks")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(pre, 0), size = cnp.PyArray_DIM(prefilled, 0), k
+    if cnp.PyArray_DIM(target, 0) != size:
+        raise ValueError("prefilled and target must have one element per request")
+    if cnp.PyArray_DIM(chunks, 0) != n:
+        raise ValueError(f"chunks: {n} elements needed, got {cnp.PyArray_DIM(chunks, 0)}")
+    _check_ids(ids, n, size)
+    cdef i64 before = 0, left, room, total = 0
+    for k in range(n):
+        left = want[ids[k]] - done[ids[k]]
+        room = limit - before  # what the requests before it left over
+        if room < 0:
+            room = 0
+        out[k] = room if room < left else left
+        total += out[k]
+        before += left
+    return total
+
+
+def prefill_apply(cnp.ndarray pre, cnp.ndarray chunks, cnp.ndarray prefilled, cnp.ndarray target,
+                  cnp.ndarray tokens, cnp.ndarray generated, cnp.ndarray output, cnp.ndarray first_token_at,
+                  double now, cnp.ndarray finished):
+    """Store a pass's prefill chunks (``Engine._advance_prefill``): a request whose prefill
+    completes emits its first token (the pass's last logits), and is listed when that was its
+    whole output.
+
+    Args:
+        pre: ``(P,)`` int64 ids of the prefilling requests.
+        chunks: ``(P,)`` int64 prompt tokens each computed in this pass.
+        prefilled, target, tokens, generated, output: ``(n,)`` int64 per-request counters
+            (target and output read only), updated in place.
+        first_token_at: ``(n,)`` float64 first-token times (NaN until then), updated in place.
+        now: the clock, s.
+        finished: int64 out, ``(P,)`` or longer: ids that finished, in ``pre`` order.
+
+    Returns:
+        ``(num_prefill, num_completed, num_finished)``: requests with a chunk, requests whose
+        prefill completed (one token emitted each), ids written to ``finished``.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(pre, "pre")
+    cdef i64* ch = _i64(chunks, "chunks")
+    cdef i64* done = _i64(prefilled, "prefilled")
+    cdef i64* want = _i64(target, "target")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef i64* gen = _i64(generated, "generated")
+    cdef i64* out = _i64(output, "output")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(pre, 0), size = cnp.PyArray_DIM(prefilled, 0), k
+    cdef double* first = _f64(first_token_at, "first_token_at", size)
+    cdef i64* fin = _i64(finished, "finished")
+    for arr, name in ((target, "target"), (tokens, "tokens"), (generated, "generated"), (output, "output")):
+        if cnp.PyArray_DIM(arr, 0) != size:
+            raise ValueError(f"{name}: {size} elements needed (one per request), got {cnp.PyArray_DIM(arr, 0)}")
+    if cnp.PyArray_DIM(first_token_at, 0) != size:
+        raise ValueError(f"first_token_at: {size} elements needed (one per request)")
+    if cnp.PyArray_DIM(chunks, 0) != n or cnp.PyArray_DIM(finished, 0) < n:
+        raise ValueError(f"chunks and finished: {n} elements needed (one per prefilling request)")
+    _check_ids(ids, n, size)
+    cdef i64 i, num_prefill = 0, completed = 0
+    cdef Py_ssize_t nf = 0
+    with nogil:
+        for k in range(n):
+            i = ids[k]
+            if ch[k] != 0:
+                num_prefill += 1
+            done[i] += ch[k]
+            tok[i] += ch[k]
+        for k in range(n):  # after every chunk is stored, as the numpy code does
+            i = ids[k]
+            if done[i] >= want[i]:
+                completed += 1
+                gen[i] += 1
+                if first[i] != first[i]:
+                    first[i] = now
+                if gen[i] >= out[i]:
+                    fin[nf] = i
+                    nf += 1
+    return num_prefill, completed, nf

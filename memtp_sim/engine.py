@@ -917,8 +917,11 @@ class Engine:
         budget = self.cfg.max_batch_tokens - num_dec
         if not pre.size or budget <= 0:
             return None, 0
-        left = self.prefill_target[pre] - self.prefilled[pre]
         limit = min(self.cfg.prefill_chunk_tokens, budget)
+        if self._kernels is not None:
+            chunks = np.empty(pre.size, dtype=np.int64)
+            return chunks, self._kernels.place_prefill(pre, self.prefilled, self.prefill_target, limit, chunks)
+        left = self.prefill_target[pre] - self.prefilled[pre]
         chunks = np.minimum(np.maximum(limit - (_cumsum(left) - left), 0), left)  # np.clip, without its wrapper
         return chunks, int(_sum(chunks))
 
@@ -995,7 +998,7 @@ class Engine:
         if not dec.size:
             return 0, 0, finished, 0
         accepted_total = 0
-        if probs is not None and self._kernels is not None:
+        if self._kernels is not None:
             return self._accept_compiled(dec, lengths, probs, raw, conf)
         if probs is not None:
             would = _and_accumulate(self.rng.random(probs.shape) < probs, axis=1)
@@ -1020,13 +1023,19 @@ class Engine:
             finished.extend(dec[fin].tolist())
         return accepted_total, int(_sum(emit)), finished, acc
 
-    def _accept_compiled(self, dec: np.ndarray, lengths: np.ndarray, probs: np.ndarray, raw: np.ndarray,
-                         conf: np.ndarray) -> tuple[int, int, list[int], np.ndarray]:
-        """:meth:`_accept` of a drafted round by the compiled kernel (``_kernels.accept_apply``): the
-        same draws from the run's generator, the same outcome bit for bit."""
+    def _accept_compiled(self, dec: np.ndarray, lengths: np.ndarray, probs: np.ndarray | None,
+                         raw: np.ndarray | None, conf: np.ndarray | None) -> tuple[int, int, list[int], np.ndarray | int]:
+        """:meth:`_accept` by the compiled kernel (``_kernels.accept_apply``): the same draws from the
+        run's generator, the same outcome bit for bit. A round without drafts (``probs`` None) is a
+        round of zero-width drafts: every request emits its bonus token."""
         kv = self.kv
-        u = self.rng.random(probs.shape)
-        would = np.empty(probs.shape, dtype=bool) if self.diag_n < self.DIAG_ROUNDS else None
+        drafted = probs is not None
+        if drafted:
+            u = self.rng.random(probs.shape)
+            would = np.empty(probs.shape, dtype=bool) if self.diag_n < self.DIAG_ROUNDS else None
+        else:
+            u = probs = np.empty((dec.size, 0))
+            would = None
         acc = np.empty(dec.size, dtype=np.int64)
         fin = self._plain_buf[4]
         accepted_total, emitted_total, added, num_fin = self._kernels.accept_apply(
@@ -1037,7 +1046,7 @@ class Engine:
         kv.blocks_used += added  # KVCacheManager.append's bookkeeping, done in the kernel
         if kv.blocks_used > kv.capacity:
             kv.check("append")
-        return accepted_total, emitted_total, fin[:num_fin].tolist(), acc
+        return accepted_total, emitted_total, fin[:num_fin].tolist(), acc if drafted else 0
 
     def _advance_prefill(self, pre: np.ndarray, chunks: np.ndarray | None, chunk_total: int,
                          finished: list[int]) -> tuple[int, int]:
@@ -1045,8 +1054,16 @@ class Engine:
         its first token. Returns (requests that prefilled, tokens emitted)."""
         if not chunk_total:
             return 0, 0
-        self.prefilled[pre] += chunks
         self._run_ids = (self._run_ids[0], None) if self._run_ids is not None else None  # "all decode" may have become true
+        if self._kernels is not None:
+            fin = self._plain_buf[4]
+            num_prefill, completed, num_fin = self._kernels.prefill_apply(
+                pre, chunks, self.prefilled, self.prefill_target, self.kv.tokens, self.generated, self.output,
+                self.first_token_at, self.env.now, fin)
+            if num_fin:
+                finished.extend(fin[:num_fin].tolist())
+            return num_prefill, completed
+        self.prefilled[pre] += chunks
         self.kv.append_prefill(pre, chunks)
         done_pre = pre[self.prefilled[pre] >= self.prefill_target[pre]]
         if done_pre.size:

@@ -345,3 +345,37 @@ def test_fit_lookahead_trims_the_longest_drafts_until_the_peak_fits(with_kernels
     roomy = np.array([3, 2], dtype=np.int64)
     kv.capacity = 4
     assert kv.fit_lookahead(np.array([0, 1], dtype=np.int64), roomy) == (4, 0) and roomy.tolist() == [3, 2]
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 600), st.integers(0, 600)), min_size=1, max_size=20), st.integers(0, 700))
+def test_place_prefill_serves_the_first_admitted_first(pairs, limit):
+    done = np.array([min(a, b) for a, b in pairs], dtype=np.int64)
+    want = np.array([max(a, b) for a, b in pairs], dtype=np.int64)
+    pre = np.arange(len(pairs), dtype=np.int64)[::-1].copy()  # admission order: last id first
+    chunks = np.zeros(len(pairs), dtype=np.int64)
+    total = kernels.place_prefill(pre, done, want, limit, chunks)
+    room, expect = limit, []
+    for i in pre.tolist():  # hand rule: each takes what it has left, within what is still free
+        take = min(room, int(want[i] - done[i]))
+        expect.append(take)
+        room -= take
+    assert chunks.tolist() == expect and total == sum(expect)
+
+
+@needs_kernels
+def test_prefill_apply_emits_a_first_token_when_the_prompt_is_done():
+    # request 2 finishes its prompt (first token, output 1: done); request 0 finishes its prompt
+    # again after a preemption (first token kept); request 1 is mid-prompt
+    pre, chunks = np.array([2, 0, 1], dtype=np.int64), np.array([8, 4, 5], dtype=np.int64)
+    prefilled = np.array([6, 0, 0], dtype=np.int64)
+    target = np.array([10, 20, 8], dtype=np.int64)
+    tokens, generated = prefilled.copy(), np.array([3, 0, 0], dtype=np.int64)
+    output = np.array([9, 9, 1], dtype=np.int64)
+    first = np.array([1.5, np.nan, np.nan])
+    finished = np.zeros(3, dtype=np.int64)
+    got = kernels.prefill_apply(pre, chunks, prefilled, target, tokens, generated, output, first, 7.0, finished)
+    assert got == (3, 2, 1) and finished[:1].tolist() == [2]
+    assert prefilled.tolist() == [10, 5, 8] and tokens.tolist() == [10, 5, 8]
+    assert generated.tolist() == [4, 0, 1] and first[0] == 1.5 and np.isnan(first[1]) and first[2] == 7.0
