@@ -664,3 +664,43 @@ def prefill_apply(cnp.ndarray pre, cnp.ndarray chunks, cnp.ndarray prefilled, cn
                     fin[nf] = i
                     nf += 1
     return num_prefill, completed, nf
+
+
+def context_pass_times(cnp.ndarray pad_f, cnp.ndarray zero_at_pad, cnp.ndarray factor, i64 b_first, i64 b_last,
+                       double num_requests, double a_slope, double l_max, double kv, double b_ms_per_kv_token,
+                       double c_ms_per_pair):
+    """Pass times for B in ``b_first..b_last`` at one round's context, s: ``(zero_at_pad[B] +
+    max(max(a * l_max, b * kv), c * (kv * q))) * factor[B] / 1000`` with ``q = pad_f[B] /
+    max(num_requests, 1)`` (``SPSTable._context_s`` for a table whose latency slope ``a`` is one
+    value, the same operations in the same order; docs/model.md section 1 step 4).
+
+    Args:
+        pad_f, zero_at_pad, factor: ``(m,)`` float64 per-B padded size, context-free pass time
+            at the padded size (ms) and eager factor.
+        b_first, b_last: the range of B (``0 <= b_first <= b_last < m``).
+        num_requests, a_slope, l_max, kv, b_ms_per_kv_token, c_ms_per_pair: the round's context
+            and the table's attention slopes.
+
+    Returns:
+        ``(b_last - b_first + 1,)`` float64 seconds.
+
+    Raises:
+        TypeError, ValueError: arrays of the wrong type or a range outside them.
+    """
+    cdef Py_ssize_t m = cnp.PyArray_DIM(pad_f, 0)
+    if b_first < 0 or b_last < b_first or b_last >= m:
+        raise ValueError(f"B range {b_first}..{b_last} outside 0..{m - 1}")
+    cdef double* pf = _f64(pad_f, "pad_f", m)
+    cdef double* z = _f64(zero_at_pad, "zero_at_pad", m)
+    cdef double* f = _f64(factor, "factor", m)
+    cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, [b_last - b_first + 1], cnp.NPY_FLOAT64, 0)
+    cdef double* o = <double*>cnp.PyArray_DATA(out)
+    cdef double req = num_requests if num_requests > 1.0 else 1.0
+    cdef double lat = a_slope * l_max, bw = b_ms_per_kv_token * kv, q
+    cdef i64 b
+    cdef double first = lat if not (bw > lat) else bw  # np.maximum(a * l_max, b * kv)
+    with nogil:
+        for b in range(b_first, b_last + 1):
+            q = pf[b] / req
+            o[b - b_first] = (z[b] + _dmax(first, c_ms_per_pair * (kv * q))) * f[b] / 1000.0
+    return out

@@ -379,3 +379,19 @@ def test_prefill_apply_emits_a_first_token_when_the_prompt_is_done():
     assert got == (3, 2, 1) and finished[:1].tolist() == [2]
     assert prefilled.tolist() == [10, 5, 8] and tokens.tolist() == [10, 5, 8]
     assert generated.tolist() == [4, 0, 1] and first[0] == 1.5 and np.isnan(first[1]) and first[2] == 7.0
+
+
+@needs_kernels
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["h200-llama31-8b-bf16", "gfx1151-llama31-8b-q4km-vulkan-amdvlk-b5863"]), st.integers(1, 256),
+       st.integers(0, 40000), st.integers(0, 2_000_000), st.integers(1, 511), st.integers(0, 300))
+def test_context_pass_times_match_the_numpy_formula(profile, num_requests, l_max, kv, b_first, span):
+    from memtp_sim.hardware import load_profile
+
+    table = load_profile(profile).sps
+    assert table.has_context_term and table.attention.a_points[1:] == ()  # the kernel's case
+    b_last = min(b_first + span, table._dense.zero_ms.size - 1)
+    view = table.at_context(num_requests, l_max, kv)
+    want = view._context_s(slice(b_first, b_last + 1), *view.context)  # the numpy formula
+    got = view._context_slice_s(b_first, b_last)
+    assert got.tobytes() == want.tobytes()

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .. import _compiled
 from ..errors import InvalidArgumentError
 
 __all__ = ["SPSTable", "roofline_extrapolate", "AttentionCost", "DrafterCost", "MeasuredDrafterCost", "Overheads", "BELOW_MIN_RULES", "BEYOND_MAX_RULES"]
@@ -536,7 +537,17 @@ class SPSTable:
 
     def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
-        evaluates only what it is asked for: a per-round dense array would cost more than the scan)."""
+        evaluates only what it is asked for: a per-round dense array would cost more than the scan).
+        One compiled call where the latency slope is one value (every shipped profile)."""
+        kernels = _compiled.active()
+        qs, slopes = self.attention._a_arrays
+        if kernels is not None and qs.size == 1:
+            pad_f, zero_at_pad = self._dense.padded
+            num_requests, l_max, kv = self.context
+            att = self.attention
+            return kernels.context_pass_times(pad_f, zero_at_pad, self._dense.factor, b_first, b_last,
+                                              float(num_requests), float(slopes[0]), float(l_max), float(kv),
+                                              float(att.b_ms_per_kv_token), float(att.c_ms_per_pair))
         return self._context_s(slice(b_first, b_last + 1), *self.context)
 
     def _roofline_ms(self, b: np.ndarray, ms: np.ndarray | None = None) -> np.ndarray:
