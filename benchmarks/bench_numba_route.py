@@ -1,18 +1,20 @@
 """Issue 13's numba route, measured (not a test): what a compiled Algorithm 1 saves on a call, and
-what numba costs a fresh process before the first call.
+what numba costs a fresh process before the first call, next to the Cython kernels memtp_sim uses.
 
-The engine keeps its numpy code; this script is the evidence for that choice, rerunnable on any
-machine. It writes a small numba kernel (Algorithm 1's global search on an (R, gamma) round, the
-engine's default path) to a temporary folder with ``cache=True``, and prints:
+The engine's kernels are Cython (``memtp_sim/_kernels.pyx``); this script is the evidence for not
+choosing numba, rerunnable on any machine. It writes a small numba kernel (Algorithm 1's global
+search on an (R, gamma) round, the engine's default path) to a temporary folder with
+``cache=True``, and prints:
 
-1. per call: the kernel against memtp_sim's own scan (``policies.dspark._schedule``) on the same
-   round, with a check that both choose the same lengths and Theta;
+1. per call: the numba kernel against memtp_sim's scan (``policies.dspark._schedule``) with its
+   Cython kernel and with the numpy code (``memtp_sim._compiled.ENABLED = False``) on the same
+   round, with a check that all choose the same lengths and Theta;
 2. what passing a numpy Generator to a compiled function costs a call (numba unboxes it each
    time), against a call with one array;
 3. a fresh process (machine code already in numba's on-disk cache): bare interpreter, ``import
    numba``, defining the kernel, and its first call; the sum is what every study worker, tuning
    worker and dashboard job would pay before its first round, next to the 1 s budget of a cold
-   what-if point.
+   what-if point; and, for comparison, a fresh process importing the Cython extension.
 
     pip install numba            # not a memtp_sim dependency
     python benchmarks/bench_numba_route.py [--requests 8] [--gamma 7]
@@ -103,6 +105,7 @@ def main() -> None:
         print("error: numba is not installed (pip install numba); this script measures it", file=sys.stderr)
         sys.exit(2)
 
+    from memtp_sim import _compiled
     from memtp_sim.hardware import load_profile
     from memtp_sim.policies.dspark import _schedule
 
@@ -119,11 +122,23 @@ def main() -> None:
     ours = _schedule(vals, None, table, False, 0, base_b + cap, overhead_s, None)
     lengths, theta = kernel.scan(vals, times, overhead_s)  # compiles (and caches) here
     same = lengths.tolist() == ours.lengths.tolist() and abs(theta - ours.theta) <= 1e-9 * ours.theta
-    t_numpy = best_s(lambda: _schedule(vals, None, table, False, 0, base_b + cap, overhead_s, None), 2000)
+    def ours_s() -> float:
+        return best_s(lambda: _schedule(vals, None, table, False, 0, base_b + cap, overhead_s, None), 2000)
+
+    t_cython = ours_s() if _compiled.kernels is not None else float("nan")
+    _compiled.ENABLED = False
+    try:
+        same = same and _schedule(vals, None, table, False, 0, base_b + cap, overhead_s, None).lengths.tolist() \
+            == ours.lengths.tolist()
+        t_numpy = ours_s()
+    finally:
+        _compiled.ENABLED = True
     t_kernel = best_s(lambda: kernel.scan(vals, times, overhead_s), 2000)
     print(f"numba {numba.__version__}, one round of {args.requests} requests x {args.gamma} positions "
           f"(same lengths and Theta: {'yes' if same else 'NO'})")
     print(f"  memtp_sim scan (numpy)    {t_numpy * 1e6:8.2f} us a call")
+    print(f"  memtp_sim scan (Cython)   {t_cython * 1e6:8.2f} us a call   x{t_numpy / t_cython:.1f}  (the call "
+          "includes pricing the round's B range)")
     print(f"  numba kernel              {t_kernel * 1e6:8.2f} us a call   x{t_numpy / t_kernel:.1f}")
 
     # the round's draws come from numpy Generators (bit-identical inside numba for random() and
@@ -147,6 +162,12 @@ def main() -> None:
         prev = wall
     print("the numba start-up above is paid by every process before its first round; a cold what-if "
           "point has 1 s in all (bench_engine.py)")
+    wall = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import numpy, memtp_sim._kernels"], check=True)
+        wall = min(wall, time.perf_counter() - t0)
+    print(f"for comparison, a fresh process importing numpy and memtp_sim's Cython kernels: {wall:.3f} s")
 
 
 if __name__ == "__main__":

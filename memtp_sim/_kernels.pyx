@@ -1,16 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Compiled steps of the engine's plain rounds (rounds that draft nothing), bit for bit the numpy
-code they replace in :mod:`memtp_sim.engine` (``Engine.COMPILED`` switches them off; the tests
-compare both paths on every round-log column and request array).
+"""The engine's hot steps compiled, bit for bit the numpy code they replace (``memtp_sim.engine``,
+``memtp_sim.kv_cache``, ``policies.dspark._schedule``, ``hardware.cost.SPSTable``): plain blocks
+planned and applied, KV anchor and lookahead sums, Algorithm 1's scan, acceptance, chunked
+prefill, context pass times. ``memtp_sim._compiled.ENABLED = False`` runs the numpy code instead;
+tests/test_kernels.py and tests/test_plain_blocks.py compare both.
 
-At 64 decoding users a plain round's numpy steps cost ~1 us a call on arrays of ~64 elements, so
-the planning and bookkeeping of a round cost ~30 us of interpreter and call overhead around ~1 us
-of arithmetic; here each is one call. Arrays are checked (int64 or float64, C-contiguous, ids in
-range) on every call: the checks cost nanoseconds and a wrong array raises instead of reading
-memory it does not own.
+At 64 decoding users a round's arrays hold ~64 elements, so a numpy call costs ~1 us of
+interpreter and dispatch overhead around nanoseconds of arithmetic; here each step is one call.
+Arrays are checked (int64 or float64, C-contiguous, ids in range) on every call: the checks cost
+nanoseconds and a wrong array raises instead of reading memory it does not own.
 
-Float operations are the engine's, in the same order (IEEE double, no fused multiply-add: the
-extension is built with ``-ffp-contract=off``), so pass times and clocks match to the bit.
+Float operations are the numpy code's, in the same order (IEEE double, no fused multiply-add: the
+extension is built with ``-ffp-contract=off``), so pass times and clocks match to the bit; random
+draws stay with the run's numpy generators (the callers pass them in).
 """
 
 cimport numpy as cnp

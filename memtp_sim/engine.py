@@ -36,6 +36,13 @@ before that round and every anchor fits, each round emits one token per request,
 float additions, each pass priced at its own context) and writes the same round-log rows as the
 round-by-round loop, bit for bit (tests/test_plain_blocks.py compares the two).
 
+The hot steps (planning and applying plain blocks, the anchor and lookahead KV sums, acceptance,
+chunked-prefill placement and bookkeeping; Algorithm 1's scan and context pricing in their own
+modules) run as compiled kernels (``memtp_sim/_kernels.pyx``) when the extension is built and
+:data:`memtp_sim._compiled.ENABLED` is True: one call where the numpy code below them makes ~5-25
+calls on small arrays. The numpy code stays as their oracle and fallback; both give the same
+answers bit for bit (tests/test_kernels.py).
+
 KV blocks are owned by :class:`~memtp_sim.kv_cache.KVCacheManager`. Invariants are checked every
 round and a violation raises :class:`~memtp_sim.errors.EngineInvariantError` at once (never a bare
 ``assert``, which ``python -O`` strips): KV blocks in use never exceed capacity; KV plus draft
@@ -342,11 +349,12 @@ class Engine:
         self._use_kernels(n)
 
     def _use_kernels(self, n: int) -> None:
-        # compiled plain rounds (memtp_sim/_kernels.pyx): pricing per batch size, scratch arrays
+        # the compiled kernels (memtp_sim/_kernels.pyx) or None: plain pricing per batch size, and
+        # scratch arrays the kernels write into (block times, durations, pass times, KV blocks; ids)
         self._kernels = _compiled.active()
         self.kv.kernels = self._kernels
         self._plain_prices: dict[int, tuple | None] = {}
-        self._plain_buf = None if self._kernels is None else (  # times, durations, verify_s, blocks, finished
+        self._scratch = None if self._kernels is None else (  # times, durations, verify_s, blocks, finished
             np.empty(_MAX_BLOCK_ROUNDS + 1), np.empty(_MAX_BLOCK_ROUNDS), np.empty(_MAX_BLOCK_ROUNDS),
             np.empty(_MAX_BLOCK_ROUNDS, dtype=np.int64), np.empty(n, dtype=np.int64))
 
@@ -715,7 +723,7 @@ class Engine:
         """:meth:`_plan_plain_block` by the compiled planner (``_kernels.plain_plan``): the same
         block, bit for bit. The plan's arrays are views of scratch arrays the next plan overwrites
         (the block runs before then)."""
-        times, durations, verify_s, blocks, _ = self._plain_buf
+        times, durations, verify_s, blocks, _ = self._scratch
         context, first_s, zero_ms, factor, a, q, b_slope, c_slope, extrapolated = price
         draft_s = 0.0 + self.drafter.prefill_time_s(0)
         overhead_s = self._overhead_s(False)
@@ -752,7 +760,7 @@ class Engine:
             env._now = float(times[-2])  # the rounds before the last end before any other event
             yield env.timeout(float(durations[-1]))
         if self._kernels is not None:
-            finished = self._plain_buf[4]
+            finished = self._scratch[4]
             added, num_fin = self._kernels.plain_apply(dec, rounds, self.generated, self.num_rounds, kv.tokens,
                                                        kv.blocks, self.output, kv.block_tokens, finished)
             kv.blocks_used += added  # KVCacheManager.append's bookkeeping, done in the kernel
@@ -1037,7 +1045,7 @@ class Engine:
             u = probs = np.empty((dec.size, 0))
             would = None
         acc = np.empty(dec.size, dtype=np.int64)
-        fin = self._plain_buf[4]
+        fin = self._scratch[4]
         accepted_total, emitted_total, added, num_fin = self._kernels.accept_apply(
             dec, u, probs, lengths, self.generated, self.output, self.num_rounds, self.verified, self.accepted,
             kv.tokens, kv.blocks, kv.block_tokens, acc, would, fin)
@@ -1056,7 +1064,7 @@ class Engine:
             return 0, 0
         self._run_ids = (self._run_ids[0], None) if self._run_ids is not None else None  # "all decode" may have become true
         if self._kernels is not None:
-            fin = self._plain_buf[4]
+            fin = self._scratch[4]
             num_prefill, completed, num_fin = self._kernels.prefill_apply(
                 pre, chunks, self.prefilled, self.prefill_target, self.kv.tokens, self.generated, self.output,
                 self.first_token_at, self.env.now, fin)
