@@ -477,7 +477,7 @@ def sequential_temperature_scaling(
 
 
 def per_position_metrics(
-    confidences: ArrayLike, accepted: ArrayLike, *, n_bins: int = 15
+    confidences: ArrayLike, accepted: ArrayLike, *, n_bins: int = 15, auc: bool = True
 ) -> PositionMetrics:
     """ECE, AUC and Brier score of the cumulative confidence at every position.
 
@@ -489,10 +489,11 @@ def per_position_metrics(
         confidences: ``(n_rounds, gamma)`` conditional confidences in [0, 1].
         accepted: ``(n_rounds, gamma)`` bool or 0/1 prefix-shaped acceptance.
         n_bins: ECE bins, >= 1.
+        auc: compute the AUC (a sort of every position's scores); False leaves it NaN.
 
     Returns:
         :class:`PositionMetrics` of ``(gamma,)`` arrays; ``auc`` is NaN at positions
-        where every round has the same outcome.
+        where every round has the same outcome (and everywhere with ``auc=False``).
 
     Raises:
         InvalidArgumentError: as :func:`sequential_temperature_scaling` for the shared arguments.
@@ -505,13 +506,13 @@ def per_position_metrics(
     a = np.cumprod(c, axis=1)
     gamma = c.shape[1]
     ece = np.array([_ece_rows(a[None, :, k], acc[:, k], n_bins)[0] for k in range(gamma)])
-    auc = np.full(gamma, np.nan)
-    for k in range(gamma):
+    auc_k = np.full(gamma, np.nan)
+    for k in range(gamma if auc else 0):
         n_pos = int(acc[:, k].sum())
         if 0 < n_pos < acc.shape[0]:
-            auc[k] = auc_score(a[:, k], acc[:, k])
+            auc_k[k] = auc_score(a[:, k], acc[:, k])
     brier = np.mean((a - acc) ** 2, axis=0)
-    return PositionMetrics(ece=ece, auc=auc, brier=brier)
+    return PositionMetrics(ece=ece, auc=auc_k, brier=brier)
 
 
 @dataclass(frozen=True)

@@ -309,7 +309,8 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
     full = bool((width == raw.shape[1]).all())
     cum_raw, cum_used = np.cumprod(raw, axis=1), np.cumprod(used, axis=1)
     if full:  # every round drafted every position: one pass over all positions
-        m_raw_all, m_used_all = per_position_metrics(raw, ok), per_position_metrics(used, ok)
+        # the raw head's AUC is not reported (only its ECE and Brier score): not computed
+        m_raw_all, m_used_all = per_position_metrics(raw, ok, auc=False), per_position_metrics(used, ok)
     for k in range(1, raw.shape[1] + 1):
         rows = width >= k  # rounds that drafted position k (elastic depth varies)
         if rows.sum() < 50:
@@ -317,7 +318,7 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         if full:
             m_raw, m_used, j = m_raw_all, m_used_all, k - 1
         else:
-            m_raw = per_position_metrics(raw[rows, :k], ok[rows, :k])
+            m_raw = per_position_metrics(raw[rows, :k], ok[rows, :k], auc=False)
             m_used = per_position_metrics(used[rows, :k], ok[rows, :k])
             j = -1
         ece_raw.append(m_raw.ece[j])

@@ -374,3 +374,15 @@ def test_error_message_reports_offending_value() -> None:
     expected = r"confidences: values must lie in \[0, 1\], got min -0\.2"
     with pytest.raises(ValueError, match=expected):
         apply_temperature([0.5, -0.2], 1.0)
+
+
+def test_per_position_metrics_without_auc_keeps_ece_and_brier():
+    # auc=False (the run metrics' raw head, whose AUC is not reported) changes nothing else
+    from memtp_sim import per_position_metrics
+
+    rng = np.random.default_rng(5)
+    conf = rng.uniform(0.2, 1.0, size=(3000, 4))
+    ok = np.logical_and.accumulate(rng.random((3000, 4)) < conf, axis=1)
+    full, lean = per_position_metrics(conf, ok), per_position_metrics(conf, ok, auc=False)
+    assert np.isnan(lean.auc).all() and np.isfinite(full.auc).all()
+    assert full.ece.tobytes() == lean.ece.tobytes() and full.brier.tobytes() == lean.brier.tobytes()
