@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memtp_sim import _compiled, run
-from memtp_sim.engine import Engine
 
 from _sim_helpers import assert_same_state, scenario
 
