@@ -8,6 +8,7 @@ all-prefilled checks as plain Python loops; the numpy engine for whole runs.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -394,3 +395,33 @@ def test_context_pass_times_match_the_numpy_formula(profile, num_requests, l_max
     want = view._context_s(slice(b_first, b_last + 1), *view.context)  # the numpy formula
     got = view._context_slice_s(b_first, b_last)
     assert got.tobytes() == want.tobytes()
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", range(10))
+def test_random_runs_match_the_numpy_engine(seed, monkeypatch):
+    # fuzz: random policy, load, prefill placement, profile (with and without a context term),
+    # token budget and KV memory (tight enough to wait, trim and preempt); the compiled and the
+    # numpy engine must agree on every array of the run
+    rng = np.random.default_rng(1000 + seed)
+    policy = {"name": str(rng.choice(["dspark", "dspark_async", "goodput", "mtp1", "no_spec", "static",
+                                      "threshold"]))}
+    engine = {"prefill": str(rng.choice(["colocated", "disaggregated"])),
+              "max_batch_tokens": int(rng.choice([256, 512])), "max_num_seqs": int(rng.integers(2, 64))}
+    engine["prefill_chunk_tokens"] = int(rng.integers(16, engine["max_batch_tokens"] // 2))
+    hardware: dict = {"profile": str(rng.choice(["h200-llama31-8b-bf16", "gfx1151-llama31-8b-q4km-vulkan"]))}
+    if rng.random() < 0.4:  # a small KV budget: admission waits, lookahead preempts
+        hardware = {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                    "memory": {"gpu_allocatable_gib": float(rng.uniform(3.4, 5.0)), "weights_bytes": 1 << 30,
+                               "kv_bytes_per_token": 131072, "max_model_len": 8192}}
+    workload = ({"concurrency": int(rng.integers(1, 48)), "num_requests": int(rng.integers(20, 80))}
+                if rng.random() < 0.6 else
+                {"mode": "poisson", "rate_per_s": float(rng.uniform(0.5, 8.0)), "num_requests": int(rng.integers(20, 80))})
+    scen = scenario(policy=policy, engine=engine, hardware=hardware, workload=workload)
+    run_seed = int(rng.integers(0, 1000))
+    compiled = run(scen, seed=run_seed)
+    monkeypatch.setattr(_compiled, "ENABLED", False)
+    numpy_run = run(scen, seed=run_seed)
+    assert_same_state(numpy_run.state, compiled.state)
+    assert json.dumps(numpy_run.metrics, sort_keys=True, default=str) == \
+        json.dumps(compiled.metrics, sort_keys=True, default=str)
