@@ -7,6 +7,7 @@ install goes on without it, and the engine runs its numpy code (the same results
 fast at high load) and warns once. The test suite fails without it (tests/test_kernels.py).
 """
 
+import hashlib
 import shutil
 import sys
 from pathlib import Path
@@ -31,8 +32,12 @@ class BuildPyWithCalibration(build_py):
 
 # no fused multiply-add: the kernels must round exactly as the numpy code they replace
 FLAGS = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
+# the source's digest goes into the extension: memtp_sim/_compiled.py refuses a build of another
+# version of the source (an old .so after a pull that changed the kernels) instead of running it
+SOURCE_SHA256 = hashlib.sha256((ROOT / "memtp_sim" / "_kernels.pyx").read_bytes()).hexdigest()
 KERNELS = Extension("memtp_sim._kernels", ["memtp_sim/_kernels.pyx"], include_dirs=[np.get_include()],
-                    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")], extra_compile_args=FLAGS)
+                    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+                                   ("MEMTP_KERNELS_SHA256", f'"{SOURCE_SHA256}"')], extra_compile_args=FLAGS)
 EXTENSIONS = cythonize([KERNELS], language_level=3)
 for ext in EXTENSIONS:
     ext.optional = True  # cythonize makes new Extension objects without it

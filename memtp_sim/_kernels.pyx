@@ -20,6 +20,18 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 
 cnp.import_array()
 
+cdef extern from *:
+    """
+    #ifndef MEMTP_KERNELS_SHA256
+    #define MEMTP_KERNELS_SHA256 ""
+    #endif
+    """
+    const char* MEMTP_KERNELS_SHA256
+
+#: sha256 of the _kernels.pyx this extension was built from (setup.py); memtp_sim._compiled
+#: refuses a build whose digest differs from the source next to it
+SOURCE_SHA256 = MEMTP_KERNELS_SHA256.decode("ascii")
+
 ctypedef long long i64
 
 
@@ -295,8 +307,9 @@ cdef void _sift_down(i64* heap, Py_ssize_t size, Py_ssize_t i, double* a, i64* p
     heap[i] = top
 
 
-def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, double no_draft_pass_s, i64 n_limit,
-                i64 n_cov_limit, bint early_stop, cnp.ndarray survival, cnp.ndarray rows, cnp.ndarray lengths):
+def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has_no_draft_pass, double no_draft_pass_s,
+                i64 n_limit, i64 n_cov_limit, bint early_stop, cnp.ndarray survival, cnp.ndarray rows,
+                cnp.ndarray lengths):
     """DSpark's hardware-aware prefix scheduler (paper Algorithm 1) on one round's confidences,
     the engine's path of ``policies.dspark._schedule`` bit for bit.
 
@@ -309,7 +322,8 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, double n
         vals: ``(R, L)`` float64 C-contiguous confidences in [0, 1] (R >= 1, L >= 1).
         times: float64 pass times of B = base .. base + ``n_cov_limit``, s (element n: n drafts).
         overhead_s: the round's fixed time besides the pass (drafting), s.
-        no_draft_pass_s: the pass time with no drafts (replaces ``times[0]``), or NaN.
+        has_no_draft_pass, no_draft_pass_s: whether the pass time with no drafts replaces
+            ``times[0]``, and that time, s.
         n_limit: the most candidates the pass holds (max batch tokens minus the anchors and prefill).
         n_cov_limit: the most candidates the table prices (``times`` has ``n_cov_limit + 1``).
         early_stop: stop at the first candidate that does not raise theta (else the global best).
@@ -373,7 +387,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, double n
             _sift_down(heap, size, r, a, pos, width)
         # the scan; n = 0 is the anchors alone
         tau = <double>num_req
-        theta = tau / (overhead_s + (no_draft_pass_s if no_draft_pass_s == no_draft_pass_s else t[0]))
+        theta = tau / (overhead_s + (no_draft_pass_s if has_no_draft_pass else t[0]))
         theta_best, tau_best, best, nan_best = theta, tau, 0, theta != theta
         theta_star, tau_star, n_star = theta, tau, 0
         prev = theta

@@ -146,8 +146,9 @@ def test_without_the_extension_the_engine_warns_once_and_gives_the_same_answers(
     scen = scenario(policy={"name": "no_spec"}, workload={"concurrency": 4, "num_requests": 16})
     with_kernels = run(scen, seed=1).state
     monkeypatch.setattr(_compiled, "kernels", None)
+    monkeypatch.setattr(_compiled, "unavailable", "memtp_sim._kernels is not built (... `pip install -e .` ...)")
     monkeypatch.setattr(_compiled, "_warned", False)
-    with pytest.warns(RuntimeWarning, match="memtp_sim._kernels is not built .*pip install -e"):
+    with pytest.warns(RuntimeWarning, match="memtp_sim._kernels is not built .*pip install -e .*numpy code"):
         without = run(scen, seed=1).state
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -219,7 +220,8 @@ _CONF = st.sampled_from([0.0, 0.25, 0.5, 0.5, 0.75, 0.9, 1.0]) | st.floats(0.0, 
            st.lists(_CONF, min_size=w, max_size=w), min_size=r, max_size=r))),
        st.dictionaries(st.integers(1, 80), st.floats(1.0, 500.0), min_size=2, max_size=8),
        st.booleans(), st.integers(0, 6), st.none() | st.integers(0, 90), st.sampled_from([0.0, 0.001, 0.02]),
-       st.none() | st.floats(0.001, 0.1), st.sampled_from(["error", "roofline"]))
+       st.none() | st.floats(0.001, 0.1) | st.sampled_from([float("nan"), 0.0, -0.01, float("inf")]),
+       st.sampled_from(["error", "roofline"]))
 def test_the_compiled_scan_matches_the_numpy_scan(conf, sps, early_stop, prefill, cap, overhead_s,
                                                   no_draft_pass_s, beyond_max):
     from memtp_sim import SPSTable
@@ -425,3 +427,31 @@ def test_random_runs_match_the_numpy_engine(seed, monkeypatch):
     assert_same_state(numpy_run.state, compiled.state)
     assert json.dumps(numpy_run.metrics, sort_keys=True, default=str) == \
         json.dumps(compiled.metrics, sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -0.01, float("inf"), "1"])
+def test_a_bad_no_draft_pass_time_is_refused_both_ways(bad):
+    # a fault report: NaN was the compiled scan's "not given" and the numpy scan's pass time
+    compiled, numpy_scan = _scan_both([[0.9, 0.8, 0.5], [0.7, 0.6, 0.2]], {1: 100.0, 4: 90.0, 8: 80.0},
+                                      early_stop=False, no_draft_pass_s=bad)
+    assert compiled == numpy_scan
+    assert "no_draft_pass_s: must be a finite number of seconds > 0 (or None)" in compiled[1]
+
+
+@needs_kernels
+def test_the_built_extension_matches_its_source(tmp_path):
+    # a fault report: an extension built before a pull that changed _kernels.pyx crashed (or would
+    # silently run old code); the build records the source's sha256 and an old build is refused
+    from pathlib import Path
+
+    source = Path(_compiled.__file__).with_name("_kernels.pyx")
+    assert not _compiled.built_from_other_source(kernels, source)
+    other = tmp_path / "_kernels.pyx"
+    other.write_bytes(source.read_bytes() + b"\n# changed\n")
+    assert _compiled.built_from_other_source(kernels, other)
+    assert not _compiled.built_from_other_source(kernels, tmp_path / "missing.pyx")
+
+    class OldBuild:  # a build from before the digest existed
+        pass
+
+    assert _compiled.built_from_other_source(OldBuild, source)

@@ -230,6 +230,10 @@ def hardware_aware_prefix_scheduler(
     if not (isinstance(overhead_s, (int, float, np.integer, np.floating)) and np.isfinite(overhead_s)
             and overhead_s >= 0):
         raise InvalidArgumentError(f"overhead_s: must be a finite number of seconds >= 0, got {_plain(overhead_s)}")
+    if no_draft_pass_s is not None and not (isinstance(no_draft_pass_s, (int, float, np.integer, np.floating))
+                                            and np.isfinite(no_draft_pass_s) and no_draft_pass_s > 0):
+        raise InvalidArgumentError(f"no_draft_pass_s: must be a finite number of seconds > 0 (or None), "
+                                   f"got {_plain(no_draft_pass_s)}")
     base_b = num_req + int(prefill_tokens)
     if max_batch_tokens is not None and base_b > max_batch_tokens:
         raise InvalidArgumentError(f"max_batch_tokens: {max_batch_tokens} is below the {base_b} anchor and prefill tokens")
@@ -346,7 +350,7 @@ def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_st
     times = np.ascontiguousarray(table.pass_time_range_s(base_b, base_b + n_cov_limit), dtype=np.float64)
     lengths = np.zeros(num_req, dtype=np.int64)
     n_star, n_cov, n_max, best, theta, tau, theta_best = kernels.prefix_scan(
-        vals, times, float(overhead_s), float("nan") if no_draft_pass_s is None else float(no_draft_pass_s),
+        vals, times, float(overhead_s), no_draft_pass_s is not None, 0.0 if no_draft_pass_s is None else float(no_draft_pass_s),
         n_limit, n_cov_limit, early_stop, np.empty(total), np.empty(total, dtype=np.int64), lengths)
     if n_cov < n_max:
         if early_stop and n_star == n_cov:
@@ -370,6 +374,8 @@ def _plan_round(view: RoundView, early_stop: bool) -> ScheduleResult:
     if (type(c) is np.ndarray and c.dtype == np.float64 and c.ndim == 2 and isinstance(view.sps, SPSTable)
             and type(view.prefill_tokens) is int and type(view.max_batch_tokens) is int
             and type(view.draft_overhead_s) is float and view.draft_overhead_s >= 0.0
+            and (view.no_draft_pass_s is None or (type(view.no_draft_pass_s) is float
+                                                  and 0.0 < view.no_draft_pass_s < float("inf")))
             and view.num_requests + view.prefill_tokens <= view.max_batch_tokens
             and (not c.size or (np.minimum.reduce(c, axis=None) >= 0.0 and np.maximum.reduce(c, axis=None) <= 1.0))):
         return _schedule(c, None, view.sps, early_stop, view.prefill_tokens, view.max_batch_tokens,
