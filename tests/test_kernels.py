@@ -455,3 +455,15 @@ def test_the_built_extension_matches_its_source(tmp_path):
         pass
 
     assert _compiled.built_from_other_source(OldBuild, source)
+
+
+@pytest.mark.parametrize("bad", [(float("nan"), 10.0, 100.0), (4, float("nan"), 100.0), (4, 10.0, float("inf")),
+                                 (-1, 10.0, 100.0), (4, 10.0, -5.0)])
+def test_a_context_that_is_not_a_count_is_refused(bad):
+    # NaN made the compiled and the numpy context pricing disagree (their maxima treat NaN apart):
+    # a round's context is counts of tokens and requests, so such a context is refused
+    from memtp_sim.errors import InvalidArgumentError
+    from memtp_sim.hardware import load_profile
+
+    with pytest.raises(InvalidArgumentError, match="at_context: num_requests, l_max and kv_tokens must be finite"):
+        load_profile("h200-llama31-8b-bf16").sps.at_context(*bad)
