@@ -292,12 +292,12 @@ class Engine:
         n = self.n = workload.num_requests
         self.prompt = workload.prompt_tokens.astype(np.int64)
         self.output = workload.output_tokens.astype(np.int64)
+        self._prompt_list, self._output_list = self.prompt.tolist(), self.output.tolist()  # per-request reads
         self.domain = workload.domain.astype(np.int64)
         self.difficulty = acceptance.sample_difficulty(rng, n)
         nan = np.full(n, np.nan)
         self.arrival_at = workload.arrival_s.astype(np.float64).copy() if not workload.closed_loop else nan.copy()
-        self.ready_at = nan.copy()
-        self.admitted_at = nan.copy()
+        self.ready_at, self.admitted_at = nan.copy(), nan.copy()
         self.first_token_at = nan.copy()
         self.finished_at = nan.copy()
         self.status = np.zeros(n, dtype=np.int8)
@@ -372,10 +372,11 @@ class Engine:
         now = self.env.now
         self.arrival_at[i] = now
         self.last_arrival = now
-        if self.prompt[i] + self.output[i] > self.profile.memory.max_model_len:
+        total = self._prompt_list[i] + self._output_list[i]  # Python ints: a numpy scalar's ops cost ~10x
+        if total > self.profile.memory.max_model_len:
             self._reject(i, "exceeds_max_model_len")
             return
-        if self.kv.blocks_for(self.prompt[i] + self.output[i]) > self.max_capacity:
+        if self.kv.blocks_for(total) > self.max_capacity:
             self._reject(i, "exceeds_kv_capacity")
             return
         if self.cfg.prefill == "disaggregated":
@@ -402,7 +403,7 @@ class Engine:
     # queue) with one SimPy timeout per prompt: a process and a Resource per request cost more
     # events than the rest of a request's life at high load.
     def _start_remote_prefill(self, i: int) -> None:
-        done = self.env.timeout(self._prefill_time_s(int(self.prompt[i])))
+        done = self.env.timeout(self._prefill_time_s(self._prompt_list[i]))
         done.callbacks.append(lambda _: self._remote_prefill_done(i))
 
     def _remote_prefill_done(self, i: int) -> None:
@@ -414,7 +415,7 @@ class Engine:
         self.first_token_at[i] = self.env.now
         self.generated[i] = 1
         self.kv_transferred[i] = True
-        if self.generated[i] >= self.output[i]:
+        if 1 >= self._output_list[i]:  # the one token generated so far
             self.finished_at[i] = self.env.now
             self.status[i] = FINISHED
             self._complete(i)
@@ -538,12 +539,12 @@ class Engine:
             # KV transferred from a prefill GPU covers the prompt (the first token is the anchor);
             # otherwise prompt + generated tokens are (re)computed here, emitting one token.
             transferred = bool(self.kv_transferred[i])
-            target = int(self.prompt[i]) if transferred else int(self.prompt[i] + self.generated[i])
+            target = self._prompt_list[i] if transferred else self._prompt_list[i] + int(self.generated[i])
             if not kv.can_allocate(int(kv.blocks_for(target)), keep_watermark=bool(self.running)):
                 break  # an empty engine always admits: oversize requests were rejected at arrival
             self.waiting.popleft()
             self.status[i] = RUNNING
-            if np.isnan(self.admitted_at[i]):
+            if self.admitted_at[i] != self.admitted_at[i]:  # NaN: admitted for the first time
                 self.admitted_at[i] = self.env.now
             self.prefill_target[i] = target
             self.prefilled[i] = target if transferred else 0
