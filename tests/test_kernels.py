@@ -467,3 +467,17 @@ def test_a_context_that_is_not_a_count_is_refused(bad):
 
     with pytest.raises(InvalidArgumentError, match="at_context: num_requests, l_max and kv_tokens must be finite"):
         load_profile("h200-llama31-8b-bf16").sps.at_context(*bad)
+
+
+@pytest.mark.parametrize("early_stop, conf, want", [
+    (True, [[0.99] * 7] * 3, "sps: the scan needs B=7, beyond the measured range 1..6; give a larger table or "
+                             "max_batch_tokens"),
+    (False, [[0.99] * 7] * 3, "sps: the global search needs B up to 24, beyond the measured range 1..6; give a "
+                              "larger table or max_batch_tokens"),
+    (False, [[0.9]] * 10, "sps: no value for B=10 (the anchor batch); measured range 1..6"),
+])
+def test_a_table_too_short_for_the_scan_names_the_batch_both_ways(early_stop, conf, want):
+    # 3 requests x 7 drafts need B = 3 + 21 = 24; every candidate raises Theta on this table, so
+    # early stop asks for B = 7 first; 10 requests have no anchor batch on a table up to B = 6
+    compiled, numpy_scan = _scan_both(conf, {1: 100.0, 4: 90.0, 6: 80.0}, early_stop=early_stop)
+    assert compiled == numpy_scan and compiled[1] == want

@@ -285,8 +285,7 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
     if max_batch_tokens is not None:
         n_max = min(n_max, int(max_batch_tokens) - base_b)
     if not table.covers(base_b):
-        raise InvalidArgumentError(f"sps: no value for B={base_b} (the anchor batch); measured range "
-                         f"{table.min_batch_tokens}..{table.max_batch_tokens}")
+        raise _uncovered(table, base_b, None, early_stop)
     # The lookup rule covers one interval of B; the scan is evaluated as far as it reaches.
     n_cov = n_max if table.covers(base_b + n_max) else table.max_batch_tokens - base_b
     tau = np.empty(n_cov + 1)
@@ -306,18 +305,12 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
         if n_cov and not_better[first]:
             n_star = first
         elif n_cov < n_max:
-            raise InvalidArgumentError(
-                f"sps: the scan needs B={base_b + n_cov + 1}, beyond the measured range "
-                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens"
-            )
+            raise _uncovered(table, base_b + n_cov + 1, base_b + n_max, early_stop)
         else:
             n_star = n_max
     else:
         if n_cov < n_max:
-            raise InvalidArgumentError(
-                f"sps: the global search needs B up to {base_b + n_max}, beyond the measured range "
-                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens"
-            )
+            raise _uncovered(table, base_b + n_cov + 1, base_b + n_max, early_stop)
         n_star = best
 
     if order is None:  # one request: it verifies the n* best, a prefix of its row
@@ -335,6 +328,16 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
     )
 
 
+def _uncovered(table: SPSTable, b_first: int, b_last: int | None, early_stop: bool) -> InvalidArgumentError:
+    """The error of a scan that needs B the table does not price: the anchor batch ``b_first``
+    (``b_last`` None), or candidates up to ``b_last`` from ``b_first`` on."""
+    where = f"measured range {table.min_batch_tokens}..{table.max_batch_tokens}"
+    if b_last is None:
+        return InvalidArgumentError(f"sps: no value for B={b_first} (the anchor batch); {where}")
+    need = f"the scan needs B={b_first}" if early_stop else f"the global search needs B up to {b_last}"
+    return InvalidArgumentError(f"sps: {need}, beyond the {where}; give a larger table or max_batch_tokens")
+
+
 def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_stop: bool, base_b: int,
                        max_batch_tokens: int | None, overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult:
     """:func:`_schedule` by the compiled scan (``_kernels.prefix_scan``): the same result and
@@ -344,23 +347,15 @@ def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_st
     total = num_req * width
     n_limit = total if max_batch_tokens is None else min(total, int(max_batch_tokens) - base_b)
     if not table.covers(base_b):
-        raise InvalidArgumentError(f"sps: no value for B={base_b} (the anchor batch); measured range "
-                                   f"{table.min_batch_tokens}..{table.max_batch_tokens}")
+        raise _uncovered(table, base_b, None, early_stop)
     n_cov_limit = n_limit if table.covers(base_b + n_limit) else table.max_batch_tokens - base_b
     times = np.ascontiguousarray(table.pass_time_range_s(base_b, base_b + n_cov_limit), dtype=np.float64)
     lengths = np.zeros(num_req, dtype=np.int64)
     n_star, n_cov, n_max, best, theta, tau, theta_best = kernels.prefix_scan(
         vals, times, float(overhead_s), no_draft_pass_s is not None, 0.0 if no_draft_pass_s is None else float(no_draft_pass_s),
         n_limit, n_cov_limit, early_stop, np.empty(total), np.empty(total, dtype=np.int64), lengths)
-    if n_cov < n_max:
-        if early_stop and n_star == n_cov:
-            raise InvalidArgumentError(
-                f"sps: the scan needs B={base_b + n_cov + 1}, beyond the measured range "
-                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens")
-        if not early_stop:
-            raise InvalidArgumentError(
-                f"sps: the global search needs B up to {base_b + n_max}, beyond the measured range "
-                f"{table.min_batch_tokens}..{table.max_batch_tokens}; give a larger table or max_batch_tokens")
+    if n_cov < n_max and (n_star == n_cov or not early_stop):  # the scan needed B beyond the table
+        raise _uncovered(table, base_b + n_cov + 1, base_b + n_max, early_stop)
     full = n_cov == n_max
     return ScheduleResult(lengths=lengths, theta=theta, tau=tau, batch_tokens=base_b + n_star,
                           theta_global=theta_best if full else float("nan"),
