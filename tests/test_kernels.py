@@ -429,13 +429,20 @@ def test_random_runs_match_the_numpy_engine(seed, monkeypatch):
         json.dumps(compiled.metrics, sort_keys=True, default=str)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), 0.0, -0.01, float("inf"), "1"])
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -0.01, float("inf"), "1", True, np.True_])
 def test_a_bad_no_draft_pass_time_is_refused_both_ways(bad):
     # a fault report: NaN was the compiled scan's "not given" and the numpy scan's pass time
     compiled, numpy_scan = _scan_both([[0.9, 0.8, 0.5], [0.7, 0.6, 0.2]], {1: 100.0, 4: 90.0, 8: 80.0},
                                       early_stop=False, no_draft_pass_s=bad)
     assert compiled == numpy_scan
     assert "no_draft_pass_s: must be a finite number of seconds > 0 (or None)" in compiled[1]
+
+
+@pytest.mark.parametrize("bad", [True, float("nan"), -1.0])
+def test_a_bad_overhead_is_refused(bad):
+    # True is an int to Python: a bool is not a number of seconds (the integer fields refused it already)
+    compiled, numpy_scan = _scan_both([[0.9, 0.8]], {1: 100.0, 4: 90.0}, overhead_s=bad)
+    assert compiled == numpy_scan and "overhead_s: must be a finite number of seconds >= 0" in compiled[1]
 
 
 @needs_kernels
@@ -458,7 +465,7 @@ def test_the_built_extension_matches_its_source(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [(float("nan"), 10.0, 100.0), (4, float("nan"), 100.0), (4, 10.0, float("inf")),
-                                 (-1, 10.0, 100.0), (4, 10.0, -5.0)])
+                                 (-1, 10.0, 100.0), (4, 10.0, -5.0), (4, "x", 100.0), (4, 10.0, None)])
 def test_a_context_that_is_not_a_count_is_refused(bad):
     # NaN made the compiled and the numpy context pricing disagree (their maxima treat NaN apart):
     # a round's context is counts of tokens and requests, so such a context is refused

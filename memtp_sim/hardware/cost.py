@@ -353,13 +353,17 @@ class SPSTable:
             A table whose pass times include this round's attention term.
 
         Raises:
-            InvalidArgumentError: a count that is negative, infinite or NaN (the context's
-                maxima would then depend on the order of their operands).
+            InvalidArgumentError: a count that is not a number, or negative, infinite or NaN (the
+                context's maxima would then depend on the order of their operands).
 
         Source:
             docs/model.md section 1 step 4 (real passes grow with the KV context they read).
         """
-        if not (0 <= num_requests < math.inf and 0 <= l_max < math.inf and 0 <= kv_tokens < math.inf):
+        try:
+            ok = 0 <= num_requests < math.inf and 0 <= l_max < math.inf and 0 <= kv_tokens < math.inf
+        except TypeError:  # not numbers
+            ok = False
+        if not ok:
             raise InvalidArgumentError(f"at_context: num_requests, l_max and kv_tokens must be finite numbers >= 0, "
                                        f"got {num_requests!r}, {l_max!r}, {kv_tokens!r}")
         if not self.has_context_term:

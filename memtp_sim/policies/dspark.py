@@ -172,6 +172,12 @@ def _is_count(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def _is_seconds(v: Any) -> bool:
+    """A finite real number (Python or numpy), not a bool: a time in seconds."""
+    return (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+            and bool(np.isfinite(v)))
+
+
 def hardware_aware_prefix_scheduler(
     confidences: Any,
     sps: SPSTable | HardwareProfile | Mapping[int, float] | None = None,
@@ -227,11 +233,9 @@ def hardware_aware_prefix_scheduler(
         raise InvalidArgumentError(f"prefill_tokens: must be a whole number of tokens >= 0, got {_plain(prefill_tokens)}")
     if max_batch_tokens is not None and (not _is_count(max_batch_tokens) or max_batch_tokens < 0):
         raise InvalidArgumentError(f"max_batch_tokens: must be a whole number of tokens >= 0, got {_plain(max_batch_tokens)}")
-    if not (isinstance(overhead_s, (int, float, np.integer, np.floating)) and np.isfinite(overhead_s)
-            and overhead_s >= 0):
+    if not (_is_seconds(overhead_s) and overhead_s >= 0):
         raise InvalidArgumentError(f"overhead_s: must be a finite number of seconds >= 0, got {_plain(overhead_s)}")
-    if no_draft_pass_s is not None and not (isinstance(no_draft_pass_s, (int, float, np.integer, np.floating))
-                                            and np.isfinite(no_draft_pass_s) and no_draft_pass_s > 0):
+    if no_draft_pass_s is not None and not (_is_seconds(no_draft_pass_s) and no_draft_pass_s > 0):
         raise InvalidArgumentError(f"no_draft_pass_s: must be a finite number of seconds > 0 (or None), "
                                    f"got {_plain(no_draft_pass_s)}")
     base_b = num_req + int(prefill_tokens)
