@@ -165,7 +165,7 @@ def browser(repeats: int, screenshot: str | None) -> dict[str, float] | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--repeats", type=int, default=3, help="cold/cached pairs in the browser (default 3)")
     ap.add_argument("--no-browser", action="store_true", help="only the server path")
     ap.add_argument("--screenshot", help="also save a screenshot of the page (PNG path)")

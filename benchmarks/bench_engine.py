@@ -140,7 +140,7 @@ def line(name: str, value: float, unit: str, target: float | None = None, higher
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--steady-requests", type=int, default=6400,
                     help="requests of the long 64-user runs (the steady-state rate)")
@@ -149,7 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     run(scenario({"name": "dspark"}, 4, 20), seed=0)  # warm caches (profile, trace, STS fit)
     if kernels is None:
-        print("memtp_sim._kernels is not built (pip install -e .): every run below is the numpy engine")
+        print(f"{_compiled.unavailable}: every run below is the numpy engine")
 
     floor_us = simpy_floor_us()
     print(f"SimPy floor (one timeout a round, nothing else): {floor_us:.2f} us/round")

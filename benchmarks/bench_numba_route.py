@@ -95,7 +95,7 @@ def best_s(fn, number: int, repeat: int = 5) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--requests", type=int, default=8, help="decoding requests in the round (R)")
     ap.add_argument("--gamma", type=int, default=7, help="drafted positions per request")
     args = ap.parse_args()

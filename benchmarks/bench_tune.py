@@ -24,7 +24,7 @@ SPEC = Path(__file__).resolve().parents[1] / "studies" / "tune.yaml"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--spec", default=str(SPEC))

@@ -246,7 +246,7 @@ def scenario(policy: dict, trace: Path, n: int, args: argparse.Namespace) -> Sce
 
 def main() -> None:
     """Parse the options, run both simulators, print the table."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--requests", type=int, default=1000, help="requests to replay (default 1000)")
     ap.add_argument("--time-scale", type=float, default=0.05,
                     help="multiply the trace's arrival times by this (default 0.05: 20x the trace's rate)")
