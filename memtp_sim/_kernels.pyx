@@ -35,18 +35,31 @@ SOURCE_SHA256 = MEMTP_KERNELS_SHA256.decode("ascii")
 ctypedef long long i64
 
 
-cdef inline i64* _i64(cnp.ndarray a, str name) except NULL:
-    if cnp.PyArray_TYPE(a) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 1:
-        raise TypeError(f"{name}: a C-contiguous 1-D int64 array is required, got {a.dtype} {a.ndim}-D")
+cdef inline int _check_1d(cnp.ndarray a, str name, int dtype, str kind, Py_ssize_t need, bint exact) except -1:
+    # a C-contiguous 1-D array of the dtype, with ``need`` elements (or at least that many unless
+    # ``exact``; need < 0: any length)
+    if cnp.PyArray_TYPE(a) != dtype or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 1:
+        raise TypeError(f"{name}: a C-contiguous 1-D {kind} array is required, got {a.dtype} {a.ndim}-D")
+    cdef Py_ssize_t size = cnp.PyArray_DIM(a, 0)
+    if need >= 0 and (size < need or (exact and size != need)):
+        raise ValueError(f"{name}: {need} elements needed, got {size}")
+    return 0
+
+
+cdef inline i64* _i64(cnp.ndarray a, str name, Py_ssize_t need=-1, bint exact=True) except NULL:
+    _check_1d(a, name, cnp.NPY_INT64, "int64", need, exact)
     return <i64*>cnp.PyArray_DATA(a)
 
 
-cdef inline double* _f64(cnp.ndarray a, str name, Py_ssize_t need) except NULL:
-    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 1:
-        raise TypeError(f"{name}: a C-contiguous 1-D float64 array is required, got {a.dtype} {a.ndim}-D")
-    if cnp.PyArray_DIM(a, 0) < need:
-        raise ValueError(f"{name}: {need} elements needed, got {cnp.PyArray_DIM(a, 0)}")
+cdef inline double* _f64(cnp.ndarray a, str name, Py_ssize_t need=-1, bint exact=True) except NULL:
+    _check_1d(a, name, cnp.NPY_FLOAT64, "float64", need, exact)
     return <double*>cnp.PyArray_DATA(a)
+
+
+cdef inline int _check_block_tokens(i64 block_tokens) except -1:
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+    return 0
 
 
 cdef inline int _check_ids(i64* ids, Py_ssize_t n, Py_ssize_t size) except -1:
@@ -108,10 +121,8 @@ def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):
     """
     cdef i64* ids = _i64(reqs, "reqs")
     cdef i64* done = _i64(prefilled, "prefilled")
-    cdef i64* want = _i64(target, "target")
     cdef Py_ssize_t n = cnp.PyArray_DIM(reqs, 0), size = cnp.PyArray_DIM(prefilled, 0), k
-    if cnp.PyArray_DIM(target, 0) != size:
-        raise ValueError("prefilled and target must have one element per request")
+    cdef i64* want = _i64(target, "target", size)
     _check_ids(ids, n, size)
     for k in range(n):
         if done[ids[k]] < want[ids[k]]:
@@ -161,21 +172,17 @@ def plain_plan(cnp.ndarray dec, cnp.ndarray tokens, cnp.ndarray output, cnp.ndar
     """
     cdef i64* ids = _i64(dec, "dec")
     cdef i64* tok = _i64(tokens, "tokens")
-    cdef i64* out = _i64(output, "output")
-    cdef i64* gen = _i64(generated, "generated")
     cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(tokens, 0), k
-    if cnp.PyArray_DIM(output, 0) != size or cnp.PyArray_DIM(generated, 0) != size:
-        raise ValueError("tokens, output and generated must have one element per request")
+    cdef i64* out = _i64(output, "output", size)
+    cdef i64* gen = _i64(generated, "generated", size)
     if num < 1 or max_rounds < 1 or block_tokens < 1:
         raise ValueError(f"plain_plan: needs >= 1 request, round and block token (got {num}, {max_rounds}, "
                          f"{block_tokens})")
     _check_ids(ids, num, size)
-    cdef double* t_out = _f64(times, "times", max_rounds + 1)
-    cdef double* d_out = _f64(durations, "durations", max_rounds)
-    cdef double* v_out = _f64(verify_s, "verify_s", max_rounds)
-    cdef i64* b_out = _i64(blocks, "blocks")
-    if cnp.PyArray_DIM(blocks, 0) < max_rounds:
-        raise ValueError(f"blocks: {max_rounds} elements needed, got {cnp.PyArray_DIM(blocks, 0)}")
+    cdef double* t_out = _f64(times, "times", max_rounds + 1, False)
+    cdef double* d_out = _f64(durations, "durations", max_rounds, False)
+    cdef double* v_out = _f64(verify_s, "verify_s", max_rounds, False)
+    cdef i64* b_out = _i64(blocks, "blocks", max_rounds, False)
 
     cdef i64 kv_read = 0, l_max = 0, left, min_left = -1, t, j, rounds, total
     for k in range(num):
@@ -253,19 +260,13 @@ def plain_apply(cnp.ndarray dec, i64 rounds, cnp.ndarray generated, cnp.ndarray 
     """
     cdef i64* ids = _i64(dec, "dec")
     cdef i64* gen = _i64(generated, "generated")
-    cdef i64* nr = _i64(num_rounds, "num_rounds")
-    cdef i64* tok = _i64(tokens, "tokens")
-    cdef i64* blk = _i64(blocks, "blocks")
-    cdef i64* out = _i64(output, "output")
-    cdef i64* fin = _i64(finished, "finished")
     cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0), k
-    for a in (num_rounds, tokens, blocks, output):
-        if cnp.PyArray_DIM(a, 0) != size:
-            raise ValueError("generated, num_rounds, tokens, blocks and output must have one element per request")
-    if cnp.PyArray_DIM(finished, 0) < num:
-        raise ValueError(f"finished: {num} elements needed, got {cnp.PyArray_DIM(finished, 0)}")
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
+    cdef i64* tok = _i64(tokens, "tokens", size)
+    cdef i64* blk = _i64(blocks, "blocks", size)
+    cdef i64* out = _i64(output, "output", size)
+    cdef i64* fin = _i64(finished, "finished", num, False)
+    _check_block_tokens(block_tokens)
     _check_ids(ids, num, size)
     cdef i64 added = 0, nb, i
     cdef Py_ssize_t nf = 0
@@ -308,8 +309,7 @@ cdef void _sift_down(i64* heap, Py_ssize_t size, Py_ssize_t i, double* a, i64* p
 
 
 def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has_no_draft_pass, double no_draft_pass_s,
-                i64 n_limit, i64 n_cov_limit, bint early_stop, cnp.ndarray survival, cnp.ndarray rows,
-                cnp.ndarray lengths):
+                i64 n_limit, i64 n_cov_limit, bint early_stop, cnp.ndarray lengths):
     """DSpark's hardware-aware prefix scheduler (paper Algorithm 1) on one round's confidences,
     the engine's path of ``policies.dspark._schedule`` bit for bit.
 
@@ -327,8 +327,6 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
         n_limit: the most candidates the pass holds (max batch tokens minus the anchors and prefill).
         n_cov_limit: the most candidates the table prices (``times`` has ``n_cov_limit + 1``).
         early_stop: stop at the first candidate that does not raise theta (else the global best).
-        survival, rows: out, float64 and int64 of ``R * L`` or more: the ranked candidates'
-            survivals and rows (scratch).
         lengths: int64 out ``(R,)``: drafts each request verifies.
 
     Returns:
@@ -352,21 +350,21 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
     if n_cov_limit < 0:
         raise ValueError(f"n_cov_limit: must be >= 0, got {n_cov_limit}")
     cdef double* v = <double*>cnp.PyArray_DATA(vals)
-    cdef double* t = _f64(times, "times", n_cov_limit + 1)
-    cdef double* a = _f64(survival, "survival", total)
-    cdef i64* picked = _i64(rows, "rows")
-    cdef i64* out = _i64(lengths, "lengths")
-    if cnp.PyArray_DIM(rows, 0) < total:
-        raise ValueError(f"rows: {total} elements needed, got {cnp.PyArray_DIM(rows, 0)}")
-    if cnp.PyArray_DIM(lengths, 0) != num_req:
-        raise ValueError(f"lengths: {num_req} elements needed, got {cnp.PyArray_DIM(lengths, 0)}")
+    cdef double* t = _f64(times, "times", n_cov_limit + 1, False)
+    cdef i64* out = _i64(lengths, "lengths", num_req)
 
     cdef Py_ssize_t r, j, n, size, n_max = 0, n_cov, n_star, best
     cdef double s, tau, theta, prev, theta_best, tau_best, theta_star, tau_star
     cdef bint found = False, nan_best
-    cdef i64* pos = <i64*>PyMem_Malloc(2 * num_req * sizeof(i64))
-    if pos == NULL:
+    # scratch: the survivals (R*L), and the rows picked in rank order, each row's next position
+    # and the merge's heap
+    cdef double* a = <double*>PyMem_Malloc(total * sizeof(double))
+    cdef i64* picked = <i64*>PyMem_Malloc((total + 2 * num_req) * sizeof(i64))
+    if a == NULL or picked == NULL:
+        PyMem_Free(a)
+        PyMem_Free(picked)
         raise MemoryError()
+    cdef i64* pos = picked + total
     cdef i64* heap = pos + num_req
     with nogil:
         for r in range(num_req):  # joint survivals: each row's running product, left to right
@@ -421,7 +419,8 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
             n_star = n_cov  # no candidate among those priced failed to raise theta
         for n in range(n_star):
             out[picked[n]] += 1
-    PyMem_Free(pos)
+    PyMem_Free(a)
+    PyMem_Free(picked)
     return n_star, n_cov, n_max, best, theta_star, tau_star, theta_best
 
 
@@ -471,26 +470,17 @@ def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray 
     cdef Py_ssize_t width = cnp.PyArray_DIM(u, 1)
     cdef double* draw = _f64_2d(u, "u", num, width)
     cdef double* p = _f64_2d(probs, "probs", num, width)
-    cdef i64* lens = _i64(lengths, "lengths")
+    cdef i64* lens = _i64(lengths, "lengths", num)
     cdef i64* gen = _i64(generated, "generated")
-    cdef i64* out = _i64(output, "output")
-    cdef i64* nr = _i64(num_rounds, "num_rounds")
-    cdef i64* ver = _i64(verified, "verified")
-    cdef i64* acd = _i64(accepted, "accepted")
-    cdef i64* tok = _i64(tokens, "tokens")
-    cdef i64* blk = _i64(blocks, "blocks")
-    cdef i64* a_out = _i64(acc, "acc")
-    cdef i64* fin = _i64(finished, "finished")
-    for arr, name in ((output, "output"), (num_rounds, "num_rounds"), (verified, "verified"),
-                      (accepted, "accepted"), (tokens, "tokens"), (blocks, "blocks")):
-        if cnp.PyArray_DIM(arr, 0) != size:
-            raise ValueError(f"{name}: {size} elements needed (one per request), got {cnp.PyArray_DIM(arr, 0)}")
-    if cnp.PyArray_DIM(lengths, 0) != num or cnp.PyArray_DIM(acc, 0) != num:
-        raise ValueError(f"lengths and acc: {num} elements needed (one per decoding request)")
-    if cnp.PyArray_DIM(finished, 0) < num:
-        raise ValueError(f"finished: {num} elements needed, got {cnp.PyArray_DIM(finished, 0)}")
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+    cdef i64* out = _i64(output, "output", size)
+    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
+    cdef i64* ver = _i64(verified, "verified", size)
+    cdef i64* acd = _i64(accepted, "accepted", size)
+    cdef i64* tok = _i64(tokens, "tokens", size)
+    cdef i64* blk = _i64(blocks, "blocks", size)
+    cdef i64* a_out = _i64(acc, "acc", num)
+    cdef i64* fin = _i64(finished, "finished", num, False)
+    _check_block_tokens(block_tokens)
     cdef char* w = NULL
     cdef cnp.ndarray w_arr
     if would is not None:
@@ -561,17 +551,12 @@ def lookahead_total(cnp.ndarray reqs, cnp.ndarray tokens, cnp.ndarray blocks, i6
     """
     cdef i64* ids = _i64(reqs, "reqs")
     cdef i64* tok = _i64(tokens, "tokens")
-    cdef i64* blk = _i64(blocks, "blocks")
     cdef Py_ssize_t n = cnp.PyArray_DIM(reqs, 0), size = cnp.PyArray_DIM(tokens, 0), k
-    if cnp.PyArray_DIM(blocks, 0) != size:
-        raise ValueError("tokens and blocks must have one element per request")
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens: must be >= 1, got {block_tokens}")
+    cdef i64* blk = _i64(blocks, "blocks", size)
+    _check_block_tokens(block_tokens)
     cdef i64* each = NULL
     if add_each is not None:
-        each = _i64(<cnp.ndarray?>add_each, "add_each")
-        if cnp.PyArray_DIM(<cnp.ndarray>add_each, 0) != n:
-            raise ValueError(f"add_each: {n} elements needed, got {cnp.PyArray_DIM(<cnp.ndarray>add_each, 0)}")
+        each = _i64(<cnp.ndarray?>add_each, "add_each", n)
     _check_ids(ids, n, size)
     cdef i64 total = 0, more
     for k in range(n):
@@ -599,13 +584,9 @@ def place_prefill(cnp.ndarray pre, cnp.ndarray prefilled, cnp.ndarray target, i6
     """
     cdef i64* ids = _i64(pre, "pre")
     cdef i64* done = _i64(prefilled, "prefilled")
-    cdef i64* want = _i64(target, "target")
-    cdef i64* out = _i64(chunks, "chunks")
     cdef Py_ssize_t n = cnp.PyArray_DIM(pre, 0), size = cnp.PyArray_DIM(prefilled, 0), k
-    if cnp.PyArray_DIM(target, 0) != size:
-        raise ValueError("prefilled and target must have one element per request")
-    if cnp.PyArray_DIM(chunks, 0) != n:
-        raise ValueError(f"chunks: {n} elements needed, got {cnp.PyArray_DIM(chunks, 0)}")
+    cdef i64* want = _i64(target, "target", size)
+    cdef i64* out = _i64(chunks, "chunks", n)
     _check_ids(ids, n, size)
     cdef i64 before = 0, left, room, total = 0
     for k in range(n):
@@ -643,22 +624,15 @@ def prefill_apply(cnp.ndarray pre, cnp.ndarray chunks, cnp.ndarray prefilled, cn
         TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
     """
     cdef i64* ids = _i64(pre, "pre")
-    cdef i64* ch = _i64(chunks, "chunks")
     cdef i64* done = _i64(prefilled, "prefilled")
-    cdef i64* want = _i64(target, "target")
-    cdef i64* tok = _i64(tokens, "tokens")
-    cdef i64* gen = _i64(generated, "generated")
-    cdef i64* out = _i64(output, "output")
     cdef Py_ssize_t n = cnp.PyArray_DIM(pre, 0), size = cnp.PyArray_DIM(prefilled, 0), k
+    cdef i64* ch = _i64(chunks, "chunks", n)
+    cdef i64* want = _i64(target, "target", size)
+    cdef i64* tok = _i64(tokens, "tokens", size)
+    cdef i64* gen = _i64(generated, "generated", size)
+    cdef i64* out = _i64(output, "output", size)
     cdef double* first = _f64(first_token_at, "first_token_at", size)
-    cdef i64* fin = _i64(finished, "finished")
-    for arr, name in ((target, "target"), (tokens, "tokens"), (generated, "generated"), (output, "output")):
-        if cnp.PyArray_DIM(arr, 0) != size:
-            raise ValueError(f"{name}: {size} elements needed (one per request), got {cnp.PyArray_DIM(arr, 0)}")
-    if cnp.PyArray_DIM(first_token_at, 0) != size:
-        raise ValueError(f"first_token_at: {size} elements needed (one per request)")
-    if cnp.PyArray_DIM(chunks, 0) != n or cnp.PyArray_DIM(finished, 0) < n:
-        raise ValueError(f"chunks and finished: {n} elements needed (one per prefilling request)")
+    cdef i64* fin = _i64(finished, "finished", n, False)
     _check_ids(ids, n, size)
     cdef i64 i, num_prefill = 0, completed = 0
     cdef Py_ssize_t nf = 0
@@ -707,8 +681,8 @@ def context_pass_times(cnp.ndarray pad_f, cnp.ndarray zero_at_pad, cnp.ndarray f
     if b_first < 0 or b_last < b_first or b_last >= m:
         raise ValueError(f"B range {b_first}..{b_last} outside 0..{m - 1}")
     cdef double* pf = _f64(pad_f, "pad_f", m)
-    cdef double* z = _f64(zero_at_pad, "zero_at_pad", m)
-    cdef double* f = _f64(factor, "factor", m)
+    cdef double* z = _f64(zero_at_pad, "zero_at_pad", m, False)
+    cdef double* f = _f64(factor, "factor", m, False)
     cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, [b_last - b_first + 1], cnp.NPY_FLOAT64, 0)
     cdef double* o = <double*>cnp.PyArray_DATA(out)
     cdef double req = num_requests if num_requests > 1.0 else 1.0

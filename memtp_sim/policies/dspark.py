@@ -357,7 +357,7 @@ def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_st
     lengths = np.zeros(num_req, dtype=np.int64)
     n_star, n_cov, n_max, best, theta, tau, theta_best = kernels.prefix_scan(
         vals, times, float(overhead_s), no_draft_pass_s is not None, 0.0 if no_draft_pass_s is None else float(no_draft_pass_s),
-        n_limit, n_cov_limit, early_stop, np.empty(total), np.empty(total, dtype=np.int64), lengths)
+        n_limit, n_cov_limit, early_stop, lengths)
     if n_cov < n_max and (n_star == n_cov or not early_stop):  # the scan needed B beyond the table
         raise _uncovered(table, base_b + n_cov + 1, base_b + n_max, early_stop)
     full = n_cov == n_max
