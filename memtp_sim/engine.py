@@ -780,24 +780,24 @@ class Engine:
             if _any(fin):
                 self._finish(dec[fin].tolist())
         log = self.log
-        if rounds == 1:  # one row, the round path's tuple (_LOGGED order)
-            log.extend([(float(times[0]), duration0, plan.draft_s, verify0, num_dec, 0, 0, num_dec, 0, 0, 0, num_dec,
-                         num_waiting, num_running, int(blocks[0]), kv.blocks_used, np.nan, np.nan, 0, 0, gamma,
-                         self.coherence.value, self.drafter.held_gib, kv.capacity, head_load_s, num_remote, kv_read0,
-                         plan.overhead_s, plan.extrapolated)])
-            return
         if rounds <= log.SHORT_BLOCK:  # rows as tuples (_LOGGED order), as the round path writes them
-            peak = blocks.tolist()
-            after = peak.copy()
-            after[-1] = kv.blocks_used  # the last round's row is written after its finished requests free their KV
             nan, draft_s, overhead_s, extrapolated = np.nan, plan.draft_s, plan.overhead_s, plan.extrapolated
             coherence, held_gib, capacity = self.coherence.value, self.drafter.held_gib, kv.capacity
-            log.extend([
-                (start, duration, draft_s, verify, num_dec, 0, 0, num_dec, 0, 0, 0, num_dec, num_waiting,
-                 num_running, p, a, nan, nan, 0, 0, gamma, coherence, held_gib, capacity, head_load_s, num_remote,
-                 kv_read0 + num_dec * j, overhead_s, extrapolated)
-                for j, (start, duration, verify, p, a) in enumerate(zip(
-                    times[:-1].tolist(), durations.tolist(), plan.verify_s.tolist(), peak, after))])
+
+            def row(start: float, duration: float, verify: float, peak: int, after: int, kv_read: int) -> tuple:
+                return (start, duration, draft_s, verify, num_dec, 0, 0, num_dec, 0, 0, 0, num_dec, num_waiting,
+                        num_running, peak, after, nan, nan, 0, 0, gamma, coherence, held_gib, capacity, head_load_s,
+                        num_remote, kv_read, overhead_s, extrapolated)
+
+            # the last round's row is written after its finished requests free their KV
+            if rounds == 1:  # most blocks at high load: no per-round lists
+                log.extend([row(float(times[0]), duration0, verify0, int(blocks[0]), kv.blocks_used, kv_read0)])
+                return
+            peak = blocks.tolist()
+            after = peak.copy()
+            after[-1] = kv.blocks_used
+            log.extend([row(start, duration, verify, p, a, kv_read0 + num_dec * j) for j, (start, duration, verify, p, a)
+                        in enumerate(zip(times[:-1].tolist(), durations.tolist(), plan.verify_s.tolist(), peak, after))])
             return
         after = blocks.copy()
         after[-1] = kv.blocks_used
