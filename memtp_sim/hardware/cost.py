@@ -81,10 +81,21 @@ class AttentionCost:
         Source:
             The three-limit roofline of the class docstring (docs/model.md section 1 step 4).
         """
+        a = self.latency_slope(q)
+        return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
+
+    def latency_slope(self, q: Any) -> Any:
+        """``a(q)``, ms per context token: linear between the measured points, flat beyond.
+
+        Args:
+            q: query tokens per request (scalar or array).
+
+        Returns:
+            A numpy scalar or array of ``q``'s shape.
+        """
         qs, slopes = self._a_arrays
         # one measured point: interp gives it at every q (np.interp's wrapper costs ~3 us a round)
-        a = slopes[0] if qs.size == 1 else np.interp(q, qs, slopes)
-        return np.maximum(np.maximum(a * l_max, self.b_ms_per_kv_token * kv), self.c_ms_per_pair * pairs)
+        return slopes[0] if qs.size == 1 else np.interp(q, qs, slopes)
 
 
 @dataclass(frozen=True)
@@ -531,9 +542,7 @@ class SPSTable:
         if zero_at_pad[b] != zero_at_pad[b]:  # NaN: B refused by the table's rules
             return None
         q = pad_f[b] / max(num_requests, 1.0)
-        qs, slopes = self.attention._a_arrays
-        a = float(slopes[0]) if qs.size == 1 else float(np.interp(q, qs, slopes))
-        return zero_at_pad[b], factor[b], a, q
+        return zero_at_pad[b], factor[b], float(self.attention.latency_slope(q)), q
 
     def _context_one_s(self, b: int) -> float:
         """:meth:`_context_s` for one B on Python floats: the same operations in the same order
@@ -551,14 +560,13 @@ class SPSTable:
         evaluates only what it is asked for: a per-round dense array would cost more than the scan).
         One compiled call where the latency slope is one value (every shipped profile)."""
         kernels = _compiled.active()
-        qs, slopes = self.attention._a_arrays
-        if kernels is not None and qs.size == 1:
+        att = self.attention
+        if kernels is not None and len(att.a_points) == 1:  # a(q) is one value: the kernel's case
             pad_f, zero_at_pad = self._dense.padded
             num_requests, l_max, kv = self.context
-            att = self.attention
             return kernels.context_pass_times(pad_f, zero_at_pad, self._dense.factor, b_first, b_last,
-                                              float(num_requests), float(slopes[0]), float(l_max), float(kv),
-                                              float(att.b_ms_per_kv_token), float(att.c_ms_per_pair))
+                                              float(num_requests), float(att.latency_slope(0.0)), float(l_max),
+                                              float(kv), float(att.b_ms_per_kv_token), float(att.c_ms_per_pair))
         return self._context_s(slice(b_first, b_last + 1), *self.context)
 
     def _roofline_ms(self, b: np.ndarray, ms: np.ndarray | None = None) -> np.ndarray:
