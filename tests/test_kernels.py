@@ -84,6 +84,8 @@ def test_each_round_is_priced_at_its_own_context():
     want = [(2.0 + max(max(0.001 * (15 + j), 1e-4 * (18 + 2 * j)), 0.0 * ((18 + 2 * j) * 1.0))) * 1.0 / 1000.0
             for j in range(4)]
     assert verify_s.tolist() == want
+    # by hand: the latency term 0.001 * (15 + j) ms beats the bandwidth term 1e-4 * (18 + 2j) ms
+    assert verify_s.tolist() == pytest.approx([0.002015, 0.002016, 0.002017, 0.002018], rel=1e-12)
     assert durations.tolist() == [0.001 + v for v in want]
     clock = [0.0]
     for d in durations.tolist():
