@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The engine's hot steps compiled, bit for bit the numpy code they replace (``memtp_sim.engine``,
 ``memtp_sim.kv_cache``, ``policies.dspark._schedule``, ``hardware.cost.SPSTable``): plain blocks
-planned and applied, KV anchor and lookahead sums, Algorithm 1's scan, acceptance, chunked
-prefill, context pass times. ``memtp_sim._compiled.ENABLED = False`` runs the numpy code instead;
+planned and applied, KV anchor and lookahead sums, a pass's context, the drafted positions'
+confidences, Algorithm 1's scan, acceptance, chunked prefill, context pass times. ``memtp_sim._compiled.ENABLED = False`` runs the numpy code instead;
 tests/test_kernels.py and tests/test_plain_blocks.py compare both.
 
 At 64 decoding users a round's arrays hold ~64 elements, so a numpy call costs ~1 us of
@@ -17,6 +17,7 @@ draws stay with the run's numpy generators (the callers pass them in).
 
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.math cimport exp
 
 cnp.import_array()
 
@@ -104,6 +105,51 @@ def anchor_blocks(cnp.ndarray reqs, cnp.ndarray tokens, i64 block_tokens):
         if tok[ids[k]] % block_tokens == 0:
             count += 1
     return count
+
+
+def round_context(cnp.ndarray dec, object pre, object chunks, cnp.ndarray tokens):
+    """A pass's context (``Engine._round_tables``): the KV tokens it reads, the longest context
+    and the requests in it: every decoding request, and every prefilling request with a chunk
+    this round (docs/model.md section 1 step 4).
+
+    Args:
+        dec: ``(R,)`` int64 decoding request ids.
+        pre: None, or ``(P,)`` int64 prefilling request ids.
+        chunks: None (no prefill), or ``(P,)`` int64 prefill tokens of each ``pre`` this round.
+        tokens: ``(n,)`` int64 stored tokens per request.
+
+    Returns:
+        ``(kv_read, l_max, num_requests)``: the sum and the largest (0 for none) of the requests'
+        stored tokens, and their count.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(dec, "dec")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(tokens, 0), num_pre = 0, k
+    cdef i64* pids = NULL
+    cdef i64* ch = NULL
+    _check_ids(ids, num, size)
+    if chunks is not None:
+        pids = _i64(<cnp.ndarray?>pre, "pre")
+        num_pre = cnp.PyArray_DIM(<cnp.ndarray>pre, 0)
+        ch = _i64(<cnp.ndarray?>chunks, "chunks", num_pre)
+        _check_ids(pids, num_pre, size)
+    cdef i64 kv_read = 0, l_max = 0, t, num_req = num
+    for k in range(num):
+        t = tok[ids[k]]
+        kv_read += t
+        if t > l_max:
+            l_max = t
+    for k in range(num_pre):
+        if ch[k] > 0:
+            t = tok[pids[k]]
+            kv_read += t
+            if t > l_max:
+                l_max = t
+            num_req += 1
+    return kv_read, l_max, num_req
 
 
 def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):
@@ -430,6 +476,104 @@ cdef inline double* _f64_2d(cnp.ndarray a, str name, Py_ssize_t rows, Py_ssize_t
     if cnp.PyArray_DIM(a, 0) != rows or cnp.PyArray_DIM(a, 1) != cols:
         raise ValueError(f"{name}: shape ({rows}, {cols}) needed, got ({cnp.PyArray_DIM(a, 0)}, {cnp.PyArray_DIM(a, 1)})")
     return <double*>cnp.PyArray_DATA(a)
+
+
+cdef inline double _expit(double x) noexcept nogil:
+    # scipy.special.expit's formula, 1 / (1 + exp(-x)), on the same libm exp
+    return 1.0 / (1.0 + exp(-x))
+
+
+cdef inline double* _f64_or_null(object a, str name, Py_ssize_t need) except? NULL:
+    # None -> NULL, else a float64 array of exactly ``need`` elements
+    if a is None:
+        return NULL
+    return _f64(<cnp.ndarray?>a, name, need)
+
+
+def draft_confidences(cnp.ndarray dec, cnp.ndarray domain, cnp.ndarray difficulty, object round_offset,
+                      cnp.ndarray mu, cnp.ndarray slope, object base, object shift, object noise, bint oracle,
+                      double overconfidence, cnp.ndarray temps, cnp.ndarray probs, cnp.ndarray raw, cnp.ndarray conf):
+    """Steps 4-5 of a drafted round before the plan (``Engine._draft_and_plan``): the true
+    acceptance logits of every drafted position, their probabilities, the head's raw logits and
+    the calibrated confidences, in one pass (``AcceptanceModel.round_logits``, the drift shift,
+    ``ConfidenceHead.raw_logits`` and the two ``expit`` calls, the same operations in the same order).
+
+    Logit of request ``i = dec[k]`` (domain ``d``) at position ``j`` (0-based):
+    linear kind ``((mu[d] + difficulty[i]) + round_offset[k]) + slope[d] * j``; per-position kind
+    ``base[d, j] + (difficulty[i] + round_offset[k])``; then ``+ shift[k]``. Probability
+    ``expit(logit)``; raw ``logit`` (oracle) or ``overconfidence * (logit + noise[k, j])``;
+    confidence ``expit(raw / temps[j])`` (docs/model.md section 1 steps 4-5; DSpark paper Fig. 6).
+
+    Args:
+        dec: ``(R,)`` int64 request ids.
+        domain: ``(n,)`` int64 domain index of every request; difficulty: ``(n,)`` float64 offsets.
+        round_offset: None or ``(R,)`` float64 this round's offsets (drawn by the caller).
+        mu, slope: ``(D,)`` float64 per-domain base logit and slope (linear kind).
+        base: None (linear kind) or ``(D, L)`` float64 per-position base logits.
+        shift: None or ``(R,)`` float64 drift shift of each request's logits.
+        noise: None or ``(R, L)`` float64 head noise (drawn by the caller); ignored when ``oracle``.
+        oracle: the head reports the true logits.
+        overconfidence: the head's logit gain.
+        temps: ``(L,)`` or longer float64 per-position temperatures.
+        probs, raw, conf: float64 out ``(R, L)``.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or shape, bad ids or domains.
+    """
+    cdef i64* ids = _i64(dec, "dec")
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(domain, 0), k, j
+    cdef Py_ssize_t num_dom = cnp.PyArray_DIM(mu, 0)
+    if cnp.PyArray_NDIM(probs) != 2:
+        raise TypeError(f"probs: a C-contiguous 2-D float64 array is required, got {probs.dtype} {probs.ndim}-D")
+    cdef Py_ssize_t width = cnp.PyArray_DIM(probs, 1)
+    cdef double* p = _f64_2d(probs, "probs", num, width)
+    cdef double* rw = _f64_2d(raw, "raw", num, width)
+    cdef double* c = _f64_2d(conf, "conf", num, width)
+    cdef i64* dom = _i64(domain, "domain")
+    cdef double* diff = _f64(difficulty, "difficulty", size)
+    cdef double* m = _f64(mu, "mu", num_dom)
+    cdef double* sl = _f64(slope, "slope", num_dom)
+    cdef double* t = _f64(temps, "temps", width, False)
+    cdef double* ro = _f64_or_null(round_offset, "round_offset", num)
+    cdef double* sh = _f64_or_null(shift, "shift", num)
+    cdef double* bs = NULL
+    if base is not None:
+        bs = _f64_2d(<cnp.ndarray?>base, "base", num_dom, width)
+    cdef double* z = NULL
+    if noise is not None and not oracle:
+        z = _f64_2d(<cnp.ndarray?>noise, "noise", num, width)
+    _check_ids(ids, num, size)
+    for k in range(num):
+        if dom[ids[k]] < 0 or dom[ids[k]] >= num_dom:
+            raise IndexError(f"domain {dom[ids[k]]} of request {ids[k]} outside 0..{num_dom - 1}")
+    cdef i64 i, d
+    cdef double off, lg, r
+    with nogil:
+        for k in range(num):
+            i = ids[k]
+            d = dom[i]
+            if bs == NULL:
+                off = m[d] + diff[i]
+            else:
+                off = diff[i]
+            if ro != NULL:
+                off = off + ro[k]
+            for j in range(width):
+                if bs == NULL:
+                    lg = off + sl[d] * <double>j
+                else:
+                    lg = bs[d * width + j] + off
+                if sh != NULL:
+                    lg = lg + sh[k]
+                p[k * width + j] = _expit(lg)
+                if oracle:
+                    r = lg
+                elif z != NULL:
+                    r = overconfidence * (lg + z[k * width + j])
+                else:
+                    r = overconfidence * lg
+                rw[k * width + j] = r
+                c[k * width + j] = _expit(r / t[j])
 
 
 def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray lengths, cnp.ndarray generated,

@@ -234,7 +234,8 @@ class AcceptanceModel:
             return self.mu[:, None] + self.slope[:, None] * np.arange(gamma, dtype=np.float64)[None, :]
         out = self._base_by_gamma.get(gamma)
         if out is None:
-            out = self.base[:, np.minimum(np.arange(gamma), self.base.shape[1] - 1)]
+            # C order: the compiled round reads it row by row (a column gather may come out in F order)
+            out = np.ascontiguousarray(self.base[:, np.minimum(np.arange(gamma), self.base.shape[1] - 1)])
             out.setflags(write=False)  # shared by every caller
             self._base_by_gamma[gamma] = out
         return out

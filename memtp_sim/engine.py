@@ -36,8 +36,9 @@ before that round and every anchor fits, each round emits one token per request,
 float additions, each pass priced at its own context) and writes the same round-log rows as the
 round-by-round loop, bit for bit (tests/test_plain_blocks.py compares the two).
 
-The hot steps (planning and applying plain blocks, the anchor and lookahead KV sums, acceptance,
-chunked-prefill placement and bookkeeping; Algorithm 1's scan and context pricing in their own
+The hot steps (planning and applying plain blocks, the anchor and lookahead KV sums, a pass's
+context, the drafted positions' confidences, acceptance, chunked-prefill placement and
+bookkeeping; Algorithm 1's scan and context pricing in their own
 modules) run as compiled kernels (``memtp_sim/_kernels.pyx``) when the extension is built and
 :data:`memtp_sim._compiled.ENABLED` is True: one call where the numpy code below them makes ~5-25
 calls on small arrays. The numpy code stays as their oracle and fallback; both give the same
@@ -65,6 +66,7 @@ from .confidence import ConfidenceHead
 from .drafting import Drafter, DraftSpec
 from .errors import CalibrationError, EngineInvariantError
 from .hardware import HardwareProfile
+from .hardware.cost import SPSTable
 from .kv_cache import KVCacheManager
 from .memtp import MEMTP_DEFAULTS, CoherenceEWMA, TowerCoherence
 from .policies.base import DraftView, Policy, RoundOutcome, RoundView
@@ -94,6 +96,32 @@ ROUND_FIELDS = (
     "num_trimmed", "depth", "coherence", "heads_gib", "kv_gib", "free_gib", "kv_capacity_blocks",
     "head_load_s", "num_remote_prefill", "kv_read_tokens", "overhead_s", "cost_extrapolated",
 )
+
+
+class _PricedOnReadDraftView(DraftView):
+    """A :class:`DraftView` whose context fields (``context_tokens``, ``sps``, ``no_draft_pass_s``)
+    are priced on their first read, by ``price()`` (which returns the three): most policies and
+    draft-length controllers read only ``max_draft_len`` and ``round_index``, and pricing the
+    round's tables costs more than the rest of the round's Python. ``price`` prices the context
+    the engine saw when it built the view, whenever it is read; :func:`dataclasses.replace` gives
+    a view with every field set."""
+
+    _PRICED = frozenset(("context_tokens", "sps", "no_draft_pass_s"))
+
+    def __init__(self, price: Callable[[], tuple[np.ndarray, SPSTable, float]] | None = None, **fields) -> None:
+        state = self.__dict__  # the dataclass is frozen: fields go straight into the instance
+        state.update(fields)
+        state["_price"] = price
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - a field's value
+        # only reached for a field not yet in the instance: one of the three priced on read
+        price = self.__dict__.get("_price")
+        if name not in self._PRICED or price is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        state = self.__dict__
+        state["context_tokens"], state["sps"], state["no_draft_pass_s"] = price()
+        state["_price"] = None
+        return state[name]
 
 
 class _PlainBlock(NamedTuple):
@@ -590,7 +618,7 @@ class Engine:
                 num_preempted += more
             num_dec = dec.size
             chunks, chunk_total = self._place_prefill(pre, num_dec * (1 + k))
-            kv_read, verify_table, decode_table = self._round_tables(dec, pre, chunks)
+            kv_read, verify_table, decode_table = self._round_tables(dec, pre, chunks, chunk_total)
             draft_s, lengths, probs, raw, conf, theta, theta_g = self._draft_and_plan(
                 dec, k, chunk_total, round_index, verify_table, decode_table)
             draft_s += drafter.prefill_time_s(chunk_total)  # a draft model prefills its own cache too
@@ -666,11 +694,11 @@ class Engine:
             if price is not None:
                 return self._plan_plain_block_compiled(dec, ahead, price)
         now, next_event = self.env.now, self.env.peek()
-        kv_read, _, decode_table = self._round_tables(dec, dec[:0], None)  # this round's, as the round path prices it
+        kv_read, _, decode_table = self._round_tables(dec, dec[:0], None, 0)  # this round's, as the round path prices it
         first_s, extrapolated, overhead_s = self._pass_time(decode_table, num_dec, num_dec, 0, False)
         draft_s = 0.0 + self.drafter.prefill_time_s(0)
         fixed_s = 0.0 + draft_s + overhead_s  # head load 0 + draft + overhead, as the round path adds them
-        tokens = self._tables[2]  # the KV tokens _round_tables just gathered for these requests
+        tokens = self.kv.tokens[dec]
         bt = self.kv.block_tokens
         first_end = now + (fixed_s + first_s)
         if first_end >= next_event:  # an event falls inside this very round (at high load, most rounds)
@@ -858,12 +886,16 @@ class Engine:
         if not dec.size or gamma <= 0:
             return 0
         r = dec.size
-        _, verify_table, decode_table = self._round_tables(dec, dec[:0], None)
-        view = DraftView(num_requests=r, prefill_tokens=0, max_batch_tokens=self.cfg.max_batch_tokens,
-                         max_draft_len=gamma, context_tokens=self.kv.tokens[dec], sps=verify_table,
-                         no_draft_pass_s=float(decode_table.pass_time_s(r)),
-                         draft_time_s=lambda k: self.drafter.round_time_s(r, k),
-                         fixed_s=self.profile.overheads.host_s, round_index=round_index)
+        tokens = self.kv.tokens[dec]  # the context as of now, priced only if the policy or controller reads it
+
+        def price() -> tuple[np.ndarray, SPSTable, float]:
+            verify_table, decode_table = self._tables_at(r, int(_max(tokens)), int(_sum(tokens)))
+            return tokens, verify_table, float(decode_table.pass_time_s(r))
+
+        view = _PricedOnReadDraftView(price, num_requests=r, prefill_tokens=0,
+                                      max_batch_tokens=self.cfg.max_batch_tokens, max_draft_len=gamma,
+                                      draft_time_s=lambda k: self.drafter.round_time_s(r, k),
+                                      fixed_s=self.profile.overheads.host_s, round_index=round_index)
         k = min(gamma, int(self.policy.draft_lengths(view)), int(self.control.cap(view)))
         return max(0, k)
 
@@ -934,27 +966,36 @@ class Engine:
         chunks = np.minimum(np.maximum(limit - (_cumsum(left) - left), 0), left)  # np.clip, without its wrapper
         return chunks, int(_sum(chunks))
 
-    def _round_tables(self, dec: np.ndarray, pre: np.ndarray, chunks: np.ndarray | None):
+    def _round_tables(self, dec: np.ndarray, pre: np.ndarray, chunks: np.ndarray | None, chunk_total: int):
         """The KV tokens this round's pass reads, and the verify and decode cost tables priced at
         this round's context (requests, longest context, KV read; docs/model.md section 1 step 4)."""
-        no_prefill = chunks is None or not _any(chunks)
+        no_prefill = not chunk_total
         if no_prefill and self._tables is not None and self._tables[0] is dec:
-            return self._tables[1]  # priced already this round (before drafting), same requests
-        kv_dec = self.kv.tokens[dec]
-        kv_read = int(_sum(kv_dec))
-        l_max = int(_max(kv_dec)) if dec.size else 0
-        num_req = dec.size
-        if not no_prefill:
-            active = pre[chunks > 0]
-            kv_pre = self.kv.tokens[active]
-            kv_read += int(_sum(kv_pre))
-            l_max = max(l_max, int(_max(kv_pre)) if active.size else 0)
-            num_req += active.size
-        prof = self.profile
-        out = (kv_read, prof.sps.at_context(num_req, l_max, kv_read), prof.decode_table.at_context(num_req, l_max, kv_read))
+            return self._tables[1]  # priced already this round (the plain-block plan), same requests
+        if self._kernels is not None:
+            kv_read, l_max, num_req = self._kernels.round_context(dec, pre, None if no_prefill else chunks,
+                                                                  self.kv.tokens)
+        else:
+            kv_dec = self.kv.tokens[dec]
+            kv_read = int(_sum(kv_dec))
+            l_max = int(_max(kv_dec)) if dec.size else 0
+            num_req = dec.size
+            if not no_prefill:
+                active = pre[chunks > 0]
+                kv_pre = self.kv.tokens[active]
+                kv_read += int(_sum(kv_pre))
+                l_max = max(l_max, int(_max(kv_pre)) if active.size else 0)
+                num_req += active.size
+        out = (kv_read, *self._tables_at(num_req, l_max, kv_read))
         if no_prefill:
-            self._tables = (dec, out, kv_dec)  # kv_dec: the plain-block plan reads it too
+            self._tables = (dec, out)
         return out
+
+    def _tables_at(self, num_req: int, l_max: int, kv_read: int) -> tuple[SPSTable, SPSTable]:
+        """The verify and decode cost tables at a pass's context: ``num_req`` requests, the longest
+        context ``l_max`` and ``kv_read`` KV tokens read (docs/model.md section 1 step 4)."""
+        prof = self.profile
+        return prof.sps.at_context(num_req, l_max, kv_read), prof.decode_table.at_context(num_req, l_max, kv_read)
 
     def _overhead_s(self, drafted: bool) -> float:
         """Host time of a round, plus the planner's when the policy ranks confidences in the critical path."""
@@ -976,12 +1017,15 @@ class Engine:
         num_dec = dec.size
         if not num_dec or gamma <= 0:
             return 0.0, np.zeros(num_dec, dtype=np.int64), None, None, None, np.nan, np.nan
-        logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
-        if self.logit_shift is not None:  # acceptance drift over time, output position and context
-            logits = logits + self.logit_shift(self.env.now, self.generated[dec], self.kv.tokens[dec])[:, None]
-        probs = expit(logits)
-        raw = self.head.raw_logits(self.head_rng, logits)
-        conf = expit(raw / self.temps[:gamma])
+        if self._kernels is not None:
+            probs, raw, conf = self._draft_confidences_compiled(dec, gamma)
+        else:
+            logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)
+            if self.logit_shift is not None:  # acceptance drift over time, output position and context
+                logits = logits + self.logit_shift(self.env.now, self.generated[dec], self.kv.tokens[dec])[:, None]
+            probs = expit(logits)
+            raw = self.head.raw_logits(self.head_rng, logits)
+            conf = expit(raw / self.temps[:gamma])
         p_min = self.drafter.spec.p_min
         if p_min > 0:  # a request stops drafting at its first position below p_min (llama.cpp --draft-p-min)
             keep = np.cumprod(conf >= p_min, axis=1).astype(bool)
@@ -999,6 +1043,26 @@ class Engine:
             raise EngineInvariantError(f"policy {self.policy.name} returned lengths {lengths.tolist()} for "
                                        f"{num_dec} requests with {gamma} drafted positions each")
         return draft_s, lengths.copy(), probs, raw, conf, plan.theta, plan.theta_global
+
+    def _draft_confidences_compiled(self, dec: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The drafted positions' acceptance probabilities, raw head logits and confidences, each
+        ``(R, gamma)`` float64, by the compiled kernel (``_kernels.draft_confidences``): the draws
+        of :meth:`AcceptanceModel.round_logits` and :meth:`ConfidenceHead.raw_logits` from the same
+        generators in the same order, and the same values bit for bit."""
+        acc, head, num = self.acc, self.head, dec.size
+        offset = self.rng.normal(0.0, acc.sigma_round, size=num) if acc.sigma_round > 0.0 else None
+        shift = None
+        if self.logit_shift is not None:  # acceptance drift over time, output position and context
+            shift = np.ascontiguousarray(self.logit_shift(self.env.now, self.generated[dec], self.kv.tokens[dec]),
+                                         dtype=np.float64)
+        noise = None
+        if not head.oracle and head.noise_sd:
+            noise = self.head_rng.normal(0.0, head.noise_sd, size=(num, gamma))
+        probs, raw, conf = np.empty((num, gamma)), np.empty((num, gamma)), np.empty((num, gamma))
+        self._kernels.draft_confidences(dec, self.domain, self.difficulty, offset, acc.mu, acc.slope,
+                                        None if acc.base is None else acc.base_logits(gamma), shift, noise,
+                                        head.oracle, float(head.overconfidence), self.temps, probs, raw, conf)
+        return probs, raw, conf
 
     def _accept(self, dec: np.ndarray, lengths: np.ndarray, probs, raw, conf):  # noqa: ANN001 - arrays or None
         """Step 7 for decoding requests: leading accepted drafts plus one bonus token, capped at the

@@ -177,6 +177,16 @@ WHOLE_RUNS = {
         "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
                      "memory": {"gpu_allocatable_gib": 4.0, "weights_bytes": 1 << 30, "kv_bytes_per_token": 131072,
                                 "max_model_len": 8192}}}),
+    # the drafted round's confidences (_kernels.draft_confidences) on every acceptance and head kind
+    "dspark-oracle-drift": ({"name": "dspark"}, {
+        "workload": {"concurrency": 16, "num_requests": 48}, "confidence": {"head": "oracle"},
+        "acceptance": {"drift": {"time_phases": [{"start_s": 0.0, "shift": 0.3}, {"start_s": 2.0, "shift": -0.8}],
+                                 "per_1k_output_tokens": -0.4, "per_1k_context_tokens": 0.2}}}),
+    "threshold-per-position-noiseless": ({"name": "threshold"}, {
+        "workload": {"concurrency": 12, "num_requests": 40}, "confidence": {"noise_sd": 0.0, "sts": [1.3, 0.8, 1.1]},
+        "acceptance": {"per_position": [0.8, 0.6, 0.45, 0.3], "sigma_round": 0.0}}),
+    "dspark-p-min-mtp": ({"name": "dspark"}, {"workload": {"concurrency": 10, "num_requests": 40},
+                                              "drafter": {"kind": "mtp", "p_min": 0.35}}),
 }
 
 
@@ -421,7 +431,11 @@ def test_random_runs_match_the_numpy_engine(seed, monkeypatch):
     workload = ({"concurrency": int(rng.integers(1, 48)), "num_requests": int(rng.integers(20, 80))}
                 if rng.random() < 0.6 else
                 {"mode": "poisson", "rate_per_s": float(rng.uniform(0.5, 8.0)), "num_requests": int(rng.integers(20, 80))})
-    scen = scenario(policy=policy, engine=engine, hardware=hardware, workload=workload)
+    heads = {"model": {}, "oracle": {"head": "oracle"}, "noiseless": {"noise_sd": 0.0}}
+    confidence = heads[str(rng.choice(list(heads)))]
+    acceptance = {"per_position": [0.85, 0.6, 0.4]} if rng.random() < 0.3 else {}
+    scen = scenario(policy=policy, engine=engine, hardware=hardware, workload=workload, confidence=confidence,
+                    acceptance=acceptance)
     run_seed = int(rng.integers(0, 1000))
     compiled = run(scen, seed=run_seed)
     monkeypatch.setattr(_compiled, "ENABLED", False)
@@ -490,3 +504,98 @@ def test_a_table_too_short_for_the_scan_names_the_batch_both_ways(early_stop, co
     # early stop asks for B = 7 first; 10 requests have no anchor batch on a table up to B = 6
     compiled, numpy_scan = _scan_both(conf, {1: 100.0, 4: 90.0, 6: 80.0}, early_stop=early_stop)
     assert compiled == numpy_scan and compiled[1] == want
+
+
+def _expit(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@needs_kernels
+def test_draft_confidences_follow_the_formula_by_hand():
+    # two requests of two domains, linear kind, a round offset, a drift shift and head noise:
+    # every value worked out on Python floats from the docstring's formula
+    dec = np.array([2, 0], dtype=np.int64)
+    domain = np.array([1, 0, 0], dtype=np.int64)
+    difficulty = np.array([0.1, 0.0, -0.3])
+    offset, shift = np.array([0.05, -0.2]), np.array([0.5, -0.25])
+    mu, slope = np.array([1.0, -0.5]), np.array([-0.25, 0.125])
+    noise = np.array([[0.1, -0.2, 0.3], [0.0, 0.4, -0.1]])
+    temps = np.array([1.0, 2.0, 0.5, 9.0])  # longer than the drafted width: the first three count
+    probs, raw, conf = (np.empty((2, 3)) for _ in range(3))
+    kernels.draft_confidences(dec, domain, difficulty, offset, mu, slope, None, shift, noise, False, 1.5, temps,
+                              probs, raw, conf)
+    for k, (i, d) in enumerate(((2, 0), (0, 1))):
+        for j in range(3):
+            logit = (((mu[d] + difficulty[i]) + offset[k]) + slope[d] * j) + shift[k]
+            assert probs[k, j] == _expit(logit)
+            assert raw[k, j] == 1.5 * (logit + noise[k, j])
+            assert conf[k, j] == _expit(1.5 * (logit + noise[k, j]) / temps[j])
+    # per-position kind and an oracle head: the base row plus the offsets; raw is the true logit
+    base = np.array([[0.9, 0.2, -0.4], [0.3, 0.1, 0.0]])
+    kernels.draft_confidences(dec, domain, difficulty, None, mu, slope, base, None, noise, True, 1.5, temps,
+                              probs, raw, conf)
+    assert raw[0].tolist() == [0.9 - 0.3, 0.2 - 0.3, -0.4 - 0.3]  # request 2: domain 0, difficulty -0.3
+    assert raw[1].tolist() == [0.3 + 0.1, 0.1 + 0.1, 0.0 + 0.1]  # request 0: domain 1, difficulty 0.1
+    assert conf[0, 1] == _expit((0.2 - 0.3) / 2.0) and probs[1, 0] == _expit(0.3 + 0.1)
+
+
+@needs_kernels
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 8), st.integers(1, 4), st.booleans(), st.sampled_from([0.0, 0.3]),
+       st.sampled_from([0.0, 0.4]), st.booleans(), st.floats(0.5, 3.0), st.booleans(), st.integers(0, 2**32 - 1))
+def test_draft_confidences_match_the_acceptance_model_and_head(num, gamma, num_dom, per_position, sigma_round,
+                                                               noise_sd, oracle, overconfidence, drift, seed):
+    # the kernel against AcceptanceModel.round_logits, the drift shift, ConfidenceHead.raw_logits
+    # and scipy's expit, fed the same draws: equal to the bit
+    from scipy.special import expit
+
+    from memtp_sim.acceptance import AcceptanceModel
+    from memtp_sim.confidence import ConfidenceHead
+
+    rng = np.random.default_rng(seed)
+    n = num + 3
+    domain = rng.integers(0, num_dom, n).astype(np.int64)
+    difficulty = rng.normal(0.0, 0.5, n)
+    dec = rng.permutation(n)[:num].astype(np.int64)
+    acc = AcceptanceModel(domains=tuple(f"d{i}" for i in range(num_dom)), mu=rng.normal(1.0, 1.0, num_dom),
+                          slope=rng.normal(-0.2, 0.1, num_dom) if not per_position else np.zeros(num_dom),
+                          sigma_round=sigma_round, base=rng.normal(0.5, 1.0, (num_dom, 3)) if per_position else None)
+    head = ConfidenceHead(noise_sd=noise_sd, overconfidence=overconfidence, oracle=oracle)
+    temps = rng.uniform(0.3, 3.0, gamma + 2)
+    shift = rng.normal(0.0, 0.3, num) if drift else None
+
+    want_logits = acc.round_logits(np.random.default_rng(seed + 1), domain[dec], difficulty[dec], gamma)
+    if shift is not None:
+        want_logits = want_logits + shift[:, None]
+    want_raw = head.raw_logits(np.random.default_rng(seed + 2), want_logits)
+    want = (expit(want_logits), want_raw, expit(want_raw / temps[:gamma]))
+
+    draws, head_draws = np.random.default_rng(seed + 1), np.random.default_rng(seed + 2)
+    offset = draws.normal(0.0, sigma_round, size=num) if sigma_round > 0.0 else None
+    noise = head_draws.normal(0.0, noise_sd, size=(num, gamma)) if not oracle and noise_sd else None
+    got = tuple(np.empty((num, gamma)) for _ in range(3))
+    kernels.draft_confidences(dec, domain, difficulty, offset, acc.mu, acc.slope,
+                              None if acc.base is None else acc.base_logits(gamma), shift, noise, oracle,
+                              overconfidence, temps, *got)
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=60), st.data())
+def test_round_context_sums_decoding_and_chunked_requests(tokens, data):
+    # oracle: a Python loop over the requests in the pass
+    n = len(tokens)
+    tok = np.array(tokens, dtype=np.int64)
+    ids = data.draw(st.lists(st.integers(0, n - 1), max_size=n, unique=True))
+    cut = data.draw(st.integers(0, len(ids)))
+    dec, pre = np.array(ids[:cut], dtype=np.int64), np.array(ids[cut:], dtype=np.int64)
+    chunks = np.array(data.draw(st.lists(st.integers(0, 3), min_size=pre.size, max_size=pre.size)), dtype=np.int64)
+    in_pass = [int(i) for i in dec] + [int(i) for i, c in zip(pre, chunks) if c > 0]
+    want = (sum(tokens[i] for i in in_pass), max((tokens[i] for i in in_pass), default=0), len(in_pass))
+    assert kernels.round_context(dec, pre, chunks, tok) == want
+    assert kernels.round_context(dec, None, None, tok) == (sum(tokens[i] for i in dec), max(
+        (tokens[i] for i in dec), default=0), dec.size)
+    with pytest.raises(ValueError, match="chunks"):
+        kernels.round_context(dec, pre, chunks[:-1] if chunks.size else np.zeros(1, dtype=np.int64), tok)
