@@ -365,7 +365,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
     ``theta_n = tau_n / (overhead_s + times[n])``.
 
     Args:
-        vals: ``(R, L)`` float64 C-contiguous confidences in [0, 1] (R >= 1, L >= 1).
+        vals: ``(R, L)`` float64 C-contiguous confidences in [0, 1] (R >= 1, L >= 1; checked).
         times: float64 pass times of B = base .. base + ``n_cov_limit``, s (element n: n drafts).
         overhead_s: the round's fixed time besides the pass (drafting), s.
         has_no_draft_pass, no_draft_pass_s: whether the pass time with no drafts replaces
@@ -383,7 +383,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
         early stop with ``n_star == n_cov`` (no candidate failed to raise Theta).
 
     Raises:
-        TypeError, ValueError: arrays of the wrong type or size.
+        TypeError, ValueError: arrays of the wrong type or size, or a confidence outside [0, 1].
 
     Source:
         DSpark paper (Cheng et al. 2026) Algorithm 1; docs/model.md section 1 step 3.
@@ -401,7 +401,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
 
     cdef Py_ssize_t r, j, n, size, n_max = 0, n_cov, n_star, best
     cdef double s, tau, theta, prev, theta_best, tau_best, theta_star, tau_star
-    cdef bint found = False, nan_best
+    cdef bint found = False, nan_best, in_range = True
     # scratch: the survivals (R*L), and the rows picked in rank order, each row's next position
     # and the merge's heap
     cdef double* a = <double*>PyMem_Malloc(total * sizeof(double))
@@ -416,6 +416,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
         for r in range(num_req):  # joint survivals: each row's running product, left to right
             s = 1.0
             for j in range(width):
+                in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
                 s = s * v[r * width + j]
                 a[r * width + j] = s
                 if s > 0.0:
@@ -423,6 +424,11 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
             pos[r] = 0
             heap[r] = r
             out[r] = 0
+    if not in_range:
+        PyMem_Free(a)
+        PyMem_Free(picked)
+        raise ValueError("vals: confidences must lie in [0, 1]")
+    with nogil:
         if n_max > n_limit:
             n_max = n_limit
         n_cov = n_max if n_max < n_cov_limit else n_cov_limit

@@ -599,3 +599,26 @@ def test_round_context_sums_decoding_and_chunked_requests(tokens, data):
         (tokens[i] for i in dec), default=0), dec.size)
     with pytest.raises(ValueError, match="chunks"):
         kernels.round_context(dec, pre, chunks[:-1] if chunks.size else np.zeros(1, dtype=np.int64), tok)
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan")])
+def test_a_policy_view_with_confidences_outside_0_1_gets_the_public_error_both_ways(bad):
+    # the compiled scan checks the range itself (the engine path skips numpy's reductions); the
+    # error is the public function's, compiled or not
+    from memtp_sim.hardware.cost import SPSTable
+    from memtp_sim.policies import make_policy
+    from memtp_sim.policies.base import RoundView
+
+    conf = np.array([[0.9, 0.8], [0.7, bad]])
+    view = RoundView(confidences=conf, sps=SPSTable.from_mapping({1: 100.0, 8: 90.0}), prefill_tokens=0,
+                     max_batch_tokens=8, draft_overhead_s=0.001, round_index=0)
+    messages = []
+    try:
+        for enabled in (True, False):
+            _compiled.ENABLED = enabled
+            with pytest.raises(ValueError) as err:
+                make_policy("dspark").plan(view)
+            messages.append(str(err.value))
+    finally:
+        _compiled.ENABLED = True
+    assert messages[0] == messages[1] and messages[0].startswith("confidences: values must lie in [0, 1]")

@@ -379,7 +379,9 @@ class SPSTable:
                                        f"got {num_requests!r}, {l_max!r}, {kv_tokens!r}")
         if not self.has_context_term:
             return self
-        self._dense  # noqa: B018 - computed once on the base table, shared by every round's view
+        # computed once on the base table and shared by every round's view (a view's own
+        # cached_property would compute them again each round)
+        self._dense, self.min_batch_tokens, self.max_batch_tokens  # noqa: B018
         out = object.__new__(SPSTable)
         state = out.__dict__
         state.update(self.__dict__)
