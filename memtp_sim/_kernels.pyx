@@ -152,6 +152,17 @@ def round_context(cnp.ndarray dec, object pre, object chunks, cnp.ndarray tokens
     return kv_read, l_max, num_req
 
 
+def counts_within(cnp.ndarray counts, i64 low, i64 high):
+    """Whether every element of ``counts`` (``(R,)`` int64) lies in ``low..high`` (a plan's verify
+    lengths within the drafted positions; ``Engine._draft_and_plan``'s check)."""
+    cdef i64* c = _i64(counts, "counts")
+    cdef Py_ssize_t k
+    for k in range(cnp.PyArray_DIM(counts, 0)):
+        if c[k] < low or c[k] > high:
+            return False
+    return True
+
+
 def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):
     """Whether every request in ``reqs`` has prefilled its target (all of them decode this round).
 

@@ -1038,11 +1038,12 @@ class Engine:
             confidences=conf, sps=verify_table, prefill_tokens=chunk_total,
             max_batch_tokens=self.cfg.max_batch_tokens, draft_overhead_s=draft_s, round_index=round_index,
             no_draft_pass_s=float(decode_table.pass_time_s(no_draft_b)) if decode_table is not verify_table else None))
-        lengths = np.asarray(plan.lengths, dtype=np.int64)
-        if lengths.shape != (num_dec,) or (num_dec and (_min(lengths) < 0 or _max(lengths) > gamma)):
+        lengths = np.array(plan.lengths, dtype=np.int64)  # a copy: the policy may keep its own
+        if lengths.shape != (num_dec,) or not (self._kernels.counts_within(lengths, 0, gamma) if self._kernels is not None
+                                               else (_min(lengths) >= 0 and _max(lengths) <= gamma)):
             raise EngineInvariantError(f"policy {self.policy.name} returned lengths {lengths.tolist()} for "
                                        f"{num_dec} requests with {gamma} drafted positions each")
-        return draft_s, lengths.copy(), probs, raw, conf, plan.theta, plan.theta_global
+        return draft_s, lengths, probs, raw, conf, plan.theta, plan.theta_global
 
     def _draft_confidences_compiled(self, dec: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The drafted positions' acceptance probabilities, raw head logits and confidences, each

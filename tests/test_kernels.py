@@ -622,3 +622,22 @@ def test_a_policy_view_with_confidences_outside_0_1_gets_the_public_error_both_w
     finally:
         _compiled.ENABLED = True
     assert messages[0] == messages[1] and messages[0].startswith("confidences: values must lie in [0, 1]")
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("bad", ["negative", "deeper", "shape"])
+def test_a_policy_that_plans_lengths_outside_its_drafts_stops_the_run(bad, compiled, monkeypatch):
+    # the engine's invariant on every plan (compiled: one kernel call; numpy: two reductions)
+    from memtp_sim.errors import EngineInvariantError
+    from memtp_sim.policies import DSparkPolicy, RoundPlan
+
+    def plan(self, view):  # noqa: ANN001, ANN202
+        num, width = view.confidences.shape
+        lengths = {"negative": np.full(num, -1), "deeper": np.full(num, width + 1),
+                   "shape": np.zeros(num + 1, dtype=np.int64)}[bad]
+        return RoundPlan(lengths, theta=float("nan"), theta_global=float("nan"))
+
+    monkeypatch.setattr(DSparkPolicy, "plan", plan)
+    monkeypatch.setattr(_compiled, "ENABLED", compiled)
+    with pytest.raises(EngineInvariantError, match=r"policy dspark returned lengths .* drafted positions each"):
+        run(scenario(policy={"name": "dspark"}, workload={"concurrency": 4, "num_requests": 8}), seed=0)

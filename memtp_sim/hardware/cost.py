@@ -61,6 +61,13 @@ class AttentionCost:
         return (np.array([p[0] for p in self.a_points], dtype=np.float64),
                 np.array([p[1] for p in self.a_points], dtype=np.float64))
 
+    @cached_property
+    def one_slope(self) -> float | None:
+        """``a`` as a Python float when it is one value at every q (one measured point, as every
+        shipped profile), else None."""
+        qs, slopes = self._a_arrays
+        return float(slopes[0]) if qs.size == 1 else None
+
     @property
     def is_zero(self) -> bool:
         """True when every slope is 0 (the pass time then does not depend on the context)."""
@@ -544,7 +551,8 @@ class SPSTable:
         if zero_at_pad[b] != zero_at_pad[b]:  # NaN: B refused by the table's rules
             return None
         q = pad_f[b] / max(num_requests, 1.0)
-        return zero_at_pad[b], factor[b], float(self.attention.latency_slope(q)), q
+        a = self.attention.one_slope
+        return zero_at_pad[b], factor[b], float(self.attention.latency_slope(q)) if a is None else a, q
 
     def _context_one_s(self, b: int) -> float:
         """:meth:`_context_s` for one B on Python floats: the same operations in the same order
@@ -563,11 +571,11 @@ class SPSTable:
         One compiled call where the latency slope is one value (every shipped profile)."""
         kernels = _compiled.active()
         att = self.attention
-        if kernels is not None and len(att.a_points) == 1:  # a(q) is one value: the kernel's case
+        if kernels is not None and att.one_slope is not None:  # a(q) is one value: the kernel's case
             pad_f, zero_at_pad = self._dense.padded
             num_requests, l_max, kv = self.context
             return kernels.context_pass_times(pad_f, zero_at_pad, self._dense.factor, b_first, b_last,
-                                              float(num_requests), float(att.latency_slope(0.0)), float(l_max),
+                                              float(num_requests), att.one_slope, float(l_max),
                                               float(kv), float(att.b_ms_per_kv_token), float(att.c_ms_per_pair))
         return self._context_s(slice(b_first, b_last + 1), *self.context)
 
