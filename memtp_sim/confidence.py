@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from . import _compiled
 from ._lazy import expit, logit
 from .acceptance import AcceptanceModel
 from .errors import InvalidArgumentError
@@ -174,19 +175,60 @@ def _paired_inputs(
 
 
 def _ece_rows(probs: NDArray, outcomes: NDArray, n_bins: int) -> NDArray[np.float64]:
-    """ECE of every row of ``probs`` (shape ``(m, n)``) against ``outcomes`` ``(n,)``.
+    """ECE of every row of ``probs`` (shape ``(m, n)``) against ``outcomes``: ``(n,)`` shared by
+    every row, or ``(m, n)`` one row each.
 
     Vectorised with one ``bincount`` over row-offset bin indices.
     """
     m, n = probs.shape
-    idx = _bin_index(probs, n_bins) + (np.arange(m) * n_bins)[:, None]
-    flat = idx.ravel()
-    sum_prob = np.bincount(flat, weights=probs.ravel(), minlength=m * n_bins)
-    pos = np.broadcast_to(outcomes.astype(np.float64), probs.shape).ravel()
-    sum_pos = np.bincount(flat, weights=pos, minlength=m * n_bins)
+    _, sum_prob, sum_pos = _binned_rows(probs, outcomes, n_bins, counts=False)
     # sum_b (n_b/N) |mean_pos_b - mean_prob_b| = sum_b |sum_pos_b - sum_prob_b| / N
-    gap = np.abs(sum_pos - sum_prob).reshape(m, n_bins)
+    gap = np.abs(sum_pos - sum_prob)
     return gap.sum(axis=1) / n
+
+
+def _binned_rows(probs: NDArray, outcomes: NDArray, n_bins: int,
+                 counts: bool = True) -> tuple[NDArray[np.int64] | None, NDArray[np.float64], NDArray[np.float64]]:
+    """Per row of ``probs`` ``(m, n)`` and bin: the count (None unless ``counts``), the sum of
+    the probabilities and the sum of the outcomes (``(n,)`` shared, or ``(m, n)``), each
+    ``(m, n_bins)``. Each bin's sums add its values in row order (``bincount``), whatever ``m``."""
+    m, _ = probs.shape
+    kernels = _compiled.active()
+    if kernels is not None and probs.dtype == np.float64 and outcomes.dtype == np.bool_:
+        out = (np.empty((m, n_bins), dtype=np.int64), np.empty((m, n_bins)), np.empty((m, n_bins)))
+        kernels.binned_rows(np.ascontiguousarray(probs), np.ascontiguousarray(outcomes), n_bins, *out)
+        return out
+    flat = (_bin_index(probs, n_bins) + (np.arange(m) * n_bins)[:, None]).ravel()
+    sum_prob = np.bincount(flat, weights=probs.ravel(), minlength=m * n_bins).reshape(m, n_bins)
+    pos = np.broadcast_to(outcomes.astype(np.float64), probs.shape).ravel()
+    sum_pos = np.bincount(flat, weights=pos, minlength=m * n_bins).reshape(m, n_bins)
+    num = np.bincount(flat, minlength=m * n_bins).astype(np.int64).reshape(m, n_bins) if counts else None
+    return num, sum_prob, sum_pos
+
+
+def reliability_rows(probs: NDArray, outcomes: NDArray, *, n_bins: int = 15) -> list[ReliabilityCurve]:
+    """:func:`reliability_curve` of every row of ``probs`` ``(m, n)`` against the same row of
+    ``outcomes`` ``(m, n)``, binned at once (the same values as one call per row, bit for bit).
+
+    Args:
+        probs: ``(m, n)`` probabilities in [0, 1] (not checked: the callers built them).
+        outcomes: ``(m, n)`` bool outcomes.
+        n_bins: number of equal-width bins on [0, 1], >= 1.
+
+    Returns:
+        ``m`` curves.
+
+    Source:
+        DeGroot and Fienberg (1983) reliability diagram; DSpark paper Fig. 6.
+    """
+    n_bins = _check_n_bins(n_bins)
+    num, sum_prob, sum_pos = _binned_rows(probs, outcomes, n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_prob = np.where(num > 0, sum_prob / num, np.nan)
+        frac_pos = np.where(num > 0, sum_pos / num, np.nan)
+    edges = np.arange(n_bins + 1) / n_bins
+    centers = 0.5 * (edges[:-1] + edges[1:])
+    return [ReliabilityCurve(centers, mean_prob[k], frac_pos[k], num[k]) for k in range(probs.shape[0])]
 
 
 # ----------------------------------------------------------------------------------
@@ -298,6 +340,12 @@ def auc_score(scores: ArrayLike, labels: ArrayLike) -> float:
         raise InvalidArgumentError(
             f"labels: both classes are needed for AUC, got {n_pos} positive and {n_neg} negative"
         )
+    return _auc_checked(s, y, n_pos)
+
+
+def _auc_checked(s: NDArray, y: NDArray, n_pos: int) -> float:
+    """:func:`auc_score` of checked scores and labels with ``0 < n_pos < len(y)`` positives."""
+    n_neg = y.size - n_pos
     u_stat = _positive_rank_sum(s, y) - n_pos * (n_pos + 1) / 2.0
     return float(u_stat / (n_pos * n_neg))
 
@@ -503,15 +551,27 @@ def per_position_metrics(
     """
     n_bins = _check_n_bins(n_bins)
     c, acc = _sequence_inputs(confidences, accepted)
-    a = np.cumprod(c, axis=1)
-    gamma = c.shape[1]
-    ece = np.array([_ece_rows(a[None, :, k], acc[:, k], n_bins)[0] for k in range(gamma)])
+    return survival_metrics(np.cumprod(c, axis=1), acc, n_bins=n_bins, auc=auc)
+
+
+def survival_metrics(survival: NDArray, accepted: NDArray, *, n_bins: int = 15, auc: bool = True) -> PositionMetrics:
+    """:func:`per_position_metrics` of joint survivals already multiplied out and checked (the
+    engine's own diagnostics): ``survival[:, k]`` is ``a_{k+1}``, ``accepted`` ``(n_rounds,
+    gamma)`` bool. Positions are scored as rows of the transposed arrays (contiguous: a column of
+    a ``(n_rounds, gamma)`` array is strided), with the same values bit for bit.
+
+    Source:
+        DSpark paper §3.2 and Fig. 6 (per-position ECE and AUC of joint survival).
+    """
+    gamma = survival.shape[1]
+    a_rows, acc_rows = np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T)
+    ece = _ece_rows(a_rows, acc_rows, n_bins)
     auc_k = np.full(gamma, np.nan)
+    n_pos = acc_rows.sum(axis=1)
     for k in range(gamma if auc else 0):
-        n_pos = int(acc[:, k].sum())
-        if 0 < n_pos < acc.shape[0]:
-            auc_k[k] = auc_score(a[:, k], acc[:, k])
-    brier = np.mean((a - acc) ** 2, axis=0)
+        if 0 < n_pos[k] < acc_rows.shape[1]:
+            auc_k[k] = _auc_checked(a_rows[k], acc_rows[k], int(n_pos[k]))
+    brier = np.mean((survival - accepted) ** 2, axis=0)
     return PositionMetrics(ece=ece, auc=auc_k, brier=brier)
 
 

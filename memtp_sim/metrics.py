@@ -62,7 +62,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from .confidence import per_position_metrics, reliability_curve
+from .confidence import per_position_metrics, reliability_curve, reliability_rows, survival_metrics
 from .engine import FINISHED, REJECTED, EngineState
 
 __all__ = ["RunResult", "compute_metrics", "METRIC_NAMES"]
@@ -310,7 +310,9 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
     cum_raw, cum_used = np.cumprod(raw, axis=1), np.cumprod(used, axis=1)
     if full:  # every round drafted every position: one pass over all positions
         # the raw head's AUC is not reported (only its ECE and Brier score): not computed
-        m_raw_all, m_used_all = per_position_metrics(raw, ok, auc=False), per_position_metrics(used, ok)
+        m_raw_all, m_used_all = survival_metrics(cum_raw, ok, auc=False), survival_metrics(cum_used, ok)
+        curves_all = {name: reliability_rows(np.ascontiguousarray(c.T), np.ascontiguousarray(ok.T), n_bins=10)
+                      for name, c in (("raw", cum_raw), ("used", cum_used))}
     for k in range(1, raw.shape[1] + 1):
         rows = width >= k  # rounds that drafted position k (elastic depth varies)
         if rows.sum() < 50:
@@ -328,8 +330,11 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         brier.append(m_used.brier[j])
         counts.append(int(rows.sum()))
         for name, c in (("raw", cum_raw), ("used", cum_used)):
-            a_k = c[rows, k - 1]  # = prod(conf[rows, :k]): the same left-to-right products
-            rc = reliability_curve(a_k, ok[rows, k - 1], n_bins=10)
+            if full:
+                rc = curves_all[name][k - 1]
+            else:
+                a_k = c[rows, k - 1]  # = prod(conf[rows, :k]): the same left-to-right products
+                rc = reliability_curve(a_k, ok[rows, k - 1], n_bins=10)
             curves[f"{name}_{k}"] = {"mean_prob": np.round(rc.mean_prob, 4).tolist(),
                                      "frac_positive": np.round(rc.frac_positive, 4).tolist(),
                                      "counts": rc.counts.tolist()}

@@ -386,3 +386,18 @@ def test_per_position_metrics_without_auc_keeps_ece_and_brier():
     full, lean = per_position_metrics(conf, ok), per_position_metrics(conf, ok, auc=False)
     assert np.isnan(lean.auc).all() and np.isfinite(full.auc).all()
     assert full.ece.tobytes() == lean.ece.tobytes() and full.brier.tobytes() == lean.brier.tobytes()
+
+
+@pytest.mark.parametrize("n_bins", [1, 10, 15])
+def test_reliability_rows_equal_one_curve_per_row(n_bins):
+    # the batched curves (the run metrics' reliability diagrams) against the public one-row function
+    from memtp_sim.confidence import reliability_rows
+
+    rng = np.random.default_rng(3)
+    probs = np.cumprod(rng.uniform(0.2, 1.0, (4, 500)), axis=0)
+    probs[0, :6] = [0.0, 1.0, 0.1, 0.2, 1 / 15, 14 / 15]  # edges and ends
+    outcomes = rng.random((4, 500)) < probs
+    for row, curve in enumerate(reliability_rows(probs, outcomes, n_bins=n_bins)):
+        want = reliability_curve(probs[row], outcomes[row], n_bins=n_bins)
+        for got_a, want_a in zip(curve, want):
+            assert np.asarray(got_a).tobytes() == np.asarray(want_a).tobytes()

@@ -641,3 +641,43 @@ def test_a_policy_that_plans_lengths_outside_its_drafts_stops_the_run(bad, compi
     monkeypatch.setattr(_compiled, "ENABLED", compiled)
     with pytest.raises(EngineInvariantError, match=r"policy dspark returned lengths .* drafted positions each"):
         run(scenario(policy={"name": "dspark"}, workload={"concurrency": 4, "num_requests": 8}), seed=0)
+
+
+_EDGES = st.sampled_from([0.0, 1.0, 1 / 15, 2 / 15, 0.1, 0.2, 0.3, 14 / 15, 0.5, 7 / 15]) | st.floats(0.0, 1.0)
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 40), st.sampled_from([1, 2, 3, 10, 15]), st.booleans(), st.data())
+def test_binned_rows_match_numpy_binning_on_edges_and_between(m, n, n_bins, shared, data):
+    # oracle: the numpy binning (_bin_index and np.bincount), run with the kernels switched off;
+    # values on the edges i / n_bins go to the lower bin, 0 to bin 0
+    from memtp_sim.confidence import _binned_rows
+
+    probs = np.array(data.draw(st.lists(_EDGES, min_size=m * n, max_size=m * n))).reshape(m, n)
+    outcomes = np.array(data.draw(st.lists(st.booleans(), min_size=n if shared else m * n,
+                                           max_size=n if shared else m * n)))
+    if not shared:
+        outcomes = outcomes.reshape(m, n)
+    got = _binned_rows(probs, outcomes, n_bins)
+    try:
+        _compiled.ENABLED = False
+        want = _binned_rows(probs, outcomes, n_bins)
+    finally:
+        _compiled.ENABLED = True
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+
+
+@needs_kernels
+def test_binned_rows_put_each_value_in_its_bin_by_hand():
+    counts, sum_prob, sum_pos = (np.empty((1, 4), dtype=np.int64), np.empty((1, 4)), np.empty((1, 4)))
+    probs = np.array([[0.0, 0.25, 0.2500001, 0.5, 0.75, 1.0, 0.9]])
+    kernels.binned_rows(probs, np.array([True, False, True, True, False, True, True]), 4, counts, sum_prob, sum_pos)
+    # bins (0, .25], (.25, .5], (.5, .75], (.75, 1]; 0 -> bin 0
+    assert counts.tolist() == [[2, 2, 1, 2]]
+    assert sum_prob.tolist() == [[0.0 + 0.25, 0.2500001 + 0.5, 0.75, 1.0 + 0.9]]
+    assert sum_pos.tolist() == [[1.0, 2.0, 0.0, 2.0]]
+    with pytest.raises(ValueError, match=r"probs: values must lie in \[0, 1\]"):
+        kernels.binned_rows(np.array([[0.5, float("nan")]]), np.array([True, False]), 4, counts[:, :4],
+                            sum_prob, sum_pos)
