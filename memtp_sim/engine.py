@@ -69,7 +69,7 @@ from .hardware import HardwareProfile
 from .hardware.cost import SPSTable
 from .kv_cache import KVCacheManager
 from .memtp import MEMTP_DEFAULTS, CoherenceEWMA, TowerCoherence
-from .policies.base import DraftView, Policy, RoundOutcome, RoundView
+from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
 from .workload import Workload
 
@@ -1034,16 +1034,15 @@ class Engine:
         else:
             draft_s = self.drafter.round_time_s(num_dec, gamma)
         no_draft_b = num_dec + chunk_total
-        plan = self.policy.plan(RoundView(
-            confidences=conf, sps=verify_table, prefill_tokens=chunk_total,
-            max_batch_tokens=self.cfg.max_batch_tokens, draft_overhead_s=draft_s, round_index=round_index,
-            no_draft_pass_s=float(decode_table.pass_time_s(no_draft_b)) if decode_table is not verify_table else None))
-        lengths = np.array(plan.lengths, dtype=np.int64)  # a copy: the policy may keep its own
+        planned, theta, theta_global = self.policy.plan_round(
+            conf, verify_table, chunk_total, self.cfg.max_batch_tokens, draft_s, round_index,
+            float(decode_table.pass_time_s(no_draft_b)) if decode_table is not verify_table else None)
+        lengths = np.array(planned, dtype=np.int64)  # a copy: the policy may keep its own
         if lengths.shape != (num_dec,) or not (self._kernels.counts_within(lengths, 0, gamma) if self._kernels is not None
                                                else (_min(lengths) >= 0 and _max(lengths) <= gamma)):
             raise EngineInvariantError(f"policy {self.policy.name} returned lengths {lengths.tolist()} for "
                                        f"{num_dec} requests with {gamma} drafted positions each")
-        return draft_s, lengths, probs, raw, conf, plan.theta, plan.theta_global
+        return draft_s, lengths, probs, raw, conf, theta, theta_global
 
     def _draft_confidences_compiled(self, dec: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The drafted positions' acceptance probabilities, raw head logits and confidences, each

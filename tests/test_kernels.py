@@ -629,15 +629,15 @@ def test_a_policy_view_with_confidences_outside_0_1_gets_the_public_error_both_w
 def test_a_policy_that_plans_lengths_outside_its_drafts_stops_the_run(bad, compiled, monkeypatch):
     # the engine's invariant on every plan (compiled: one kernel call; numpy: two reductions)
     from memtp_sim.errors import EngineInvariantError
-    from memtp_sim.policies import DSparkPolicy, RoundPlan
+    from memtp_sim.policies import DSparkPolicy
 
-    def plan(self, view):  # noqa: ANN001, ANN202
-        num, width = view.confidences.shape
+    def plan_round(self, confidences, *args):  # noqa: ANN001, ANN002, ANN202 - the engine's call
+        num, width = confidences.shape
         lengths = {"negative": np.full(num, -1), "deeper": np.full(num, width + 1),
                    "shape": np.zeros(num + 1, dtype=np.int64)}[bad]
-        return RoundPlan(lengths, theta=float("nan"), theta_global=float("nan"))
+        return lengths, float("nan"), float("nan")
 
-    monkeypatch.setattr(DSparkPolicy, "plan", plan)
+    monkeypatch.setattr(DSparkPolicy, "plan_round", plan_round)
     monkeypatch.setattr(_compiled, "ENABLED", compiled)
     with pytest.raises(EngineInvariantError, match=r"policy dspark returned lengths .* drafted positions each"):
         run(scenario(policy={"name": "dspark"}, workload={"concurrency": 4, "num_requests": 8}), seed=0)
@@ -681,3 +681,41 @@ def test_binned_rows_put_each_value_in_its_bin_by_hand():
     with pytest.raises(ValueError, match=r"probs: values must lie in \[0, 1\]"):
         kernels.binned_rows(np.array([[0.5, float("nan")]]), np.array([True, False]), 4, counts[:, :4],
                             sum_prob, sum_pos)
+
+
+@needs_kernels
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.booleans(), st.sampled_from([None, 0.004, 0.02]))
+def test_dspark_plan_round_equals_plan_on_its_view(seed, early_stop, no_draft_pass_s):
+    # the engine's view-free call against plan(RoundView): the same lengths, rates and fallback
+    # gate over a run of rounds (the gate learns from each), compiled and not
+    from memtp_sim.hardware import SPSTable
+    from memtp_sim.policies import RoundView, make_policy
+
+    rng = np.random.default_rng(seed)
+    table = SPSTable.from_mapping({1: 120.0, 16: 110.0, 64: 90.0, 256: 45.0, 512: 25.0})
+    fast, slow = (make_policy("dspark", {"early_stop": early_stop, "probe_every": 2}) for _ in range(2))
+    for round_index in range(12):
+        num, width = int(rng.integers(1, 20)), int(rng.integers(1, 8))
+        conf = np.round(rng.uniform(0.0, 1.0, (num, width)), 1)  # ties and zeros
+        prefill = int(rng.integers(0, 40))
+        draft_s = float(rng.choice([0.0, 0.002, 0.05]))
+        got = fast.plan_round(conf, table, prefill, 512, draft_s, round_index, no_draft_pass_s)
+        want = slow.plan(RoundView(confidences=conf, sps=table, prefill_tokens=prefill, max_batch_tokens=512,
+                                   draft_overhead_s=draft_s, round_index=round_index, no_draft_pass_s=no_draft_pass_s))
+        assert np.asarray(got[0]).tolist() == np.asarray(want.lengths).tolist()
+        assert repr(got[1:]) == repr((want.theta, want.theta_global))
+        assert fast._gate.__dict__ == slow._gate.__dict__
+
+
+def test_a_dspark_subclass_with_its_own_plan_is_asked_through_plan():
+    from memtp_sim.hardware import SPSTable
+    from memtp_sim.policies import DSparkPolicy, RoundPlan
+
+    class Mine(DSparkPolicy):
+        def plan(self, view):  # noqa: ANN001, ANN202
+            return RoundPlan(np.zeros(view.num_requests, dtype=np.int64), theta=1.0, theta_global=2.0)
+
+    lengths, theta, theta_global = Mine(DSparkPolicy.Params()).plan_round(
+        np.full((2, 3), 0.9), SPSTable.from_mapping({1: 100.0, 64: 90.0}), 0, 64, 0.001, 0, None)
+    assert lengths.tolist() == [0, 0] and (theta, theta_global) == (1.0, 2.0)

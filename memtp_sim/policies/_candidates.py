@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..hardware import SPSTable
 from .base import DraftView, RoundView
 
 __all__ = ["GAMMA_FIELD", "FALLBACK_FIELD", "PROBE_FIELD", "FallbackGate", "survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate", "pass_time_s"]
@@ -116,13 +117,20 @@ class FallbackGated:
 
 def plain_rate(view: RoundView) -> float:
     """tok/s of a plain decode pass this round (no drafting time, no drafts verified)."""
-    t = view.no_draft_pass_s
+    return plain_rate_of(view.num_requests, int(view.prefill_tokens), view.sps, view.no_draft_pass_s)
+
+
+def plain_rate_of(num_requests: int, prefill_tokens: int, sps: SPSTable, no_draft_pass_s: float | None) -> float:
+    """:func:`plain_rate` of a round given by its fields: ``num_requests`` tokens per plain pass,
+    timed ``no_draft_pass_s``, or by ``sps`` at ``num_requests + prefill_tokens`` when None
+    (NaN where the table has no value there, or without requests)."""
+    t = no_draft_pass_s
     if t is None:
-        b = view.num_requests + int(view.prefill_tokens)
-        if not view.sps.covers(b):
+        b = num_requests + prefill_tokens
+        if not sps.covers(b):
             return float("nan")
-        t = float(view.sps.pass_time_s(b))
-    return view.num_requests / t if view.num_requests else float("nan")
+        t = float(sps.pass_time_s(b))
+    return num_requests / t if num_requests else float("nan")
 
 
 def survival(view: RoundView, gamma: int) -> np.ndarray:

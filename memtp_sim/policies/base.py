@@ -228,6 +228,23 @@ class Policy(ABC):
             The plan: ``(R,)`` lengths in ``0..view.draft_len`` within ``max_batch_tokens``.
         """
 
+    def plan_round(self, confidences: np.ndarray, sps: SPSTable, prefill_tokens: int, max_batch_tokens: int,
+                   draft_overhead_s: float, round_index: int,
+                   no_draft_pass_s: float | None) -> tuple[np.ndarray, float, float]:
+        """:meth:`plan` on the engine's own round, given as the :class:`RoundView` fields (the
+        engine built them: a float64 ``(R, L)`` array and numbers of the right types).
+
+        The default builds the view and calls :meth:`plan`; a policy whose plan is one compiled
+        call may override it to skip the view, with the same result (DSpark's scan).
+
+        Returns:
+            ``(lengths, theta, theta_global)`` of the plan.
+        """
+        plan = self.plan(RoundView(confidences=confidences, sps=sps, prefill_tokens=prefill_tokens,
+                                   max_batch_tokens=max_batch_tokens, draft_overhead_s=draft_overhead_s,
+                                   round_index=round_index, no_draft_pass_s=no_draft_pass_s))
+        return plan.lengths, plan.theta, plan.theta_global
+
     def describe(self, exclude: tuple[str, ...] = ()) -> str:
         """Short label for tables and plots, e.g. ``static(k=5)``; parameters in ``exclude`` are
         left out (e.g. ``gamma`` when another owner, the MEMTP ensemble, sets it).

@@ -23,6 +23,7 @@ keeps the output distribution exact; section 5.2 for the asynchronous scheduler.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
@@ -45,6 +46,7 @@ from ._candidates import (
     draft_budget,
     expected_rate,
     plain_rate,
+    plain_rate_of,
     survival,
     take_top,
 )
@@ -456,9 +458,40 @@ class DSparkPolicy(FallbackGated, Policy):
             DSpark paper (Cheng et al. 2026) Algorithm 1.
         """
         res = _plan_round(view, self.params.early_stop)
-        best = res.theta_global if np.isfinite(res.theta_global) else res.theta
-        self._gate.report(int(view.round_index), best, plain_rate(view))
+        self._report(int(view.round_index), res, plain_rate(view))
         return RoundPlan(res.lengths, theta=res.theta, theta_global=res.theta_global)
+
+    def _report(self, round_index: int, res: ScheduleResult, plain_tok_s: float) -> None:
+        # the fallback gate learns from the best rate the scan found against plain decoding
+        best = res.theta_global if math.isfinite(res.theta_global) else res.theta
+        self._gate.report(round_index, best, plain_tok_s)
+
+    def plan_round(self, confidences: np.ndarray, sps: SPSTable, prefill_tokens: int, max_batch_tokens: int,
+                   draft_overhead_s: float, round_index: int,
+                   no_draft_pass_s: float | None) -> tuple[np.ndarray, float, float]:
+        """:meth:`plan` without the view: the compiled scan straight on the engine's round (the
+        same result; without the kernels, or on anything the scan refuses, :meth:`plan`, whose
+        checks raise the public one-line errors).
+
+        Returns:
+            ``(lengths, theta, theta_global)``.
+        """
+        kernels = _compiled.active()
+        num_req = confidences.shape[0]
+        if (kernels is not None and type(self).plan is DSparkPolicy.plan  # a subclass's own plan runs as such
+                and confidences.size and confidences.flags.c_contiguous
+                and 0.0 <= draft_overhead_s < math.inf and num_req + prefill_tokens <= max_batch_tokens
+                and (no_draft_pass_s is None or 0.0 < no_draft_pass_s < math.inf)):  # the view's checks
+            try:
+                res = _schedule_compiled(kernels, confidences, sps, self.params.early_stop, num_req + prefill_tokens,
+                                         max_batch_tokens, draft_overhead_s, no_draft_pass_s)
+            except ValueError:
+                pass  # the view's checks below name the bad input
+            else:
+                self._report(round_index, res, plain_rate_of(num_req, prefill_tokens, sps, no_draft_pass_s))
+                return res.lengths, res.theta, res.theta_global
+        return super().plan_round(confidences, sps, prefill_tokens, max_batch_tokens, draft_overhead_s, round_index,
+                                  no_draft_pass_s)
 
 
 
