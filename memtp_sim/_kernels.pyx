@@ -163,6 +163,48 @@ def counts_within(cnp.ndarray counts, i64 low, i64 high):
     return True
 
 
+def split_decoding(cnp.ndarray run, cnp.ndarray prefilled, cnp.ndarray target, cnp.ndarray tokens,
+                   i64 block_tokens, cnp.ndarray dec, cnp.ndarray pre):
+    """Step 2's split of the running requests (``Engine._guarantee_anchors``): those whose prefill
+    is done decode, the others prefill, each in running order; and the KV blocks the decoding
+    requests' anchors need (``KVCacheManager.anchor_blocks``).
+
+    Args:
+        run: ``(N,)`` int64 running request ids, admission order.
+        prefilled, target: ``(n,)`` int64 prefilled and to-prefill tokens per request.
+        tokens: ``(n,)`` int64 stored tokens per request.
+        block_tokens: tokens per KV block (>= 1).
+        dec, pre: int64 out, ``(N,)`` or longer: the decoding ids, then the prefilling ids.
+
+    Returns:
+        ``(num_decoding, anchor_blocks)``; the prefilling count is ``N - num_decoding``.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
+    """
+    cdef i64* ids = _i64(run, "run")
+    cdef Py_ssize_t num = cnp.PyArray_DIM(run, 0), size = cnp.PyArray_DIM(prefilled, 0), k
+    cdef i64* done = _i64(prefilled, "prefilled", size)
+    cdef i64* want = _i64(target, "target", size)
+    cdef i64* tok = _i64(tokens, "tokens", size)
+    cdef i64* d = _i64(dec, "dec", num, False)
+    cdef i64* p = _i64(pre, "pre", num, False)
+    _check_block_tokens(block_tokens)
+    _check_ids(ids, num, size)
+    cdef i64 i, num_dec = 0, num_pre = 0, anchors = 0
+    for k in range(num):
+        i = ids[k]
+        if done[i] >= want[i]:
+            d[num_dec] = i
+            num_dec += 1
+            if tok[i] % block_tokens == 0:
+                anchors += 1
+        else:
+            p[num_pre] = i
+            num_pre += 1
+    return num_dec, anchors
+
+
 def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):
     """Whether every request in ``reqs`` has prefilled its target (all of them decode this round).
 

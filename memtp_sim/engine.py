@@ -938,8 +938,15 @@ class Engine:
             else:
                 self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
         run, all_decode = self._run_ids
-        if all_decode and self.kv.blocks_used + self.kv.anchor_blocks(run) <= self.kv.capacity:
+        kv = self.kv
+        if all_decode and kv.blocks_used + kv.anchor_blocks(run) <= kv.capacity:
             return run, run[:0], 0  # the common round: everyone decodes and the anchors fit
+        if self._kernels is not None:  # the split in one call; on to the loop below only to preempt
+            dec, pre = np.empty(run.size, dtype=np.int64), np.empty(run.size, dtype=np.int64)
+            num_dec, anchors = self._kernels.split_decoding(run, self.prefilled, self.prefill_target, kv.tokens,
+                                                            kv.block_tokens, dec, pre)
+            if kv.blocks_used + anchors <= kv.capacity or run.size <= 1:
+                return dec[:num_dec], pre[:run.size - num_dec], 0
         decoding_mask = self.prefilled[run] >= self.prefill_target[run]
         num_preempted = 0
         while True:

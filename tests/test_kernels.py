@@ -719,3 +719,20 @@ def test_a_dspark_subclass_with_its_own_plan_is_asked_through_plan():
     lengths, theta, theta_global = Mine(DSparkPolicy.Params()).plan_round(
         np.full((2, 3), 0.9), SPSTable.from_mapping({1: 100.0, 64: 90.0}), 0, 64, 0.001, 0, None)
     assert lengths.tolist() == [0, 0] and (theta, theta_global) == (1.0, 2.0)
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50), st.integers(0, 200)), min_size=1, max_size=40),
+       st.integers(1, 16), st.data())
+def test_split_decoding_keeps_running_order_and_counts_anchor_blocks(reqs, block_tokens, data):
+    # oracle: a Python loop over the running requests
+    prefilled, target, tokens = (np.array(col, dtype=np.int64) for col in zip(*reqs))
+    run_ids = np.array(data.draw(st.lists(st.integers(0, len(reqs) - 1), max_size=len(reqs), unique=True)),
+                       dtype=np.int64)
+    dec, pre = np.empty(run_ids.size, dtype=np.int64), np.empty(run_ids.size, dtype=np.int64)
+    num_dec, anchors = kernels.split_decoding(run_ids, prefilled, target, tokens, block_tokens, dec, pre)
+    want_dec = [int(i) for i in run_ids if prefilled[i] >= target[i]]
+    assert dec[:num_dec].tolist() == want_dec
+    assert pre[:run_ids.size - num_dec].tolist() == [int(i) for i in run_ids if prefilled[i] < target[i]]
+    assert anchors == sum(1 for i in want_dec if tokens[i] % block_tokens == 0)
