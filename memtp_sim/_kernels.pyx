@@ -384,27 +384,31 @@ def plain_apply(cnp.ndarray dec, i64 rounds, cnp.ndarray generated, cnp.ndarray 
     return added, nf
 
 
-cdef inline bint _before(double* a, i64* pos, Py_ssize_t width, Py_ssize_t r1, Py_ssize_t r2) noexcept nogil:
-    # row r1's next candidate comes first: larger joint survival, ties to the lower row (a stable
-    # sort of -a in row-major order; within a row survivals never rise, so rows stay in order)
-    cdef double x = a[r1 * width + pos[r1]], y = a[r2 * width + pos[r2]]
+cdef inline bint _before(double x, i64 r1, double y, i64 r2) noexcept nogil:
+    # candidate (x, row r1) comes before (y, row r2): larger joint survival, ties to the lower row
+    # (a stable sort of -a in row-major order; within a row survivals never rise, so rows stay in order)
     return x > y or (x == y and r1 < r2)
 
 
-cdef void _sift_down(i64* heap, Py_ssize_t size, Py_ssize_t i, double* a, i64* pos, Py_ssize_t width) noexcept nogil:
+cdef void _sift_down(double* key, i64* row, Py_ssize_t size, Py_ssize_t i) noexcept nogil:
+    # the heap holds each row's next candidate as (key, row) side by side: a comparison reads two
+    # numbers, not a row's position and then its survival
     cdef Py_ssize_t child
-    cdef i64 top = heap[i]
+    cdef double k = key[i]
+    cdef i64 r = row[i]
     while True:
         child = 2 * i + 1
         if child >= size:
             break
-        if child + 1 < size and _before(a, pos, width, heap[child + 1], heap[child]):
+        if child + 1 < size and _before(key[child + 1], row[child + 1], key[child], row[child]):
             child += 1
-        if not _before(a, pos, width, heap[child], top):
+        if not _before(key[child], row[child], k, r):
             break
-        heap[i] = heap[child]
+        key[i] = key[child]
+        row[i] = row[child]
         i = child
-    heap[i] = top
+    key[i] = k
+    row[i] = r
 
 
 def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has_no_draft_pass, double no_draft_pass_s,
@@ -457,14 +461,15 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
     cdef bint found = False, nan_best, in_range = True
     # scratch: the survivals (R*L), and the rows picked in rank order, each row's next position
     # and the merge's heap
-    cdef double* a = <double*>PyMem_Malloc(total * sizeof(double))
+    cdef double* a = <double*>PyMem_Malloc((total + num_req) * sizeof(double))
     cdef i64* picked = <i64*>PyMem_Malloc((total + 2 * num_req) * sizeof(i64))
     if a == NULL or picked == NULL:
         PyMem_Free(a)
         PyMem_Free(picked)
         raise MemoryError()
     cdef i64* pos = picked + total
-    cdef i64* heap = pos + num_req
+    cdef i64* heap = pos + num_req  # the rows in heap order
+    cdef double* head = a + total  # heap[i]'s next survival
     with nogil:
         for r in range(num_req):  # joint survivals: each row's running product, left to right
             s = 1.0
@@ -476,6 +481,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
                     n_max += 1  # only drafts with positive probability are candidates
             pos[r] = 0
             heap[r] = r
+            head[r] = a[r * width]
             out[r] = 0
     if not in_range:
         PyMem_Free(a)
@@ -487,7 +493,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
         n_cov = n_max if n_max < n_cov_limit else n_cov_limit
         size = num_req
         for r in range(num_req // 2 - 1, -1, -1):
-            _sift_down(heap, size, r, a, pos, width)
+            _sift_down(head, heap, size, r)
         # the scan; n = 0 is the anchors alone
         tau = <double>num_req
         theta = tau / (overhead_s + (no_draft_pass_s if has_no_draft_pass else t[0]))
@@ -498,13 +504,16 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
         for n in range(1, n_cov + 1):
             r = heap[0]
             picked[n - 1] = r
-            s = s + a[r * width + pos[r]]
+            s = s + head[0]
             pos[r] += 1
-            if pos[r] == width:
+            if pos[r] == width:  # the row is used up: the heap's last entry takes the top
                 size -= 1
                 heap[0] = heap[size]
+                head[0] = head[size]
+            else:
+                head[0] = a[r * width + pos[r]]
             if size > 0:
-                _sift_down(heap, size, 0, a, pos, width)
+                _sift_down(head, heap, size, 0)
             tau = s + <double>num_req
             theta = tau / (overhead_s + t[n])
             if not nan_best:  # np.argmax: the first maximum, or the first NaN
