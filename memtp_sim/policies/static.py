@@ -72,9 +72,7 @@ class StaticPolicy(Policy):
             ``(R,)`` int64 lengths (see :func:`memtp_sim.policies.base.fit_to_budget`).
         """
         # verify k, or all that was drafted when the drafter drafted fewer (e.g. a MEMTP depth < k)
-        lengths = np.full(view.num_requests, min(self.params.k, view.draft_len), dtype=np.int64)
-        budget = view.max_batch_tokens - view.num_requests - view.prefill_tokens
-        return RoundPlan(fit_to_budget(lengths, budget))
+        return _every_request(view, min(self.params.k, view.draft_len))
 
 
 class Mtp1Params(PolicyParams):
@@ -108,6 +106,14 @@ class Mtp1Policy(StaticPolicy):
         Returns:
             ``(R,)`` int64 lengths in {0, 1}.
         """
-        lengths = np.full(view.num_requests, min(1, view.draft_len), dtype=np.int64)
-        budget = view.max_batch_tokens - view.num_requests - view.prefill_tokens
-        return RoundPlan(fit_to_budget(lengths, budget))
+        return _every_request(view, min(1, view.draft_len))
+
+
+def _every_request(view: RoundView, k: int) -> RoundPlan:
+    """``k`` drafts verified per request, trimmed to the token budget (:func:`fit_to_budget`; its
+    sum is known here, so a plan that fits skips it)."""
+    num = view.num_requests
+    lengths = np.empty(num, dtype=np.int64)
+    lengths.fill(k)  # np.full's wrapper costs more than the array at a round's sizes
+    budget = view.max_batch_tokens - num - view.prefill_tokens
+    return RoundPlan(lengths if num * k <= budget else fit_to_budget(lengths, budget))
