@@ -85,9 +85,11 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 
-def _pct(x: np.ndarray, q: float) -> float:
+def _pcts(x: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """Percentiles ``qs`` of the finite values of ``x`` (NaN without any), in one np.percentile
+    call (each q is the same linear interpolation as alone; a call costs ~40 us of overhead)."""
     x = x[np.isfinite(x)]
-    return float(np.percentile(x, q)) if x.size else float("nan")
+    return [float(v) for v in np.percentile(x, qs)] if x.size else [float("nan")] * len(qs)
 
 
 def _time_avg(x: np.ndarray, w: np.ndarray) -> float:
@@ -132,6 +134,11 @@ def _request_metrics(st: EngineState, makespan: float) -> dict[str, Any]:
     reasons: dict[str, int] = {}
     for reason in st.reject_reason[rej]:
         reasons[reason] = reasons.get(reason, 0) + 1
+    user_p10, user_p50, user_p90 = _pcts(user_tps, (10, 50, 90))
+    ttft_p50, ttft_p90, ttft_p99 = _pcts(ttft, (50, 90, 99))
+    tpot_p50, tpot_p90, tpot_p99 = _pcts(tpot_ms, (50, 90, 99))
+    e2e_p50, e2e_p90, e2e_p99 = _pcts(e2e, (50, 90, 99))
+    queue_p50, queue_p90 = _pcts(queue, (50, 90))
     return {
         "num_requests": int(st.status.size),
         "num_completed": int(done.sum()),
@@ -141,22 +148,22 @@ def _request_metrics(st: EngineState, makespan: float) -> dict[str, Any]:
         "makespan_s": makespan,
         "makespan_throughput_tok_per_s": float(st.generated_tokens.sum()) / makespan,
         "request_throughput_per_s": float(done.sum()) / makespan,
-        "tok_per_s_user_p10": _pct(user_tps, 10),
-        "tok_per_s_user_p50": _pct(user_tps, 50),
-        "tok_per_s_user_p90": _pct(user_tps, 90),
+        "tok_per_s_user_p10": user_p10,
+        "tok_per_s_user_p50": user_p50,
+        "tok_per_s_user_p90": user_p90,
         "tok_per_s_user_mean": _mean(user_tps),
-        "ttft_s_p50": _pct(ttft, 50),
-        "ttft_s_p90": _pct(ttft, 90),
-        "ttft_s_p99": _pct(ttft, 99),
-        "tpot_ms_p50": _pct(tpot_ms, 50),
-        "tpot_ms_p90": _pct(tpot_ms, 90),
-        "tpot_ms_p99": _pct(tpot_ms, 99),
-        "e2e_s_p50": _pct(e2e, 50),
-        "e2e_s_p90": _pct(e2e, 90),
-        "e2e_s_p99": _pct(e2e, 99),
+        "ttft_s_p50": ttft_p50,
+        "ttft_s_p90": ttft_p90,
+        "ttft_s_p99": ttft_p99,
+        "tpot_ms_p50": tpot_p50,
+        "tpot_ms_p90": tpot_p90,
+        "tpot_ms_p99": tpot_p99,
+        "e2e_s_p50": e2e_p50,
+        "e2e_s_p90": e2e_p90,
+        "e2e_s_p99": e2e_p99,
         "mean_e2e_s": _mean(e2e),
-        "queue_s_p50": _pct(queue, 50),
-        "queue_s_p90": _pct(queue, 90),
+        "queue_s_p50": queue_p50,
+        "queue_s_p90": queue_p90,
         "num_preemptions": int(st.num_preemptions.sum()),
         "mean_in_system": st.in_system_area / makespan,
         "arrival_rate_per_s": _arrival_rate(st),
