@@ -208,10 +208,10 @@ class _RoundLog:
 
     def flush(self) -> None:
         if self.rows:
-            table = np.array(self.rows, dtype=np.float64)
+            # column by column, straight to each column's type (a float64 table first cost ~25% more)
+            for f, col in zip(_LOGGED, zip(*self.rows)):
+                self.cols[f].append(np.array(col, dtype=ROUND_DTYPES[f]))
             self.rows.clear()
-            for i, f in enumerate(_LOGGED):
-                self.cols[f].append(table[:, i].astype(ROUND_DTYPES[f]))
             self._added_piece()
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -373,7 +373,11 @@ class Engine:
         self._next_request = 0
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
-        self._prefill_queue, self._prefill_memo = deque[int](), dict[int, float]()  # FIFO; time by prompt
+        self._prefill_queue = deque[int]()  # FIFO
+        # remote prefill time by prompt length: a function of the prefill table and the pass size
+        # only, so kept on the table and shared by every run of the process (profiles load once)
+        self._prefill_memo: dict[int, float] = profile.prefill_table.__dict__.setdefault(
+            "_remote_prefill_s", {}).setdefault(settings.max_batch_tokens, {})
         self._use_kernels(n)
 
     def _use_kernels(self, n: int) -> None:
