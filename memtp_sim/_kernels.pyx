@@ -17,7 +17,10 @@ draws stay with the run's numpy generators (the callers pass them in).
 
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.math cimport exp
+from libc.math cimport exp, isfinite
+from cpython.float cimport PyFloat_AsDouble
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.stdint cimport int8_t, int32_t
 
 cnp.import_array()
 
@@ -979,3 +982,57 @@ def binned_rows(cnp.ndarray probs, cnp.ndarray outcomes, i64 n_bins, cnp.ndarray
                 sp[base + idx] += v
                 sy[base + idx] += 1.0 if y[i if shared else r * n + i] else 0.0  # + 0.0: no branch to mispredict
     PyMem_Free(edges)
+
+
+def pack_rows(list rows, list cols):
+    """The engine's round-log rows, tuples of numbers, written into typed columns
+    (``engine._RoundLog.flush``): element ``j`` of row ``i`` to ``cols[j][i]``, as
+    ``np.array(column, dtype)`` converts it: a float64 column takes the number's value, an int32 or
+    int8 column its value truncated toward zero (every value the engine logs there is whole).
+
+    Args:
+        rows: ``n`` tuples of ``m`` Python numbers (ints, floats or numpy scalars).
+        cols: ``m`` C-contiguous 1-D arrays of ``n`` elements, float64, int32 or int8.
+
+    Raises:
+        TypeError, ValueError: a row that is not an ``m``-tuple, a column of another type or length,
+            or a value an integer column cannot hold (NaN, infinite, out of range).
+    """
+    cdef Py_ssize_t n = len(rows), m = len(cols), i, j
+    cdef int* kind = <int*>PyMem_Malloc(m * sizeof(int))
+    cdef char** data = <char**>PyMem_Malloc(m * sizeof(char*))
+    if kind == NULL or data == NULL:
+        PyMem_Free(kind)
+        PyMem_Free(data)
+        raise MemoryError()
+    cdef cnp.ndarray col
+    cdef object row
+    cdef double v, lo, hi
+    try:
+        for j in range(m):
+            col = <cnp.ndarray?>cols[j]
+            if cnp.PyArray_NDIM(col) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(col) or cnp.PyArray_DIM(col, 0) != n:
+                raise ValueError(f"cols[{j}]: a C-contiguous 1-D array of {n} elements is required")
+            kind[j] = {cnp.NPY_FLOAT64: 0, cnp.NPY_INT32: 1, cnp.NPY_INT8: 2}.get(cnp.PyArray_TYPE(col), -1)
+            if kind[j] < 0:
+                raise TypeError(f"cols[{j}]: float64, int32 or int8 required, got {col.dtype}")
+            data[j] = <char*>cnp.PyArray_DATA(col)
+        for i in range(n):
+            row = rows[i]
+            if type(row) is not tuple or PyTuple_GET_SIZE(row) != m:
+                raise TypeError(f"rows[{i}]: a tuple of {m} numbers is required")
+            for j in range(m):
+                v = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(row, j))
+                if kind[j] == 0:
+                    (<double*>data[j])[i] = v
+                    continue
+                lo, hi = (-2147483648.0, 2147483647.0) if kind[j] == 1 else (-128.0, 127.0)
+                if not isfinite(v) or v <= lo - 1.0 or v >= hi + 1.0:
+                    raise ValueError(f"rows[{i}][{j}]: {v!r} does not fit an integer column")
+                if kind[j] == 1:
+                    (<int32_t*>data[j])[i] = <int32_t>v  # truncation toward zero, as numpy's cast
+                else:
+                    (<int8_t*>data[j])[i] = <int8_t>v
+    finally:
+        PyMem_Free(kind)
+        PyMem_Free(data)

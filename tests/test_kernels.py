@@ -736,3 +736,33 @@ def test_split_decoding_keeps_running_order_and_counts_anchor_blocks(reqs, block
     assert dec[:num_dec].tolist() == want_dec
     assert pre[:run_ids.size - num_dec].tolist() == [int(i) for i in run_ids if prefilled[i] < target[i]]
     assert anchors == sum(1 for i in want_dec if tokens[i] % block_tokens == 0)
+
+
+_LOG_VALUE = (st.integers(-100, 100) | st.floats(-1e6, 1e6, allow_nan=False) | st.sampled_from([0.0, -0.0, 1.5, 99.99])
+              | st.just(float("nan")))
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(-128, 127), _LOG_VALUE,
+                          st.integers(0, 10**6).map(np.int64), st.floats(0.0, 100.0).map(np.float64)), max_size=30))
+def test_pack_rows_writes_what_numpy_converts(rows):
+    # oracle: np.array(column, dtype) per column, the numpy flush
+    dtypes = (np.int32, np.int8, np.float64, np.int32, np.float64)
+    cols = [np.empty(len(rows), dtype=d) for d in dtypes]
+    kernels.pack_rows(rows, cols)
+    for j, (col, dtype) in enumerate(zip(cols, dtypes)):
+        want = np.array([r[j] for r in rows], dtype=dtype)
+        assert col.tobytes() == want.tobytes()
+
+
+@needs_kernels
+def test_pack_rows_refuses_what_an_integer_column_cannot_hold():
+    cols = [np.empty(1, dtype=np.int32), np.empty(1, dtype=np.int8)]
+    for bad in ((float("nan"), 1), (2**31, 1), (1, 128), (1, float("inf"))):
+        with pytest.raises(ValueError, match="does not fit an integer column"):
+            kernels.pack_rows([bad], cols)
+    with pytest.raises(TypeError, match="a tuple of 2 numbers"):
+        kernels.pack_rows([(1, 2, 3)], cols)
+    with pytest.raises(TypeError, match="float64, int32 or int8"):
+        kernels.pack_rows([(1, 2)], [np.empty(1, dtype=np.int64), cols[1]])
