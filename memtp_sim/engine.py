@@ -503,17 +503,24 @@ class Engine:
                 yield env.timeout(delay)
             self._submit(int(i))
 
-    def _user(self):
-        env = self.env
-        while self._next_request < self.n:
-            i = self._next_request
-            self._next_request += 1
-            done = env.event()
-            self._done_events[i] = done
-            self._submit(i)
-            yield done
-            if self.wl.think_time_s > 0:
-                yield env.timeout(self.wl.think_time_s)
+    # A closed-loop user submits a request, waits for it to complete (and its think time), then
+    # submits the next: callbacks on the completion event, where a SimPy process per user cost a
+    # process resumption per request; the callbacks run at the same points of the event queue.
+    def _user_next(self, _event: simpy.Event | None = None) -> None:
+        if self._next_request >= self.n:
+            return
+        i = self._next_request
+        self._next_request += 1
+        done = self.env.event()
+        self._done_events[i] = done
+        done.callbacks.append(self._user_done)
+        self._submit(i)
+
+    def _user_done(self, _event: simpy.Event) -> None:
+        if self.wl.think_time_s > 0:
+            self.env.timeout(self.wl.think_time_s).callbacks.append(self._user_next)
+        else:
+            self._user_next()
 
     def _complete(self, i: int) -> None:
         self._count_in_system(-1)
@@ -1224,7 +1231,7 @@ class Engine:
         env = self.env
         if self.wl.closed_loop:
             for _ in range(min(self.wl.concurrency or 1, self.n)):
-                env.process(self._user())
+                self._user_next()
         else:
             env.process(self._open_loop())
         proc = env.process(self._engine())
