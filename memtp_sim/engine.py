@@ -495,13 +495,21 @@ class Engine:
         self.reject_reason[i] = reason
         self._complete(i)
 
-    def _open_loop(self):
-        env = self.env
-        for i in np.argsort(self.arrival_at, kind="stable"):
+    # Open loop: requests arrive at their trace times, each submitted by a callback on a timeout
+    # to its arrival (a process resumption per arrival cost more); due ones at once, in order.
+    def _open_loop_next(self, waited: simpy.Event | None = None) -> None:
+        order, env = self._arrival_order, self.env
+        if waited is not None:  # the timeout to the next arrival fired: it arrives now
+            self._next_arrival += 1
+            self._submit(order[self._next_arrival - 1])
+        while self._next_arrival < len(order):
+            i = order[self._next_arrival]
             delay = self.arrival_at[i] - env.now
             if delay > 0:
-                yield env.timeout(delay)
-            self._submit(int(i))
+                env.timeout(delay).callbacks.append(self._open_loop_next)
+                return
+            self._next_arrival += 1
+            self._submit(i)
 
     # A closed-loop user submits a request, waits for it to complete (and its think time), then
     # submits the next: callbacks on the completion event, where a SimPy process per user cost a
@@ -1233,7 +1241,8 @@ class Engine:
             for _ in range(min(self.wl.concurrency or 1, self.n)):
                 self._user_next()
         else:
-            env.process(self._open_loop())
+            self._arrival_order, self._next_arrival = np.argsort(self.arrival_at, kind="stable").tolist(), 0
+            self._open_loop_next()
         proc = env.process(self._engine())
         env.run(until=proc)
         if not np.all((self.status == FINISHED) | (self.status == REJECTED)):
