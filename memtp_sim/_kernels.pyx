@@ -19,6 +19,8 @@ cimport numpy as cnp
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.math cimport exp, isfinite
 from cpython.float cimport PyFloat_AsDouble
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsLongLong
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport int8_t, int32_t
 
@@ -206,6 +208,21 @@ def split_decoding(cnp.ndarray run, cnp.ndarray prefilled, cnp.ndarray target, c
             p[num_pre] = i
             num_pre += 1
     return num_dec, anchors
+
+
+def ids_array(list ids):
+    """The engine's running list (Python ints) as an int64 array (``np.fromiter``'s result, in a
+    fifth of its time at 64 requests: the running set changes at every admission and completion).
+
+    Raises:
+        TypeError, OverflowError: an element that is not an int, or does not fit int64.
+    """
+    cdef Py_ssize_t n = PyList_GET_SIZE(ids), k
+    cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, [n], cnp.NPY_INT64, 0)
+    cdef i64* o = <i64*>cnp.PyArray_DATA(out)
+    for k in range(n):
+        o[k] = PyLong_AsLongLong(<object>PyList_GET_ITEM(ids, k))
+    return out
 
 
 def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):

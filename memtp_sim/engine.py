@@ -956,11 +956,12 @@ class Engine:
         if self._run_ids is None or self._run_ids[1] is None:
             # (running ids, all decode), kept until admission, completion or preemption; after a
             # prefill pass (None) the ids stand and "all decode" is asked again
-            run = (np.fromiter(self.running, dtype=np.int64, count=len(self.running)) if self._run_ids is None
-                   else self._run_ids[0])
             if self._kernels is not None:
+                run = self._kernels.ids_array(self.running) if self._run_ids is None else self._run_ids[0]
                 self._run_ids = (run, self._kernels.all_prefilled(run, self.prefilled, self.prefill_target))
             else:
+                run = (np.fromiter(self.running, dtype=np.int64, count=len(self.running)) if self._run_ids is None
+                       else self._run_ids[0])
                 self._run_ids = (run, bool(_all_true(self.prefilled[run] >= self.prefill_target[run])))
         run, all_decode = self._run_ids
         kv = self.kv

@@ -766,3 +766,12 @@ def test_pack_rows_refuses_what_an_integer_column_cannot_hold():
         kernels.pack_rows([(1, 2, 3)], cols)
     with pytest.raises(TypeError, match="float64, int32 or int8"):
         kernels.pack_rows([(1, 2)], [np.empty(1, dtype=np.int64), cols[1]])
+
+
+@needs_kernels
+@given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=80))
+def test_ids_array_is_fromiter(ids):
+    got = kernels.ids_array(ids)
+    assert got.dtype == np.int64 and got.tobytes() == np.fromiter(ids, dtype=np.int64, count=len(ids)).tobytes()
+    with pytest.raises(OverflowError):
+        kernels.ids_array(ids + [2**63])
