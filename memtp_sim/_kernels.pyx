@@ -1053,3 +1053,42 @@ def pack_rows(list rows, list cols):
     finally:
         PyMem_Free(kind)
         PyMem_Free(data)
+
+
+def positive_rank_sum(cnp.ndarray scores, cnp.ndarray labels):
+    """Sum of the 1-based ranks of the positive entries, ties sharing their average rank, given
+    the scores in ascending order and their labels in the same order (``confidence._positive_rank_sum``
+    after its sort: the Mann-Whitney statistic of the AUC). Ranks are half-integers, so the sum
+    is exact in any order below 2**53.
+
+    Args:
+        scores: ``(n,)`` float64, ascending.
+        labels: ``(n,)`` bool, in the same order.
+
+    Returns:
+        The rank sum, a float.
+
+    Raises:
+        TypeError, ValueError: arrays of the wrong type or length.
+
+    Source:
+        Mann and Whitney (1947); ``scipy.stats.rankdata``'s ``average`` method.
+    """
+    cdef Py_ssize_t n = cnp.PyArray_DIM(scores, 0), i = 0, j, c
+    cdef double* s = _f64(scores, "scores", n)
+    if cnp.PyArray_TYPE(labels) != cnp.NPY_BOOL or not cnp.PyArray_IS_C_CONTIGUOUS(labels) \
+            or cnp.PyArray_NDIM(labels) != 1 or cnp.PyArray_DIM(labels, 0) != n:
+        raise TypeError(f"labels: a C-contiguous 1-D bool array of {n} elements is required")
+    cdef char* y = <char*>cnp.PyArray_DATA(labels)
+    cdef double total = 0.0
+    with nogil:
+        while i < n:
+            j = i
+            c = 1 if y[i] else 0
+            while j + 1 < n and s[j + 1] == s[i]:  # a tie group i..j (NaN ties nothing, as !=)
+                j += 1
+                if y[j]:
+                    c += 1
+            total += c * (0.5 * ((j + 1) + i + 1))  # every rank in the group: (i+1 + j+1) / 2
+            i = j + 1
+    return total

@@ -358,6 +358,9 @@ def _positive_rank_sum(s: NDArray, y: NDArray) -> float:
     float, and an unstable sort (6x faster than mergesort) gives tied entries the same rank anyway."""
     order = np.argsort(s)
     srt = s[order]
+    kernels = _compiled.active()
+    if kernels is not None:  # the ties and ranks in one pass (numpy's five passes cost ~60% of the AUC)
+        return kernels.positive_rank_sum(srt, np.ascontiguousarray(y[order], dtype=np.bool_))
     first = np.r_[True, srt[1:] != srt[:-1]]
     dense = first.cumsum()
     count = np.r_[np.nonzero(first)[0], len(first)]

@@ -775,3 +775,18 @@ def test_ids_array_is_fromiter(ids):
     assert got.dtype == np.int64 and got.tobytes() == np.fromiter(ids, dtype=np.int64, count=len(ids)).tobytes()
     with pytest.raises(OverflowError):
         kernels.ids_array(ids + [2**63])
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0]) | st.floats(0.0, 1.0), st.booleans()),
+                min_size=1, max_size=60))
+def test_positive_rank_sum_is_the_tie_averaged_rank_sum(pairs):
+    # oracle: scipy.stats.rankdata's average ranks, summed over the positives
+    from scipy.stats import rankdata
+
+    scores = np.array([p[0] for p in pairs])
+    labels = np.array([p[1] for p in pairs])
+    order = np.argsort(scores)
+    got = kernels.positive_rank_sum(scores[order], labels[order])
+    assert got == float(rankdata(scores)[labels].sum())
