@@ -1,7 +1,8 @@
 """The serving engine: one GPU, continuous batching, paged KV memory, speculative rounds.
 
-SimPy drives time: an arrival process (open loop) or one process per user (closed loop) submits
-requests, and one engine process runs rounds. Per-request state lives in numpy arrays indexed by
+SimPy drives time: requests are submitted by callbacks on SimPy events, a timeout to each
+arrival (open loop) or each user's previous request completing (closed loop), and one engine
+process runs rounds. Per-request state lives in numpy arrays indexed by
 request id; each round is vectorised over the decoding requests.
 
 One round (docs/model.md section 1), at time t:
