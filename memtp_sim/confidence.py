@@ -563,6 +563,15 @@ def survival_metrics(survival: NDArray, accepted: NDArray, *, n_bins: int = 15, 
     gamma)`` bool. Positions are scored as rows of the transposed arrays (contiguous: a column of
     a ``(n_rounds, gamma)`` array is strided), with the same values bit for bit.
 
+    Args:
+        survival: ``(n_rounds, gamma)`` float64 joint survivals in [0, 1] (not checked).
+        accepted: ``(n_rounds, gamma)`` bool prefix-shaped acceptance.
+        n_bins: ECE bins, >= 1.
+        auc: compute the AUC; False leaves it NaN.
+
+    Returns:
+        :class:`PositionMetrics`, as :func:`per_position_metrics`.
+
     Source:
         DSpark paper §3.2 and Fig. 6 (per-position ECE and AUC of joint survival).
     """
