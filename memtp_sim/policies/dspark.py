@@ -368,6 +368,21 @@ def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_st
                           batch_tokens_global=base_b + best if full else -1)
 
 
+def _compiled_scan(c: np.ndarray, table: SPSTable, early_stop: bool, prefill_tokens: int, max_batch_tokens: int,
+                   overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult | None:
+    """The compiled scan on an engine round whose other inputs passed the view's checks; None
+    without the kernels, or when the scan refuses the round (a confidence outside [0, 1], a table
+    that cannot price it): the numpy path or the public function then raises its one-line error."""
+    kernels = _compiled.active()
+    if kernels is None or not c.size or not c.flags.c_contiguous:
+        return None
+    try:
+        return _schedule_compiled(kernels, c, table, early_stop, c.shape[0] + prefill_tokens, max_batch_tokens,
+                                  overhead_s, no_draft_pass_s)
+    except ValueError:
+        return None
+
+
 def _plan_round(view: RoundView, early_stop: bool) -> ScheduleResult:
     """Algorithm 1 on an engine round: a float64 (R, L) array in [0, 1] (the engine's own
     confidences) goes straight to the scan; anything else through the public checks. The
@@ -380,14 +395,11 @@ def _plan_round(view: RoundView, early_stop: bool) -> ScheduleResult:
             and (view.no_draft_pass_s is None or (type(view.no_draft_pass_s) is float
                                                   and 0.0 < view.no_draft_pass_s < float("inf")))
             and view.num_requests + view.prefill_tokens <= view.max_batch_tokens):
-        kernels = _compiled.active()
-        if kernels is not None and c.size and c.flags.c_contiguous:
-            try:
-                return _schedule_compiled(kernels, c, view.sps, early_stop, view.num_requests + view.prefill_tokens,
-                                          view.max_batch_tokens, view.draft_overhead_s, view.no_draft_pass_s)
-            except ValueError:  # a confidence outside [0, 1], or a table that cannot price the
-                pass  # scan: the public function below raises its one-line error
-        elif not c.size or (np.minimum.reduce(c, axis=None) >= 0.0 and np.maximum.reduce(c, axis=None) <= 1.0):
+        res = _compiled_scan(c, view.sps, early_stop, view.prefill_tokens, view.max_batch_tokens,
+                             view.draft_overhead_s, view.no_draft_pass_s)
+        if res is not None:
+            return res
+        if not c.size or (np.minimum.reduce(c, axis=None) >= 0.0 and np.maximum.reduce(c, axis=None) <= 1.0):
             return _schedule(c, None, view.sps, early_stop, view.prefill_tokens, view.max_batch_tokens,
                              view.draft_overhead_s, view.no_draft_pass_s)
     return hardware_aware_prefix_scheduler(c, view.sps, early_stop=early_stop, prefill_tokens=view.prefill_tokens,
@@ -476,20 +488,15 @@ class DSparkPolicy(FallbackGated, Policy):
         Returns:
             ``(lengths, theta, theta_global)``.
         """
-        kernels = _compiled.active()
-        num_req = confidences.shape[0]
-        if (kernels is not None and type(self).plan is DSparkPolicy.plan  # a subclass's own plan runs as such
-                and confidences.size and confidences.flags.c_contiguous
-                and 0.0 <= draft_overhead_s < math.inf and num_req + prefill_tokens <= max_batch_tokens
+        res = None
+        if (type(self).plan is DSparkPolicy.plan  # a subclass's own plan runs as such
+                and 0.0 <= draft_overhead_s < math.inf and confidences.shape[0] + prefill_tokens <= max_batch_tokens
                 and (no_draft_pass_s is None or 0.0 < no_draft_pass_s < math.inf)):  # the view's checks
-            try:
-                res = _schedule_compiled(kernels, confidences, sps, self.params.early_stop, num_req + prefill_tokens,
-                                         max_batch_tokens, draft_overhead_s, no_draft_pass_s)
-            except ValueError:
-                pass  # the view's checks below name the bad input
-            else:
-                self._report(round_index, res, plain_rate_of(num_req, prefill_tokens, sps, no_draft_pass_s))
-                return res.lengths, res.theta, res.theta_global
+            res = _compiled_scan(confidences, sps, self.params.early_stop, prefill_tokens, max_batch_tokens,
+                                 draft_overhead_s, no_draft_pass_s)
+        if res is not None:
+            self._report(round_index, res, plain_rate_of(confidences.shape[0], prefill_tokens, sps, no_draft_pass_s))
+            return res.lengths, res.theta, res.theta_global
         return super().plan_round(confidences, sps, prefill_tokens, max_batch_tokens, draft_overhead_s, round_index,
                                   no_draft_pass_s)
 
