@@ -99,6 +99,13 @@ ROUND_FIELDS = (
 )
 
 
+def _remote_prefill_memo(profile: HardwareProfile, settings: EngineSettings) -> dict[int, float]:
+    """Remote prefill time by prompt length (``Engine._prefill_time_s``): a function of the
+    prefill table and the pass size only, so kept on the table and shared by every run of the
+    process (profiles load once per process)."""
+    return profile.prefill_table.__dict__.setdefault("_remote_prefill_s", {}).setdefault(settings.max_batch_tokens, {})
+
+
 class _PricedOnReadDraftView(DraftView):
     """A :class:`DraftView` whose context fields (``context_tokens``, ``sps``, ``no_draft_pass_s``)
     are priced on their first read, by ``price()`` (which returns the three): most policies and
@@ -380,11 +387,7 @@ class Engine:
         self._next_request = 0
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
-        self._prefill_queue = deque[int]()  # FIFO
-        # remote prefill time by prompt length: a function of the prefill table and the pass size
-        # only, so kept on the table and shared by every run of the process (profiles load once)
-        self._prefill_memo: dict[int, float] = profile.prefill_table.__dict__.setdefault(
-            "_remote_prefill_s", {}).setdefault(settings.max_batch_tokens, {})
+        self._prefill_queue, self._prefill_memo = deque[int](), _remote_prefill_memo(profile, settings)  # FIFO
         self._use_kernels(n)
 
     def _use_kernels(self, n: int) -> None:
