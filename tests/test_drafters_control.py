@@ -247,3 +247,33 @@ def test_vllm_export_carries_the_batch_schedule_and_it_parses_back(control, key,
         assert [back.cap(_view(r, 3)) for r in range(1, 100)] == [orig.cap(_view(r, 3)) for r in range(1, 100)]
     sg = build_export("sglang", deployment_settings(scen), {"study": "t"}, sps_table=None, sps_file_name="x.json")
     assert "draft_control" in sg["main"] and "--speculative-num-steps 3" in sg["main"]
+
+
+def test_the_engines_draft_view_prices_its_context_once_and_only_when_read():
+    # the engine's DraftView (engine._PricedOnReadDraftView): the same fields as an eager view, the
+    # context priced on the first read of any of its three fields, never for depth or round reads
+    from dataclasses import replace
+
+    from memtp_sim.engine import _PricedOnReadDraftView
+
+    calls = []
+    sps = flat_profile(max_b=4096).sps
+    tokens = np.array([100, 250])
+
+    def price():  # noqa: ANN202
+        calls.append(1)
+        return tokens, sps, 0.0125
+
+    view = _PricedOnReadDraftView(price, num_requests=2, prefill_tokens=0, max_batch_tokens=4096, max_draft_len=5,
+                                  draft_time_s=lambda k: 0.001 * k, fixed_s=0.0005, round_index=9)
+    assert isinstance(view, DraftView) and (view.max_draft_len, view.round_index, view.num_requests) == (5, 9, 2)
+    assert not calls
+    assert view.no_draft_pass_s == 0.0125 and view.sps is sps and view.context_tokens is tokens
+    assert len(calls) == 1
+    eager = DraftView(2, 0, 4096, 5, tokens, sps, 0.0125, view.draft_time_s, 0.0005, 9)
+    assert view.expected_rate(3, 1.5) == eager.expected_rate(3, 1.5)
+    assert view.expected_rate(0, 0.0) == eager.expected_rate(0, 0.0)
+    deeper = replace(view, max_draft_len=7)
+    assert (deeper.max_draft_len, deeper.sps, deeper.no_draft_pass_s) == (7, sps, 0.0125) and len(calls) == 1
+    with pytest.raises(AttributeError, match="no attribute 'depth'"):
+        view.depth  # noqa: B018
