@@ -157,15 +157,18 @@ def round_context(cnp.ndarray dec, object pre, object chunks, cnp.ndarray tokens
     return kv_read, l_max, num_req
 
 
-def counts_within(cnp.ndarray counts, i64 low, i64 high):
-    """Whether every element of ``counts`` (``(R,)`` int64) lies in ``low..high`` (a plan's verify
-    lengths within the drafted positions; ``Engine._draft_and_plan``'s check)."""
+def sum_within(cnp.ndarray counts, i64 high):
+    """The sum of ``counts`` (``(R,)`` int64) when every element lies in ``0..high``, else -1 (a
+    plan's verify lengths within the drafted positions, and the draft tokens it verifies:
+    ``Engine._draft_and_plan``'s check)."""
     cdef i64* c = _i64(counts, "counts")
     cdef Py_ssize_t k
+    cdef i64 total = 0
     for k in range(cnp.PyArray_DIM(counts, 0)):
-        if c[k] < low or c[k] > high:
-            return False
-    return True
+        if c[k] < 0 or c[k] > high:
+            return -1
+        total += c[k]
+    return total
 
 
 def split_decoding(cnp.ndarray run, cnp.ndarray prefilled, cnp.ndarray target, cnp.ndarray tokens,

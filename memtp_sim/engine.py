@@ -648,11 +648,11 @@ class Engine:
             num_dec = dec.size
             chunks, chunk_total = self._place_prefill(pre, num_dec * (1 + k))
             kv_read, verify_table, decode_table = self._round_tables(dec, pre, chunks, chunk_total)
-            draft_s, lengths, probs, raw, conf, theta, theta_g = self._draft_and_plan(
+            draft_s, lengths, probs, raw, conf, theta, theta_g, planned_tokens = self._draft_and_plan(
                 dec, k, chunk_total, round_index, verify_table, decode_table)
             draft_s += drafter.prefill_time_s(chunk_total)  # a draft model prefills its own cache too
             kv_peak, num_trimmed = self.kv.fit_lookahead(dec, lengths)
-            verify_tokens = int(_sum(lengths))
+            verify_tokens = planned_tokens - num_trimmed  # fit_lookahead trims one token at a time
             batch_tokens = num_dec + verify_tokens + chunk_total
             verify_s, extrapolated, overhead_s = self._pass_time(
                 verify_table if verify_tokens else decode_table, batch_tokens, num_dec, k, probs is not None)
@@ -1045,15 +1045,15 @@ class Engine:
         """Steps 4-5: draft ``gamma`` positions per decoding request, draw their acceptance, show
         the (calibrated) confidences to the policy and take its verify lengths.
 
-        Returns (draft_s, lengths (R,), probs, raw head logits, confidences, theta, theta_global);
-        probs/raw/conf are None when nothing was drafted.
+        Returns (draft_s, lengths (R,), probs, raw head logits, confidences, theta, theta_global,
+        draft tokens the plan verifies); probs/raw/conf are None when nothing was drafted.
 
         Raises:
             EngineInvariantError: the plan is not one length per request in [0, gamma].
         """
         num_dec = dec.size
         if not num_dec or gamma <= 0:
-            return 0.0, np.zeros(num_dec, dtype=np.int64), None, None, None, np.nan, np.nan
+            return 0.0, np.zeros(num_dec, dtype=np.int64), None, None, None, np.nan, np.nan, 0
         if self._kernels is not None:
             probs, raw, conf = self._draft_confidences_compiled(dec, gamma)
         else:
@@ -1075,11 +1075,14 @@ class Engine:
             conf, verify_table, chunk_total, self.cfg.max_batch_tokens, draft_s, round_index,
             float(decode_table.pass_time_s(no_draft_b)) if decode_table is not verify_table else None)
         lengths = np.array(planned, dtype=np.int64)  # a copy: the policy may keep its own
-        if lengths.shape != (num_dec,) or not (self._kernels.counts_within(lengths, 0, gamma) if self._kernels is not None
-                                               else (_min(lengths) >= 0 and _max(lengths) <= gamma)):
+        verify_tokens = -1
+        if lengths.shape == (num_dec,):  # the sum and the check in one call (two reductions and a sum without)
+            verify_tokens = (self._kernels.sum_within(lengths, gamma) if self._kernels is not None else
+                             int(_sum(lengths)) if _min(lengths) >= 0 and _max(lengths) <= gamma else -1)
+        if verify_tokens < 0:
             raise EngineInvariantError(f"policy {self.policy.name} returned lengths {lengths.tolist()} for "
                                        f"{num_dec} requests with {gamma} drafted positions each")
-        return draft_s, lengths, probs, raw, conf, theta, theta_global
+        return draft_s, lengths, probs, raw, conf, theta, theta_global, verify_tokens
 
     def _draft_confidences_compiled(self, dec: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The drafted positions' acceptance probabilities, raw head logits and confidences, each

@@ -277,3 +277,31 @@ def test_the_engines_draft_view_prices_its_context_once_and_only_when_read():
     assert (deeper.max_draft_len, deeper.sps, deeper.no_draft_pass_s) == (7, sps, 0.0125) and len(calls) == 1
     with pytest.raises(AttributeError, match="no attribute 'depth'"):
         view.depth  # noqa: B018
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_lone_requests_drafts_are_trimmed_to_its_last_kv_block_and_logged_as_verified(compiled, monkeypatch):
+    # One request, prompt 26 + output 38 = 64 tokens in a 4-block (64-token) cache: near its end
+    # it cannot reserve 1 + 7 lookahead slots, and alone it cannot be preempted, so fit_lookahead
+    # trims its drafts (seed 0: in its last two rounds). The round log's verify_tokens is the plan less the trims:
+    # checked against the trimmed lengths themselves.
+    from memtp_sim import _compiled
+    from memtp_sim.kv_cache import KVCacheManager
+
+    seen = []
+    fit = KVCacheManager.fit_lookahead
+
+    def recording_fit(self, reqs, lengths):  # noqa: ANN001, ANN202
+        out = fit(self, reqs, lengths)
+        seen.append((int(lengths.sum()), out[1]))
+        return out
+
+    monkeypatch.setattr(KVCacheManager, "fit_lookahead", recording_fit)
+    monkeypatch.setattr(_compiled, "ENABLED", compiled)
+    monkeypatch.setattr(Engine, "PLAIN_BLOCKS", False)  # every round through the round path: one fit a row
+    st = _engine(flat_profile(kv_blocks=4), workload([26], [38], concurrency=1), "static", {"k": 7}, alpha=0.9).run()
+    r = st.rounds
+    assert r["verify_tokens"].tolist() == [after for after, _ in seen]
+    assert r["num_trimmed"].tolist() == [trimmed for _, trimmed in seen]
+    assert r["num_trimmed"].sum() > 0 and int(st.generated_tokens[0]) == 38
+    assert (r["kv_blocks_peak"] <= 4).all()
