@@ -561,12 +561,17 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
     return n_star, n_cov, n_max, best, theta_star, tau_star, theta_best
 
 
-cdef inline double* _f64_2d(cnp.ndarray a, str name, Py_ssize_t rows, Py_ssize_t cols) except NULL:
-    if cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 2:
-        raise TypeError(f"{name}: a C-contiguous 2-D float64 array is required, got {a.dtype} {a.ndim}-D")
+cdef inline void* _data_2d(cnp.ndarray a, str name, int dtype, str kind, Py_ssize_t rows, Py_ssize_t cols) except NULL:
+    # a C-contiguous (rows, cols) array of the dtype (the 2-D counterpart of _check_1d)
+    if cnp.PyArray_TYPE(a) != dtype or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 2:
+        raise TypeError(f"{name}: a C-contiguous 2-D {kind} array is required, got {a.dtype} {a.ndim}-D")
     if cnp.PyArray_DIM(a, 0) != rows or cnp.PyArray_DIM(a, 1) != cols:
         raise ValueError(f"{name}: shape ({rows}, {cols}) needed, got ({cnp.PyArray_DIM(a, 0)}, {cnp.PyArray_DIM(a, 1)})")
-    return <double*>cnp.PyArray_DATA(a)
+    return cnp.PyArray_DATA(a)
+
+
+cdef inline double* _f64_2d(cnp.ndarray a, str name, Py_ssize_t rows, Py_ssize_t cols) except NULL:
+    return <double*>_data_2d(a, name, cnp.NPY_FLOAT64, "float64", rows, cols)
 
 
 cdef inline double _expit(double x) noexcept nogil:
@@ -717,13 +722,8 @@ def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray 
     cdef i64* fin = _i64(finished, "finished", num, False)
     _check_block_tokens(block_tokens)
     cdef char* w = NULL
-    cdef cnp.ndarray w_arr
     if would is not None:
-        w_arr = <cnp.ndarray?>would
-        if cnp.PyArray_TYPE(w_arr) != cnp.NPY_BOOL or not cnp.PyArray_IS_C_CONTIGUOUS(w_arr) \
-                or cnp.PyArray_NDIM(w_arr) != 2 or cnp.PyArray_DIM(w_arr, 0) != num or cnp.PyArray_DIM(w_arr, 1) != width:
-            raise TypeError(f"would: a C-contiguous bool array of shape ({num}, {width}) is required")
-        w = <char*>cnp.PyArray_DATA(w_arr)
+        w = <char*>_data_2d(<cnp.ndarray?>would, "would", cnp.NPY_BOOL, "bool", num, width)
     _check_ids(ids, num, size)
     for k in range(num):
         if lens[k] < 0 or lens[k] > width:
@@ -959,17 +959,13 @@ def binned_rows(cnp.ndarray probs, cnp.ndarray outcomes, i64 n_bins, cnp.ndarray
     cdef Py_ssize_t m = cnp.PyArray_DIM(probs, 0), n = cnp.PyArray_DIM(probs, 1), r, i
     cdef double* p = _f64_2d(probs, "probs", m, n)
     cdef bint shared = cnp.PyArray_NDIM(outcomes) == 1
-    if cnp.PyArray_TYPE(outcomes) != cnp.NPY_BOOL or not cnp.PyArray_IS_C_CONTIGUOUS(outcomes) \
-            or cnp.PyArray_SIZE(outcomes) != (n if shared else m * n) \
-            or (not shared and (cnp.PyArray_NDIM(outcomes) != 2 or cnp.PyArray_DIM(outcomes, 0) != m)):
-        raise TypeError(f"outcomes: a C-contiguous bool array of shape ({n},) or ({m}, {n}) is required")
-    cdef char* y = <char*>cnp.PyArray_DATA(outcomes)
+    if shared:
+        _check_1d(outcomes, "outcomes", cnp.NPY_BOOL, "bool", n, True)
+    cdef char* y = <char*>(cnp.PyArray_DATA(outcomes) if shared else
+                           _data_2d(outcomes, "outcomes", cnp.NPY_BOOL, "bool", m, n))
     cdef double* sp = _f64_2d(sum_prob, "sum_prob", m, n_bins)
     cdef double* sy = _f64_2d(sum_pos, "sum_pos", m, n_bins)
-    if cnp.PyArray_TYPE(counts) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(counts) \
-            or cnp.PyArray_NDIM(counts) != 2 or cnp.PyArray_DIM(counts, 0) != m or cnp.PyArray_DIM(counts, 1) != n_bins:
-        raise TypeError(f"counts: a C-contiguous int64 array of shape ({m}, {n_bins}) is required")
-    cdef i64* cnt = <i64*>cnp.PyArray_DATA(counts)
+    cdef i64* cnt = <i64*>_data_2d(counts, "counts", cnp.NPY_INT64, "int64", m, n_bins)
     for i in range(m * n):
         if not (0.0 <= p[i] <= 1.0):
             raise ValueError("probs: values must lie in [0, 1]")
@@ -1079,9 +1075,7 @@ def positive_rank_sum(cnp.ndarray scores, cnp.ndarray labels):
     """
     cdef Py_ssize_t n = cnp.PyArray_DIM(scores, 0), i = 0, j, c
     cdef double* s = _f64(scores, "scores", n)
-    if cnp.PyArray_TYPE(labels) != cnp.NPY_BOOL or not cnp.PyArray_IS_C_CONTIGUOUS(labels) \
-            or cnp.PyArray_NDIM(labels) != 1 or cnp.PyArray_DIM(labels, 0) != n:
-        raise TypeError(f"labels: a C-contiguous 1-D bool array of {n} elements is required")
+    _check_1d(labels, "labels", cnp.NPY_BOOL, "bool", n, True)
     cdef char* y = <char*>cnp.PyArray_DATA(labels)
     cdef double total = 0.0
     with nogil:

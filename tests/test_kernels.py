@@ -769,6 +769,7 @@ def test_pack_rows_refuses_what_an_integer_column_cannot_hold():
 
 
 @needs_kernels
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=80))
 def test_ids_array_is_fromiter(ids):
     got = kernels.ids_array(ids)
