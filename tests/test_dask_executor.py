@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import _dask_boom  # noqa: F401 - registers the test_dask_boom policy in this process (workers preload it)
+import _boom  # noqa: F401 - registers the test_boom policy in this process (workers preload it)
 import pandas as pd
 import pytest
 import yaml
@@ -85,7 +85,7 @@ def _cluster(tmp: Path, *, nanny: bool = False, config: dict[str, str] | None = 
             logs.append(log)
             procs.append(subprocess.Popen(
                 [dask, "worker", address, "--nthreads", "1", "--nanny" if nanny else "--no-nanny", "--no-dashboard",
-                 "--name", f"w{i}", "--preload", "_dask_boom", "--local-directory", str(tmp / f"w{i}"),
+                 "--name", f"w{i}", "--preload", "_boom", "--local-directory", str(tmp / f"w{i}"),
                  "--death-timeout", "60"],
                 cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT))
         from distributed import Client
@@ -162,7 +162,7 @@ def test_a_failing_run_is_recorded_as_with_the_local_executor(tmp_path, schedule
         "hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"},
         "acceptance": {"profile": "dspark-qwen3", "domain_mix": {"chat": 1.0}},
         "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 2, "num_requests": 8},
-        "policy": {"name": "test_dask_boom"}}, "sweep": {"policy.fail": [False, True]}, "seeds": [0, 1]}
+        "policy": {"name": "test_boom"}}, "sweep": {"policy.fail": [False, True]}, "seeds": [0, 1]}
     study = _study(tmp_path, doc)
     outs = {}
     for executor in ("local", "dask"):
@@ -192,7 +192,7 @@ def test_a_dead_worker_costs_no_other_run(tmp_path, capsys):
         "hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"},
         "acceptance": {"profile": "dspark-qwen3", "domain_mix": {"chat": 1.0}},
         "workload": {"trace": str(TRACE), "mode": "closed_loop", "concurrency": 2, "num_requests": 8},
-        "policy": {"name": "test_dask_boom"}},
+        "policy": {"name": "test_boom"}},
         "sweep": {"policy.die": [False, True], "workload.concurrency": [1, 2]}, "seeds": [0]}
     study = _study(tmp_path, doc)
     # one task on a worker at a time (saturation 1.0; the default 1.1 queues a second task on a

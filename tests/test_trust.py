@@ -34,12 +34,12 @@ from memtp_sim.config import Scenario, load_scenario, load_study
 from memtp_sim.errors import CalibrationError, ConfigError, InvalidArgumentError
 from memtp_sim.hardware import load_profile
 from memtp_sim.metrics import OVERLOAD_RATIO
-from memtp_sim.policies import PolicyParams, RoundPlan, hardware_aware_prefix_scheduler, policy_class, register
-from memtp_sim.policies.static import StaticPolicy
+from memtp_sim.policies import hardware_aware_prefix_scheduler, policy_class
 from memtp_sim.study import plan_runs, run_study
 from memtp_sim.workload import load_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
+import _boom  # noqa: E402, F401 - registers the test_boom policy (forked workers inherit it)
 from _sim_helpers import scenario, scenario_doc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,27 +242,6 @@ def test_more_users_than_a_pass_holds_runs():
 def test_a_huge_run_is_refused_at_load():
     with pytest.raises(Exception, match="num_requests"):
         scenario(workload={"num_requests": 1_000_000_000})
-
-
-class _BoomParams(PolicyParams):
-    k: int = 1
-    fail: bool = False
-    die: bool = False
-
-
-@register("test_boom")
-class _BoomPolicy(StaticPolicy):
-    """A static policy that breaks on purpose when ``fail`` is set, or kills its own process with
-    SIGKILL (as the out-of-memory killer does) when ``die`` is set (the study runner tests)."""
-
-    Params = _BoomParams
-
-    def plan(self, view):  # noqa: ANN001, ANN201
-        if self.params.die:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.params.fail:
-            raise RuntimeError("boom: this run fails on purpose")
-        return RoundPlan(np.minimum(np.full(view.num_requests, 1), view.draft_len))
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
@@ -602,22 +581,22 @@ def test_kill_9_of_run_leaves_no_workers(tmp_path):
     assert not any(_alive(w) for w in workers), "workers outlived their killed parent"
 
 
-@pytest.mark.slow
-def test_kill_9_of_one_worker_costs_no_run(tmp_path):
-    """One worker of `run --jobs 2` killed with SIGKILL mid-study (what the out-of-memory killer
+def test_kill_9_of_one_worker_costs_no_run(tmp_path, capsys):
+    """One worker of `run --jobs 2` killed with SIGKILL mid-run (what the out-of-memory killer
     does): the run it was running is tried again on a fresh worker and the study ends with every
     run finished. Before the fix the pool broke: `112 runs (99 failed)` for studies/load.yaml,
-    every run not finished yet recorded as "worker lost (BrokenProcessPool: ...)", exit code 1."""
-    doc = {"name": "k", "base": _base(workload={"num_requests": 400, "concurrency": 8}),
+    every run not finished yet recorded as "worker lost (BrokenProcessPool: ...)", exit code 1.
+    The first run to reach its 20th round kills its own worker (a kill after a guessed sleep came
+    after the work was done once the engine got faster)."""
+    marker = tmp_path / "died"
+    doc = {"name": "k", "base": _base(workload={"num_requests": 400, "concurrency": 8},
+                                      policy={"name": "test_boom", "die_once": str(marker)}),
            "sweep": {"workload.concurrency": [1, 2, 4, 8]}, "seeds": [0, 1]}
     f = _study_file(tmp_path, doc)
-    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(f), "--out", str(tmp_path / "o"),
-                             "--jobs", "2", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim = min(_wait_for_workers(proc.pid))
-    time.sleep(0.5)  # into its first run (each takes about a second)
-    os.kill(victim, signal.SIGKILL)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
+    rc = main(["run", str(f), "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"])
+    out, err = capsys.readouterr()
+    assert marker.exists(), "no worker died"
+    assert rc == 0, err
     assert "8 runs in" in out and "failed" not in out + err
     root = tmp_path / "o" / "k"
     assert not list((root / "runs").glob("*/failed.json"))
@@ -632,12 +611,19 @@ def test_ctrl_c_of_run_exits_at_once_with_one_line(tmp_path, after_s):
     """Ctrl-C reaches the whole process group. Before the fix `timeout -s INT 6 python -m memtp_sim
     run studies/load.yaml` (which signals the parent and then its group) printed the line and then
     hung for good 3 times in 4 here (3 in 5 in review): a worker died of the KeyboardInterrupt
-    inside the executor's queues. Now workers ignore SIGINT and the parent stops them itself."""
-    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(REPO / "studies" / "load.yaml"),
+    inside the executor's queues. Now workers ignore SIGINT and the parent stops them itself.
+    The shipped study with 10 seeds (560 runs, over 30 s here), so that the signal lands mid-study
+    however fast the engine gets (the 2-seed study ends in about 7 s, near the 5 s signal)."""
+    doc = yaml.safe_load((REPO / "studies" / "load.yaml").read_text())
+    doc["base"]["workload"]["trace"] = str(TRACE)
+    doc["seeds"] = list(range(10))
+    study = _study_file(tmp_path, doc, "load.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(study),
                              "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"], cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     workers = _wait_for_workers(proc.pid)
     time.sleep(after_s)
+    assert proc.poll() is None, "the study ended before the interrupt"
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
     os.kill(proc.pid, signal.SIGINT)  # and again to the parent, as `timeout -s INT` and impatient users do
     try:

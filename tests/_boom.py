@@ -1,0 +1,55 @@
+"""A policy that fails, or kills its own process, on purpose (not a test module).
+
+The runner, dashboard and Dask tests use it to break a run at a known point instead of killing a
+worker after a guessed sleep (a sleep that the engine outgrew: a run that took a second took a
+tenth of one, the kill came after the work was done, and the test failed or tested nothing).
+The test process imports it (so a study naming ``test_boom`` validates, and forked workers have
+it), and every ``dask worker`` loads it with ``--preload _boom``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+
+from memtp_sim.policies import PolicyParams, RoundPlan, register
+from memtp_sim.policies.static import StaticPolicy
+
+
+class BoomParams(PolicyParams):
+    """``k``: draft length (as for ``static``); ``fail``: raise in the first round; ``die``: kill the
+    process with SIGKILL in the first round (as the out-of-memory killer would); ``die_once``: a
+    marker file; the first run to reach round ``die_round`` while it is absent creates it and kills
+    its own process with SIGKILL mid-run (so a retried run, and every later one, runs through)."""
+
+    k: int = 1
+    fail: bool = False
+    die: bool = False
+    die_once: str = ""
+    die_round: int = 20
+
+
+@register("test_boom")
+class BoomPolicy(StaticPolicy):
+    """Verify one draft token per request (``k`` at most), or break as the parameters say."""
+
+    Params = BoomParams
+
+    def __init__(self, params: BoomParams) -> None:
+        super().__init__(params)
+        self._rounds = 0
+
+    def plan(self, view):  # noqa: ANN001, ANN201
+        self._rounds += 1
+        if self.params.die:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.params.fail:
+            raise RuntimeError("boom: this run fails on purpose")
+        marker = self.params.die_once
+        if marker and self._rounds == self.params.die_round and not Path(marker).exists():
+            Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return RoundPlan(np.minimum(np.full(view.num_requests, self.params.k), view.draft_len))
