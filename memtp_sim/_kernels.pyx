@@ -1089,3 +1089,27 @@ def positive_rank_sum(cnp.ndarray scores, cnp.ndarray labels):
             total += c * (0.5 * ((j + 1) + i + 1))  # every rank in the group: (i+1 + j+1) / 2
             i = j + 1
     return total
+
+
+def expit(cnp.ndarray x):
+    """``scipy.special.expit`` (``1 / (1 + exp(-x))``) of a float64 array of any shape, as a new
+    C-contiguous array of the same shape: the same formula on the same libm ``exp``, so the same
+    bits, without importing ``scipy.special`` (about 0.2 s of a cold process).
+
+    Raises:
+        TypeError: ``x`` not float64.
+
+    Source:
+        the logistic sigmoid; scipy's ``special/_logit.h``.
+    """
+    if cnp.PyArray_TYPE(x) != cnp.NPY_FLOAT64:
+        raise TypeError(f"x must be a float64 array, not {x.dtype}")
+    cdef cnp.ndarray src = cnp.PyArray_GETCONTIGUOUS(x)
+    cdef cnp.ndarray out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(src), cnp.PyArray_DIMS(src), cnp.NPY_FLOAT64, 0)
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(src), i
+    cdef double* s = <double*>cnp.PyArray_DATA(src)
+    cdef double* o = <double*>cnp.PyArray_DATA(out)
+    with nogil:
+        for i in range(n):
+            o[i] = _expit(s[i])
+    return out

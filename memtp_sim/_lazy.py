@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from . import _compiled
+
 __all__ = ["brentq", "expit", "logit"]
 
 
@@ -12,7 +16,13 @@ _LOADED: dict[str, Any] = {}  # functions imported already (an import statement 
 
 
 def expit(x: Any) -> Any:
-    """``scipy.special.expit`` (the logistic sigmoid ``1 / (1 + exp(-x))``), elementwise."""
+    """``scipy.special.expit`` (the logistic sigmoid ``1 / (1 + exp(-x))``), elementwise. A float64
+    array goes to the compiled kernel when built (the same bits, and a run then never imports
+    ``scipy.special``: about 0.2 s of a cold what-if point)."""
+    if type(x) is np.ndarray and x.dtype == np.float64:
+        k = _compiled.active()
+        if k is not None:
+            return k.expit(x)
     f = _LOADED.get("expit")
     if f is None:
         from scipy.special import expit as f

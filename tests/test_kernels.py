@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from memtp_sim import _compiled, run
 
-from _sim_helpers import assert_same_state, scenario
+from _sim_helpers import REPO, assert_same_state, scenario
 
 kernels = _compiled.kernels
 
@@ -791,3 +791,46 @@ def test_positive_rank_sum_is_the_tie_averaged_rank_sum(pairs):
     order = np.argsort(scores)
     got = kernels.positive_rank_sum(scores[order], labels[order])
     assert got == float(rankdata(scores)[labels].sum())
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=0, max_size=40),
+       st.sampled_from(["1d", "2d", "strided"]))
+def test_expit_is_scipys_to_the_bit(values, layout):
+    # oracle: scipy.special.expit itself, on every float (huge, tiny, inf, NaN) and any layout
+    from scipy.special import expit as scipy_expit
+
+    x = np.array(values, dtype=np.float64)
+    if layout == "2d" and len(x) % 2 == 0:
+        x = x.reshape(2, -1)
+    elif layout == "strided":
+        x = x[::2]
+    got = kernels.expit(x)
+    want = scipy_expit(x)
+    assert got.shape == want.shape and got.dtype == np.float64
+    assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+@needs_kernels
+def test_expit_by_hand_and_refuses_other_types():
+    got = kernels.expit(np.array([0.0, math.log(3.0), -math.inf, math.inf]))
+    assert got.tolist() == [0.5, pytest.approx(0.75, rel=1e-15), 0.0, 1.0]
+    with pytest.raises(TypeError, match="float64"):
+        kernels.expit(np.array([1, 2]))
+
+
+@needs_kernels
+def test_a_run_imports_no_scipy_special():
+    """A what-if point from a cold process never imports ``scipy.special`` (about 0.2 s of the
+    cold-start target of issue 13): every expit of a run goes to the kernel."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom memtp_sim import run\nfrom memtp_sim.config import load_study\n"
+            "s = load_study('studies/load.yaml')\n"
+            "sc, seed = next((sc, sd) for lab, sc, sd in s.expand(source='studies/load.yaml') "
+            "if lab.get('workload.concurrency') == 8 and sc.policy.name == 'dspark')\nrun(sc, seed=seed)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('scipy.special')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
