@@ -393,7 +393,6 @@ class SPSTable:
         state = out.__dict__
         state.update(self.__dict__)
         state.pop("_dense_pass_s", None)  # the base table's context-free cache is not this view's
-        state.pop("_pass_memo", None)
         state["context"] = (float(num_requests), float(l_max), float(kv_tokens))
         return out
 
@@ -426,12 +425,8 @@ class SPSTable:
             step 4).
         """
         if self.context is not None and self.has_context_term:
-            d = self._dense
-            if isinstance(b, (int, np.integer)) and 0 < b < d.zero_ms.size:
-                memo = self.__dict__.setdefault("_pass_memo", {})  # a round asks its view for one B several times
-                v = memo.get(int(b))
-                if v is None:
-                    v = memo[int(b)] = self._context_one_s(int(b))
+            if isinstance(b, (int, np.integer)):
+                v = self._context_one_s(int(b))
                 if v == v:  # not NaN: one scalar, computed alone (no per-round dense array)
                     return v
         else:
@@ -557,13 +552,18 @@ class SPSTable:
     def _context_one_s(self, b: int) -> float:
         """:meth:`_context_s` for one B on Python floats: the same operations in the same order
         (tests/test_cost_context_scalar.py checks the bits against the array formula)."""
-        _, l_max, kv = self.context
-        coef = self.context_coefficients(b, self.context[0])
-        if coef is None:
+        # context_coefficients inlined (a call costs a third of this, twice a round)
+        pad_f, zero_at_pad, factor = self._dense.padded_lists
+        if not 0 < b < len(zero_at_pad) or zero_at_pad[b] != zero_at_pad[b]:  # outside, or NaN: refused
             return float("nan")
-        zero_ms, factor, a, q = coef
+        num_requests, l_max, kv = self.context
+        q = pad_f[b] / max(num_requests, 1.0)
         att = self.attention
-        return (zero_ms + max(max(a * l_max, att.b_ms_per_kv_token * kv), att.c_ms_per_pair * (kv * q))) * factor / 1000.0
+        a = att.one_slope
+        if a is None:
+            a = float(att.latency_slope(q))
+        return (zero_at_pad[b] + max(max(a * l_max, att.b_ms_per_kv_token * kv), att.c_ms_per_pair * (kv * q))) \
+            * factor[b] / 1000.0
 
     def _context_slice_s(self, b_first: int, b_last: int) -> np.ndarray:
         """Pass times at this table's context for B in ``b_first..b_last``, seconds (a round's table
