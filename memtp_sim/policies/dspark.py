@@ -347,15 +347,25 @@ def _uncovered(table: SPSTable, b_first: int, b_last: int | None, early_stop: bo
 def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_stop: bool, base_b: int,
                        max_batch_tokens: int | None, overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult:
     """:func:`_schedule` by the compiled scan (``_kernels.prefix_scan``): the same result and
-    errors, bit for bit. The table prices every B the scan may read (the candidates the pass and
-    the table allow) before the kernel learns how many have positive survival."""
+    errors, bit for bit."""
+    return ScheduleResult(*_scan_compiled(kernels, vals, table, early_stop, base_b, max_batch_tokens, overhead_s,
+                                          no_draft_pass_s))
+
+
+def _scan_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_stop: bool, base_b: int,
+                   max_batch_tokens: int | None, overhead_s: float,
+                   no_draft_pass_s: float | None) -> tuple[np.ndarray, float, float, int, float, int]:
+    """:func:`_schedule_compiled`'s fields as a tuple (``lengths, theta, tau, batch_tokens,
+    theta_global, batch_tokens_global``): the engine's rounds skip building the result. The table
+    prices every B the scan may read (the candidates the pass and the table allow) before the
+    kernel learns how many have positive survival."""
     num_req, width = vals.shape
     total = num_req * width
     n_limit = total if max_batch_tokens is None else min(total, int(max_batch_tokens) - base_b)
     if not table.covers(base_b):
         raise _uncovered(table, base_b, None, early_stop)
     n_cov_limit = n_limit if table.covers(base_b + n_limit) else table.max_batch_tokens - base_b
-    times = np.ascontiguousarray(table.pass_time_range_s(base_b, base_b + n_cov_limit), dtype=np.float64)
+    times = table.pass_time_range_s(base_b, base_b + n_cov_limit)  # float64; the kernel checks the layout
     lengths = np.zeros(num_req, dtype=np.int64)
     n_star, n_cov, n_max, best, theta, tau, theta_best = kernels.prefix_scan(
         vals, times, float(overhead_s), no_draft_pass_s is not None, 0.0 if no_draft_pass_s is None else float(no_draft_pass_s),
@@ -363,23 +373,23 @@ def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_st
     if n_cov < n_max and (n_star == n_cov or not early_stop):  # the scan needed B beyond the table
         raise _uncovered(table, base_b + n_cov + 1, base_b + n_max, early_stop)
     full = n_cov == n_max
-    return ScheduleResult(lengths=lengths, theta=theta, tau=tau, batch_tokens=base_b + n_star,
-                          theta_global=theta_best if full else float("nan"),
-                          batch_tokens_global=base_b + best if full else -1)
+    return (lengths, theta, tau, base_b + n_star, theta_best if full else float("nan"),
+            base_b + best if full else -1)
 
 
 def _compiled_scan(c: np.ndarray, table: SPSTable, early_stop: bool, prefill_tokens: int, max_batch_tokens: int,
-                   overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult | None:
-    """The compiled scan on an engine round whose other inputs passed the view's checks; None
-    without the kernels, or when the scan refuses the round (a confidence outside [0, 1], a table
-    that cannot price it): the numpy path or the public function then raises its one-line error."""
+                   overhead_s: float, no_draft_pass_s: float | None) -> tuple | None:
+    """The compiled scan on an engine round whose other inputs passed the view's checks, as
+    :func:`_scan_compiled`'s tuple; None without the kernels, or when the scan refuses the round
+    (a confidence outside [0, 1], a table that cannot price it, times not float64 and contiguous):
+    the numpy path or the public function then raises its one-line error."""
     kernels = _compiled.active()
     if kernels is None or not c.size or not c.flags.c_contiguous:
         return None
     try:
-        return _schedule_compiled(kernels, c, table, early_stop, c.shape[0] + prefill_tokens, max_batch_tokens,
-                                  overhead_s, no_draft_pass_s)
-    except ValueError:
+        return _scan_compiled(kernels, c, table, early_stop, c.shape[0] + prefill_tokens, max_batch_tokens,
+                              overhead_s, no_draft_pass_s)
+    except (TypeError, ValueError):
         return None
 
 
@@ -398,7 +408,7 @@ def _plan_round(view: RoundView, early_stop: bool) -> ScheduleResult:
         res = _compiled_scan(c, view.sps, early_stop, view.prefill_tokens, view.max_batch_tokens,
                              view.draft_overhead_s, view.no_draft_pass_s)
         if res is not None:
-            return res
+            return ScheduleResult(*res)
         if not c.size or (np.minimum.reduce(c, axis=None) >= 0.0 and np.maximum.reduce(c, axis=None) <= 1.0):
             return _schedule(c, None, view.sps, early_stop, view.prefill_tokens, view.max_batch_tokens,
                              view.draft_overhead_s, view.no_draft_pass_s)
@@ -470,13 +480,12 @@ class DSparkPolicy(FallbackGated, Policy):
             DSpark paper (Cheng et al. 2026) Algorithm 1.
         """
         res = _plan_round(view, self.params.early_stop)
-        self._report(int(view.round_index), res, plain_rate(view))
+        self._report(int(view.round_index), res.theta, res.theta_global, plain_rate(view))
         return RoundPlan(res.lengths, theta=res.theta, theta_global=res.theta_global)
 
-    def _report(self, round_index: int, res: ScheduleResult, plain_tok_s: float) -> None:
+    def _report(self, round_index: int, theta: float, theta_global: float, plain_tok_s: float) -> None:
         # the fallback gate learns from the best rate the scan found against plain decoding
-        best = res.theta_global if math.isfinite(res.theta_global) else res.theta
-        self._gate.report(round_index, best, plain_tok_s)
+        self._gate.report(round_index, theta_global if math.isfinite(theta_global) else theta, plain_tok_s)
 
     def plan_round(self, confidences: np.ndarray, sps: SPSTable, prefill_tokens: int, max_batch_tokens: int,
                    draft_overhead_s: float, round_index: int,
@@ -495,8 +504,10 @@ class DSparkPolicy(FallbackGated, Policy):
             res = _compiled_scan(confidences, sps, self.params.early_stop, prefill_tokens, max_batch_tokens,
                                  draft_overhead_s, no_draft_pass_s)
         if res is not None:
-            self._report(round_index, res, plain_rate_of(confidences.shape[0], prefill_tokens, sps, no_draft_pass_s))
-            return res.lengths, res.theta, res.theta_global
+            lengths, theta, _, _, theta_global, _ = res
+            self._report(round_index, theta, theta_global,
+                         plain_rate_of(confidences.shape[0], prefill_tokens, sps, no_draft_pass_s))
+            return lengths, theta, theta_global
         return super().plan_round(confidences, sps, prefill_tokens, max_batch_tokens, draft_overhead_s, round_index,
                                   no_draft_pass_s)
 
