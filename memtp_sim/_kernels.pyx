@@ -41,11 +41,16 @@ SOURCE_SHA256 = MEMTP_KERNELS_SHA256.decode("ascii")
 ctypedef long long i64
 
 
+cdef str _layout(cnp.ndarray a):
+    # an array's dtype, dimensions and, when it is not, "not C-contiguous" (for the errors)
+    return f"{a.dtype} {a.ndim}-D" + ("" if cnp.PyArray_IS_C_CONTIGUOUS(a) else ", not C-contiguous")
+
+
 cdef inline int _check_1d(cnp.ndarray a, str name, int dtype, str kind, Py_ssize_t need, bint exact) except -1:
     # a C-contiguous 1-D array of the dtype, with ``need`` elements (or at least that many unless
     # ``exact``; need < 0: any length)
     if cnp.PyArray_TYPE(a) != dtype or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 1:
-        raise TypeError(f"{name}: a C-contiguous 1-D {kind} array is required, got {a.dtype} {a.ndim}-D")
+        raise TypeError(f"{name}: a C-contiguous 1-D {kind} array is required, got {_layout(a)}")
     cdef Py_ssize_t size = cnp.PyArray_DIM(a, 0)
     if need >= 0 and (size < need or (exact and size != need)):
         raise ValueError(f"{name}: {need} elements needed, got {size}")
@@ -86,7 +91,7 @@ cdef inline double _dmax(double x, double y) noexcept nogil:
     return y if y > x else x
 
 
-def anchor_blocks(cnp.ndarray reqs, cnp.ndarray tokens, i64 block_tokens):
+def anchor_blocks(cnp.ndarray reqs not None, cnp.ndarray tokens not None, i64 block_tokens):
     """New KV blocks the requests ``reqs`` need to store one more token each: the count of those
     whose stored tokens fill their last block (``KVCacheManager.anchor_blocks``).
 
@@ -112,7 +117,7 @@ def anchor_blocks(cnp.ndarray reqs, cnp.ndarray tokens, i64 block_tokens):
     return count
 
 
-def round_context(cnp.ndarray dec, object pre, object chunks, cnp.ndarray tokens):
+def round_context(cnp.ndarray dec not None, object pre, object chunks, cnp.ndarray tokens not None):
     """A pass's context (``Engine._round_tables``): the KV tokens it reads, the longest context
     and the requests in it: every decoding request, and every prefilling request with a chunk
     this round (docs/model.md section 1 step 4).
@@ -157,7 +162,7 @@ def round_context(cnp.ndarray dec, object pre, object chunks, cnp.ndarray tokens
     return kv_read, l_max, num_req
 
 
-def sum_within(cnp.ndarray counts, i64 high):
+def sum_within(cnp.ndarray counts not None, i64 high):
     """The sum of ``counts`` (``(R,)`` int64) when every element lies in ``0..high``, else -1 (a
     plan's verify lengths within the drafted positions, and the draft tokens it verifies:
     ``Engine._draft_and_plan``'s check)."""
@@ -171,8 +176,8 @@ def sum_within(cnp.ndarray counts, i64 high):
     return total
 
 
-def split_decoding(cnp.ndarray run, cnp.ndarray prefilled, cnp.ndarray target, cnp.ndarray tokens,
-                   i64 block_tokens, cnp.ndarray dec, cnp.ndarray pre):
+def split_decoding(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.ndarray target not None,
+                   cnp.ndarray tokens not None, i64 block_tokens, cnp.ndarray dec not None, cnp.ndarray pre not None):
     """Step 2's split of the running requests (``Engine._guarantee_anchors``): those whose prefill
     is done decode, the others prefill, each in running order; and the KV blocks the decoding
     requests' anchors need (``KVCacheManager.anchor_blocks``).
@@ -191,8 +196,8 @@ def split_decoding(cnp.ndarray run, cnp.ndarray prefilled, cnp.ndarray target, c
         TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
     """
     cdef i64* ids = _i64(run, "run")
+    cdef i64* done = _i64(prefilled, "prefilled")
     cdef Py_ssize_t num = cnp.PyArray_DIM(run, 0), size = cnp.PyArray_DIM(prefilled, 0), k
-    cdef i64* done = _i64(prefilled, "prefilled", size)
     cdef i64* want = _i64(target, "target", size)
     cdef i64* tok = _i64(tokens, "tokens", size)
     cdef i64* d = _i64(dec, "dec", num, False)
@@ -228,7 +233,7 @@ def ids_array(list ids):
     return out
 
 
-def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):
+def all_prefilled(cnp.ndarray reqs not None, cnp.ndarray prefilled not None, cnp.ndarray target not None):
     """Whether every request in ``reqs`` has prefilled its target (all of them decode this round).
 
     Args:
@@ -252,11 +257,11 @@ def all_prefilled(cnp.ndarray reqs, cnp.ndarray prefilled, cnp.ndarray target):
     return True
 
 
-def plain_plan(cnp.ndarray dec, cnp.ndarray tokens, cnp.ndarray output, cnp.ndarray generated,
-               i64 block_tokens, i64 capacity, double now, double next_event, i64 ahead, i64 max_rounds,
-               double fixed_s, bint context, double first_s, double zero_ms, double factor, double a_slope,
-               double q, double b_ms_per_kv_token, double c_ms_per_pair,
-               cnp.ndarray times, cnp.ndarray durations, cnp.ndarray verify_s, cnp.ndarray blocks):
+def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarray output not None,
+               cnp.ndarray generated not None, i64 block_tokens, i64 capacity, double now, double next_event, i64 ahead,
+               i64 max_rounds, double fixed_s, bint context, double first_s, double zero_ms, double factor,
+               double a_slope, double q, double b_ms_per_kv_token, double c_ms_per_pair, cnp.ndarray times not None,
+               cnp.ndarray durations not None, cnp.ndarray verify_s not None, cnp.ndarray blocks not None):
     """Plan a block of plain rounds (``Engine._plan_plain_block``): how many rounds run before an
     event, a completion or a full KV cache, each priced at its own context.
 
@@ -358,8 +363,9 @@ def plain_plan(cnp.ndarray dec, cnp.ndarray tokens, cnp.ndarray output, cnp.ndar
     return rounds, kv_read
 
 
-def plain_apply(cnp.ndarray dec, i64 rounds, cnp.ndarray generated, cnp.ndarray num_rounds, cnp.ndarray tokens,
-                cnp.ndarray blocks, cnp.ndarray output, i64 block_tokens, cnp.ndarray finished):
+def plain_apply(cnp.ndarray dec not None, i64 rounds, cnp.ndarray generated not None, cnp.ndarray num_rounds not None,
+                cnp.ndarray tokens not None, cnp.ndarray blocks not None, cnp.ndarray output not None, i64 block_tokens,
+                cnp.ndarray finished not None):
     """Apply a block of ``rounds`` plain rounds (``Engine._plain_block``): every request in ``dec``
     generates and stores ``rounds`` tokens (``KVCacheManager.append``), and those that reach their
     output length are listed.
@@ -434,8 +440,8 @@ cdef void _sift_down(double* key, i64* row, Py_ssize_t size, Py_ssize_t i) noexc
     row[i] = r
 
 
-def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has_no_draft_pass, double no_draft_pass_s,
-                i64 n_limit, i64 n_cov_limit, bint early_stop, cnp.ndarray lengths):
+def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double overhead_s, bint has_no_draft_pass,
+                double no_draft_pass_s, i64 n_limit, i64 n_cov_limit, bint early_stop, cnp.ndarray lengths not None):
     """DSpark's hardware-aware prefix scheduler (paper Algorithm 1) on one round's confidences,
     the engine's path of ``policies.dspark._schedule`` bit for bit.
 
@@ -469,7 +475,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
         DSpark paper (Cheng et al. 2026) Algorithm 1; docs/model.md section 1 step 3.
     """
     if cnp.PyArray_TYPE(vals) != cnp.NPY_FLOAT64 or not cnp.PyArray_IS_C_CONTIGUOUS(vals) or cnp.PyArray_NDIM(vals) != 2:
-        raise TypeError(f"vals: a C-contiguous 2-D float64 array is required, got {vals.dtype} {vals.ndim}-D")
+        raise TypeError(f"vals: a C-contiguous 2-D float64 array is required, got {_layout(vals)}")
     cdef Py_ssize_t num_req = cnp.PyArray_DIM(vals, 0), width = cnp.PyArray_DIM(vals, 1), total = num_req * width
     if num_req < 1 or width < 1:
         raise ValueError(f"vals: at least one request and position needed, got shape ({num_req}, {width})")
@@ -564,7 +570,7 @@ def prefix_scan(cnp.ndarray vals, cnp.ndarray times, double overhead_s, bint has
 cdef inline void* _data_2d(cnp.ndarray a, str name, int dtype, str kind, Py_ssize_t rows, Py_ssize_t cols) except NULL:
     # a C-contiguous (rows, cols) array of the dtype (the 2-D counterpart of _check_1d)
     if cnp.PyArray_TYPE(a) != dtype or not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_NDIM(a) != 2:
-        raise TypeError(f"{name}: a C-contiguous 2-D {kind} array is required, got {a.dtype} {a.ndim}-D")
+        raise TypeError(f"{name}: a C-contiguous 2-D {kind} array is required, got {_layout(a)}")
     if cnp.PyArray_DIM(a, 0) != rows or cnp.PyArray_DIM(a, 1) != cols:
         raise ValueError(f"{name}: shape ({rows}, {cols}) needed, got ({cnp.PyArray_DIM(a, 0)}, {cnp.PyArray_DIM(a, 1)})")
     return cnp.PyArray_DATA(a)
@@ -586,9 +592,10 @@ cdef inline double* _f64_or_null(object a, str name, Py_ssize_t need) except? NU
     return _f64(<cnp.ndarray?>a, name, need)
 
 
-def draft_confidences(cnp.ndarray dec, cnp.ndarray domain, cnp.ndarray difficulty, object round_offset,
-                      cnp.ndarray mu, cnp.ndarray slope, object base, object shift, object noise, bint oracle,
-                      double overconfidence, cnp.ndarray temps, cnp.ndarray probs, cnp.ndarray raw, cnp.ndarray conf):
+def draft_confidences(cnp.ndarray dec not None, cnp.ndarray domain not None, cnp.ndarray difficulty not None,
+                      object round_offset, cnp.ndarray mu not None, cnp.ndarray slope not None, object base,
+                      object shift, object noise, bint oracle, double overconfidence, cnp.ndarray temps not None,
+                      cnp.ndarray probs not None, cnp.ndarray raw not None, cnp.ndarray conf not None):
     """Steps 4-5 of a drafted round before the plan (``Engine._draft_and_plan``): the true
     acceptance logits of every drafted position, their probabilities, the head's raw logits and
     the calibrated confidences, in one pass (``AcceptanceModel.round_logits``, the drift shift,
@@ -617,17 +624,17 @@ def draft_confidences(cnp.ndarray dec, cnp.ndarray domain, cnp.ndarray difficult
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, bad ids or domains.
     """
     cdef i64* ids = _i64(dec, "dec")
+    cdef i64* dom = _i64(domain, "domain")
+    cdef double* m = _f64(mu, "mu")
     cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(domain, 0), k, j
     cdef Py_ssize_t num_dom = cnp.PyArray_DIM(mu, 0)
     if cnp.PyArray_NDIM(probs) != 2:
-        raise TypeError(f"probs: a C-contiguous 2-D float64 array is required, got {probs.dtype} {probs.ndim}-D")
+        raise TypeError(f"probs: a C-contiguous 2-D float64 array is required, got {_layout(probs)}")
     cdef Py_ssize_t width = cnp.PyArray_DIM(probs, 1)
     cdef double* p = _f64_2d(probs, "probs", num, width)
     cdef double* rw = _f64_2d(raw, "raw", num, width)
     cdef double* c = _f64_2d(conf, "conf", num, width)
-    cdef i64* dom = _i64(domain, "domain")
     cdef double* diff = _f64(difficulty, "difficulty", size)
-    cdef double* m = _f64(mu, "mu", num_dom)
     cdef double* sl = _f64(slope, "slope", num_dom)
     cdef double* t = _f64(temps, "temps", width, False)
     cdef double* ro = _f64_or_null(round_offset, "round_offset", num)
@@ -672,10 +679,11 @@ def draft_confidences(cnp.ndarray dec, cnp.ndarray domain, cnp.ndarray difficult
                 c[k * width + j] = _expit(r / t[j])
 
 
-def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray lengths, cnp.ndarray generated,
-                 cnp.ndarray output, cnp.ndarray num_rounds, cnp.ndarray verified, cnp.ndarray accepted,
-                 cnp.ndarray tokens, cnp.ndarray blocks, i64 block_tokens, cnp.ndarray acc, object would,
-                 cnp.ndarray finished):
+def accept_apply(cnp.ndarray dec not None, cnp.ndarray u not None, cnp.ndarray probs not None,
+                 cnp.ndarray lengths not None, cnp.ndarray generated not None, cnp.ndarray output not None,
+                 cnp.ndarray num_rounds not None, cnp.ndarray verified not None, cnp.ndarray accepted not None,
+                 cnp.ndarray tokens not None, cnp.ndarray blocks not None, i64 block_tokens, cnp.ndarray acc not None,
+                 object would, cnp.ndarray finished not None):
     """Step 7 of a drafted round for the decoding requests (``Engine._accept``): which drafts the
     target accepts, and the tokens each request keeps.
 
@@ -704,14 +712,14 @@ def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray 
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids.
     """
     cdef i64* ids = _i64(dec, "dec")
+    cdef i64* gen = _i64(generated, "generated")
     cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0), k, j
     if cnp.PyArray_NDIM(u) != 2:
-        raise TypeError(f"u: a C-contiguous 2-D float64 array is required, got {u.dtype} {u.ndim}-D")
+        raise TypeError(f"u: a C-contiguous 2-D float64 array is required, got {_layout(u)}")
     cdef Py_ssize_t width = cnp.PyArray_DIM(u, 1)
     cdef double* draw = _f64_2d(u, "u", num, width)
     cdef double* p = _f64_2d(probs, "probs", num, width)
     cdef i64* lens = _i64(lengths, "lengths", num)
-    cdef i64* gen = _i64(generated, "generated")
     cdef i64* out = _i64(output, "output", size)
     cdef i64* nr = _i64(num_rounds, "num_rounds", size)
     cdef i64* ver = _i64(verified, "verified", size)
@@ -766,8 +774,8 @@ def accept_apply(cnp.ndarray dec, cnp.ndarray u, cnp.ndarray probs, cnp.ndarray 
     return accepted_total, emitted_total, added, nf
 
 
-def lookahead_total(cnp.ndarray reqs, cnp.ndarray tokens, cnp.ndarray blocks, i64 block_tokens, i64 add,
-                    object add_each):
+def lookahead_total(cnp.ndarray reqs not None, cnp.ndarray tokens not None, cnp.ndarray blocks not None,
+                    i64 block_tokens, i64 add, object add_each):
     """New KV blocks the requests ``reqs`` need in all to store ``add`` (plus ``add_each[k]``)
     more tokens each (``KVCacheManager.lookahead_blocks`` summed).
 
@@ -800,7 +808,8 @@ def lookahead_total(cnp.ndarray reqs, cnp.ndarray tokens, cnp.ndarray blocks, i6
     return total
 
 
-def place_prefill(cnp.ndarray pre, cnp.ndarray prefilled, cnp.ndarray target, i64 limit, cnp.ndarray chunks):
+def place_prefill(cnp.ndarray pre not None, cnp.ndarray prefilled not None, cnp.ndarray target not None, i64 limit,
+                  cnp.ndarray chunks not None):
     """Chunked prefill (``Engine._place_prefill``): the prefilling requests, first admitted first,
     share ``limit`` prompt tokens; each takes what it has left, up to what the ones before it left
     over (docs/model.md section 1 step 3).
@@ -835,9 +844,10 @@ def place_prefill(cnp.ndarray pre, cnp.ndarray prefilled, cnp.ndarray target, i6
     return total
 
 
-def prefill_apply(cnp.ndarray pre, cnp.ndarray chunks, cnp.ndarray prefilled, cnp.ndarray target,
-                  cnp.ndarray tokens, cnp.ndarray generated, cnp.ndarray output, cnp.ndarray first_token_at,
-                  double now, cnp.ndarray finished):
+def prefill_apply(cnp.ndarray pre not None, cnp.ndarray chunks not None, cnp.ndarray prefilled not None,
+                  cnp.ndarray target not None, cnp.ndarray tokens not None, cnp.ndarray generated not None,
+                  cnp.ndarray output not None, cnp.ndarray first_token_at not None, double now,
+                  cnp.ndarray finished not None):
     """Store a pass's prefill chunks (``Engine._advance_prefill``): a request whose prefill
     completes emits its first token (the pass's last logits), and is listed when that was its
     whole output.
@@ -891,9 +901,9 @@ def prefill_apply(cnp.ndarray pre, cnp.ndarray chunks, cnp.ndarray prefilled, cn
     return num_prefill, completed, nf
 
 
-def context_pass_times(cnp.ndarray pad_f, cnp.ndarray zero_at_pad, cnp.ndarray factor, i64 b_first, i64 b_last,
-                       double num_requests, double a_slope, double l_max, double kv, double b_ms_per_kv_token,
-                       double c_ms_per_pair):
+def context_pass_times(cnp.ndarray pad_f not None, cnp.ndarray zero_at_pad not None, cnp.ndarray factor not None,
+                       i64 b_first, i64 b_last, double num_requests, double a_slope, double l_max, double kv,
+                       double b_ms_per_kv_token, double c_ms_per_pair):
     """Pass times for B in ``b_first..b_last`` at one round's context, s: ``(zero_at_pad[B] +
     max(max(a * l_max, b * kv), c * (kv * q))) * factor[B] / 1000`` with ``q = pad_f[B] /
     max(num_requests, 1)`` (``SPSTable._context_s`` for a table whose latency slope ``a`` is one
@@ -912,10 +922,10 @@ def context_pass_times(cnp.ndarray pad_f, cnp.ndarray zero_at_pad, cnp.ndarray f
     Raises:
         TypeError, ValueError: arrays of the wrong type or a range outside them.
     """
+    cdef double* pf = _f64(pad_f, "pad_f")
     cdef Py_ssize_t m = cnp.PyArray_DIM(pad_f, 0)
     if b_first < 0 or b_last < b_first or b_last >= m:
         raise ValueError(f"B range {b_first}..{b_last} outside 0..{m - 1}")
-    cdef double* pf = _f64(pad_f, "pad_f", m)
     cdef double* z = _f64(zero_at_pad, "zero_at_pad", m, False)
     cdef double* f = _f64(factor, "factor", m, False)
     cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, [b_last - b_first + 1], cnp.NPY_FLOAT64, 0)
@@ -931,8 +941,8 @@ def context_pass_times(cnp.ndarray pad_f, cnp.ndarray zero_at_pad, cnp.ndarray f
     return out
 
 
-def binned_rows(cnp.ndarray probs, cnp.ndarray outcomes, i64 n_bins, cnp.ndarray counts, cnp.ndarray sum_prob,
-                cnp.ndarray sum_pos):
+def binned_rows(cnp.ndarray probs not None, cnp.ndarray outcomes not None, i64 n_bins, cnp.ndarray counts not None,
+                cnp.ndarray sum_prob not None, cnp.ndarray sum_pos not None):
     """Equal-width calibration bins of every row of ``probs`` (``confidence._binned_rows``): per
     row and bin, the count, the sum of the probabilities and the sum of the outcomes, each bin's
     sums added in row order (as ``np.bincount``), so ECE and reliability curves match the numpy
@@ -955,7 +965,7 @@ def binned_rows(cnp.ndarray probs, cnp.ndarray outcomes, i64 n_bins, cnp.ndarray
     if n_bins < 1:
         raise ValueError(f"n_bins: must be >= 1, got {n_bins}")
     if cnp.PyArray_NDIM(probs) != 2:
-        raise TypeError(f"probs: a C-contiguous 2-D float64 array is required, got {probs.dtype} {probs.ndim}-D")
+        raise TypeError(f"probs: a C-contiguous 2-D float64 array is required, got {_layout(probs)}")
     cdef Py_ssize_t m = cnp.PyArray_DIM(probs, 0), n = cnp.PyArray_DIM(probs, 1), r, i
     cdef double* p = _f64_2d(probs, "probs", m, n)
     cdef bint shared = cnp.PyArray_NDIM(outcomes) == 1
@@ -1054,7 +1064,7 @@ def pack_rows(list rows, list cols):
         PyMem_Free(data)
 
 
-def positive_rank_sum(cnp.ndarray scores, cnp.ndarray labels):
+def positive_rank_sum(cnp.ndarray scores not None, cnp.ndarray labels not None):
     """Sum of the 1-based ranks of the positive entries, ties sharing their average rank, given
     the scores in ascending order and their labels in the same order (``confidence._positive_rank_sum``
     after its sort: the Mann-Whitney statistic of the AUC). Ranks are half-integers, so the sum
@@ -1073,8 +1083,8 @@ def positive_rank_sum(cnp.ndarray scores, cnp.ndarray labels):
     Source:
         Mann and Whitney (1947); ``scipy.stats.rankdata``'s ``average`` method.
     """
+    cdef double* s = _f64(scores, "scores")
     cdef Py_ssize_t n = cnp.PyArray_DIM(scores, 0), i = 0, j, c
-    cdef double* s = _f64(scores, "scores", n)
     _check_1d(labels, "labels", cnp.NPY_BOOL, "bool", n, True)
     cdef char* y = <char*>cnp.PyArray_DATA(labels)
     cdef double total = 0.0
@@ -1091,7 +1101,7 @@ def positive_rank_sum(cnp.ndarray scores, cnp.ndarray labels):
     return total
 
 
-def expit(cnp.ndarray x):
+def expit(cnp.ndarray x not None):
     """``scipy.special.expit`` (``1 / (1 + exp(-x))``) of a float64 array of any shape, as a new
     C-contiguous array of the same shape: the same formula on the same libm ``exp``, so the same
     bits, without importing ``scipy.special`` (about 0.2 s of a cold process).

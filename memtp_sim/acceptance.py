@@ -123,8 +123,10 @@ class AcceptanceModel:
     _base_by_gamma: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        mu = np.asarray(self.mu, dtype=np.float64).reshape(-1)
-        slope = np.asarray(self.slope, dtype=np.float64).reshape(-1)
+        # own C-contiguous copies: the compiled round reads them as flat arrays (a view of a
+        # caller's column would be strided, and could change under the model)
+        mu = np.array(self.mu, dtype=np.float64).reshape(-1)
+        slope = np.array(self.slope, dtype=np.float64).reshape(-1)
         if mu.shape != (len(self.domains),) or slope.shape != mu.shape:
             raise ValueError("acceptance: mu and slope need one value per domain")
         if self.sigma_request < 0 or self.sigma_round < 0:

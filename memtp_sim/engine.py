@@ -106,6 +106,16 @@ def _remote_prefill_memo(profile: HardwareProfile, settings: EngineSettings) -> 
     return profile.prefill_table.__dict__.setdefault("_remote_prefill_s", {}).setdefault(settings.max_batch_tokens, {})
 
 
+def _per_position_temperatures(temperatures: np.ndarray | None, width: int) -> np.ndarray:
+    """The head's per-position temperatures as the engine keeps them: a C-contiguous float64
+    copy of at most ``width`` values (ones when None; one value stands for every position, as
+    numpy's broadcasting of ``raw / temps`` would read it), so the compiled round can read them."""
+    if temperatures is None:
+        return np.ones(width)
+    temps = np.array(temperatures, dtype=np.float64).reshape(-1)
+    return np.full(width, temps[0]) if temps.size == 1 else temps[:width]
+
+
 class _PricedOnReadDraftView(DraftView):
     """A :class:`DraftView` whose context fields (``context_tokens``, ``sps``, ``no_draft_pass_s``)
     are priced on their first read, by ``price()`` (which returns the three): most policies and
@@ -318,7 +328,7 @@ class Engine:
         memtp = self.drafter.spec.memtp
         self.head = head if head is not None else ConfidenceHead(oracle=True)
         width = self.drafter.max_draft_len
-        self.temps = np.ones(width) if temperatures is None else np.asarray(temperatures, dtype=np.float64)[:width]
+        self.temps = _per_position_temperatures(temperatures, width)
         self.head_rng = head_rng if head_rng is not None else np.random.default_rng(0)
         self._diag_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # see _record_diag
         self._diag_width = width

@@ -834,3 +834,103 @@ def test_a_run_imports_no_scipy_special():
             "print(sorted(m for m in sys.modules if m.startswith('scipy.special')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def _kernel_signatures() -> list[tuple[str, list[str], str]]:
+    """(name, its ndarray parameters, its body) of every public kernel, read from the source."""
+    import re
+
+    src = (REPO / "memtp_sim" / "_kernels.pyx").read_text()
+    defs = list(re.finditer(r"^def (\w+)\(((?:[^()]|\n)*?)\):", src, flags=re.M))
+    out = []
+    for k, m in enumerate(defs):
+        body = src[m.end(): defs[k + 1].start() if k + 1 < len(defs) else len(src)]
+        params = re.findall(r"cnp\.ndarray (\w+)( not None)?", m.group(2))
+        out.append((m.group(1), params, body))
+    return out
+
+
+def test_every_kernel_checks_an_array_before_it_reads_its_shape():
+    # the kind of a review's fault (three kernels read an argument's first dimension before its
+    # checks, and a 0-d array crashed the interpreter): every ndarray parameter is declared
+    # `not None` (Cython lets None through otherwise), and a dimension is read only after a
+    # check that fixes the number of dimensions
+    checks = ("_i64({p}", "_f64({p}", "_check_1d({p}", "_data_2d({p}", "_f64_2d({p}", "PyArray_NDIM({p})")
+    sigs = _kernel_signatures()
+    if kernels is not None:  # the parse found every public kernel
+        public = {n for n in dir(kernels) if not n.startswith("_") and callable(getattr(kernels, n))}
+        assert {name for name, _, _ in sigs} == public
+    for name, params, body in sigs:
+        for p, not_none in params:
+            assert not_none, f"{name}: ndarray parameter {p!r} must be declared `not None`"
+            first_dim = body.find(f"PyArray_DIM({p},")
+            if first_dim < 0:
+                continue
+            checked = [body.find(c.format(p=p)) for c in checks]
+            assert any(0 <= at < first_dim for at in checked), f"{name}: reads {p}'s shape before checking it"
+
+
+_ZERO_D_CALLS = {
+    "positive_rank_sum": "K.positive_rank_sum({a}, np.array([True]))",
+    "split_decoding": "K.split_decoding(np.zeros(2, np.int64), {i}, np.zeros(3, np.int64), np.zeros(3, np.int64), "
+                      "16, np.zeros(2, np.int64), np.zeros(2, np.int64))",
+    "draft_confidences": "K.draft_confidences(np.zeros(1, np.int64), {i}, np.zeros(1), None, np.zeros(1), np.zeros(1), "
+                         "None, None, None, True, 1.0, np.ones(2), np.empty((1, 2)), np.empty((1, 2)), "
+                         "np.empty((1, 2)))",
+    "context_pass_times": "K.context_pass_times({a}, np.zeros(3), np.ones(3), 1, 2, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0)",
+    "sum_within": "K.sum_within({i}, 3)",
+    "binned_rows": "K.binned_rows({a}, np.zeros(3, bool), 2, np.zeros((1, 2), np.int64), np.zeros((1, 2)), "
+                   "np.zeros((1, 2)))",
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", sorted(_ZERO_D_CALLS))
+@pytest.mark.parametrize("bad", ["zero_d", "none", "strided"])
+def test_a_bad_array_gets_a_type_error_not_a_crash(name, bad):
+    # in a subprocess, so that a crash is a failure of this test and not of the whole run
+    import subprocess
+    import sys
+
+    arg = {"zero_d": ("np.array(1.0)", "np.array(5)"), "none": ("None", "None"),
+           "strided": ("np.zeros(6)[::2]", "np.zeros(6, np.int64)[::2]")}[bad]
+    call = _ZERO_D_CALLS[name].format(a=arg[0], i=arg[1])
+    code = ("import numpy as np\nfrom memtp_sim import _kernels as K\ntry:\n    " + call
+            + "\nexcept (TypeError, ValueError) as e:\n    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{name} with a {bad} array: exit code {out.returncode}: {out.stderr[-300:]}"
+    assert out.stdout.startswith("refused:"), out.stdout
+    if bad == "strided":
+        assert "not C-contiguous" in out.stdout
+
+
+@needs_kernels
+@pytest.mark.parametrize("case", ["strided_mu", "one_temperature", "strided_temperatures"])
+def test_inputs_numpy_takes_as_views_or_broadcasts_run_the_same_compiled(case, monkeypatch):
+    # review: an acceptance model built from a column of a table kept strided mu/slope views, and
+    # an engine given one temperature broadcast it; the compiled round refused both (TypeError,
+    # ValueError) where the numpy code ran. Both are normalised where they are kept now.
+    from _sim_helpers import flat_profile, workload
+
+    from memtp_sim.acceptance import AcceptanceModel
+    from memtp_sim.confidence import ConfidenceHead
+    from memtp_sim.engine import Engine, EngineSettings
+    from memtp_sim.policies import make_policy
+
+    params = np.array([[1.2, -0.1], [0.4, -0.2], [2.0, 0.0]])
+    acc = AcceptanceModel(("chat", "code", "math"), params[:, 0], params[:, 1], 0.3, 0.2) \
+        if case == "strided_mu" else AcceptanceModel.fixed(0.7)
+    temps = {"strided_mu": None, "one_temperature": np.array([1.3]),
+             "strided_temperatures": np.full(40, 1.3)[::2]}[case]
+
+    def go(enabled: bool):
+        monkeypatch.setattr(_compiled, "ENABLED", enabled)
+        eng = Engine(flat_profile(), acc, workload([40] * 6, [30] * 6), make_policy("dspark", {}),
+                     EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                     np.random.default_rng(0), head=ConfidenceHead(0.4, 1.35), temperatures=temps,
+                     head_rng=np.random.default_rng(3))
+        return eng.run()
+
+    want = go(False)
+    assert want.draft_tokens_verified.sum() > 0
+    assert_same_state(go(True), want)
