@@ -19,7 +19,7 @@ def expit(x: Any) -> Any:
     """``scipy.special.expit`` (the logistic sigmoid ``1 / (1 + exp(-x))``), elementwise. A float64
     array goes to the compiled kernel when built (the same bits, and a run then never imports
     ``scipy.special``: about 0.2 s of a cold what-if point)."""
-    if type(x) is np.ndarray and x.dtype == np.float64:
+    if type(x) is np.ndarray and x.dtype == np.float64 and x.ndim:  # scipy gives a 0-d array a scalar
         k = _compiled.active()
         if k is not None:
             return k.expit(x)

@@ -812,6 +812,20 @@ def test_expit_is_scipys_to_the_bit(values, layout):
     assert got.tobytes() == np.ascontiguousarray(want).tobytes()
 
 
+@pytest.mark.parametrize("x", [np.array(0.3), np.array([0.3, -2.0]), np.array([[1.0], [2.0]]), 0.3, [0.3, 1.0],
+                               np.array([1, 2]), np.float32(0.5)])
+def test_lazy_expit_returns_what_scipy_returns(x):
+    # the kernel takes float64 arrays of one dimension or more; everything else stays scipy's,
+    # type and shape included (a 0-d array gives a scalar there)
+    from scipy.special import expit as scipy_expit
+
+    from memtp_sim._lazy import expit
+
+    got, want = expit(x), scipy_expit(x)
+    assert type(got) is type(want) and np.shape(got) == np.shape(want) and got.dtype == want.dtype
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+
+
 @needs_kernels
 def test_expit_by_hand_and_refuses_other_types():
     got = kernels.expit(np.array([0.0, math.log(3.0), -math.inf, math.inf]))
