@@ -281,8 +281,8 @@ def _schedule(vals: np.ndarray, mask: np.ndarray | None, table: SPSTable, early_
     width = vals.shape[1]
     kernels = _compiled.active() if mask is None and width else None
     if kernels is not None and vals.flags.c_contiguous:
-        return _schedule_compiled(kernels, vals, table, early_stop, base_b, max_batch_tokens, overhead_s,
-                                  no_draft_pass_s)
+        return ScheduleResult(*_scan_compiled(kernels, vals, table, early_stop, base_b, max_batch_tokens, overhead_s,
+                                              no_draft_pass_s))
     a_sorted, order = _ranked_candidates(vals, mask)
 
     # Algorithm 1: only drafts with positive probability are candidates (they sort last; a >= 0,
@@ -344,19 +344,12 @@ def _uncovered(table: SPSTable, b_first: int, b_last: int | None, early_stop: bo
     return InvalidArgumentError(f"sps: {need}, beyond the {where}; give a larger table or max_batch_tokens")
 
 
-def _schedule_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_stop: bool, base_b: int,
-                       max_batch_tokens: int | None, overhead_s: float, no_draft_pass_s: float | None) -> ScheduleResult:
-    """:func:`_schedule` by the compiled scan (``_kernels.prefix_scan``): the same result and
-    errors, bit for bit."""
-    return ScheduleResult(*_scan_compiled(kernels, vals, table, early_stop, base_b, max_batch_tokens, overhead_s,
-                                          no_draft_pass_s))
-
-
 def _scan_compiled(kernels: Any, vals: np.ndarray, table: SPSTable, early_stop: bool, base_b: int,
                    max_batch_tokens: int | None, overhead_s: float,
                    no_draft_pass_s: float | None) -> tuple[np.ndarray, float, float, int, float, int]:
-    """:func:`_schedule_compiled`'s fields as a tuple (``lengths, theta, tau, batch_tokens,
-    theta_global, batch_tokens_global``): the engine's rounds skip building the result. The table
+    """:func:`_schedule` by the compiled scan (``_kernels.prefix_scan``), the same result and errors
+    bit for bit, as :class:`ScheduleResult`'s fields in order (``lengths, theta, tau,
+    batch_tokens, theta_global, batch_tokens_global``): the engine's rounds skip building it. The table
     prices every B the scan may read (the candidates the pass and the table allow) before the
     kernel learns how many have positive survival."""
     num_req, width = vals.shape
@@ -510,7 +503,6 @@ class DSparkPolicy(FallbackGated, Policy):
             return lengths, theta, theta_global
         return super().plan_round(confidences, sps, prefill_tokens, max_batch_tokens, draft_overhead_s, round_index,
                                   no_draft_pass_s)
-
 
 
 class DSparkAsyncParams(PolicyParams):
