@@ -36,7 +36,11 @@ FLAGS = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 # the source's digest goes into the extension: memtp_sim/_compiled.py refuses a build of another
 # version of the source (an old .so after a pull that changed the kernels) instead of running it
 SOURCE_SHA256 = hashlib.sha256((ROOT / "memtp_sim" / "_kernels.pyx").read_bytes()).hexdigest()
+# numpy's C random library (numpy/random/lib): the drafted-block kernel draws from the run's own
+# Generators with numpy's distribution functions, the same numbers the Python calls give
+NPYRANDOM = str(Path(np.get_include()).parent.parent / "random" / "lib")
 KERNELS = Extension("memtp_sim._kernels", ["memtp_sim/_kernels.pyx"], include_dirs=[np.get_include()],
+                    library_dirs=[NPYRANDOM], libraries=["npyrandom", "m"],
                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
                                    ("MEMTP_KERNELS_SHA256", f'"{SOURCE_SHA256}"')], extra_compile_args=FLAGS)
 EXTENSIONS = cythonize([KERNELS], language_level=3)

@@ -2,7 +2,8 @@
 """The engine's hot steps compiled, bit for bit the numpy code they replace (``memtp_sim.engine``,
 ``memtp_sim.kv_cache``, ``policies.dspark._schedule``, ``hardware.cost.SPSTable``): plain blocks
 planned and applied, KV anchor and lookahead sums, a pass's context, the drafted positions'
-confidences, Algorithm 1's scan, acceptance, chunked prefill, context pass times. ``memtp_sim._compiled.ENABLED = False`` runs the numpy code instead;
+confidences, Algorithm 1's scan, acceptance, chunked prefill, context pass times, and DSpark's
+drafted rounds run as blocks between SimPy events. ``memtp_sim._compiled.ENABLED = False`` runs the numpy code instead;
 tests/test_kernels.py and tests/test_plain_blocks.py compare both.
 
 At 64 decoding users a round's arrays hold ~64 elements, so a numpy call costs ~1 us of
@@ -12,12 +13,18 @@ nanoseconds and a wrong array raises instead of reading memory it does not own.
 
 Float operations are the numpy code's, in the same order (IEEE double, no fused multiply-add: the
 extension is built with ``-ffp-contract=off``), so pass times and clocks match to the bit; random
-draws stay with the run's numpy generators (the callers pass them in).
+draws stay with the run's numpy generators: the callers pass them in, or the drafted-block kernel
+draws from the same generators with numpy's own C distribution functions (``numpy/random/lib``,
+numpy's documented route for Cython), the numbers the Python calls give in the same order.
 """
 
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from libc.math cimport exp, isfinite
+from libc.string cimport memcpy
+from libc.math cimport INFINITY, NAN, exp, isfinite, log
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from numpy.random cimport bitgen_t
+from numpy.random.c_distributions cimport random_normal, random_standard_uniform_fill
 from cpython.float cimport PyFloat_AsDouble
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLong
@@ -440,6 +447,90 @@ cdef void _sift_down(double* key, i64* row, Py_ssize_t size, Py_ssize_t i) noexc
     row[i] = r
 
 
+cdef struct _Scan:
+    # prefix_scan's results (see there); in_range False: a confidence outside [0, 1], nothing scanned
+    Py_ssize_t n_star, n_cov, n_max, best
+    double theta_star, tau_star, theta_best
+    bint in_range
+
+
+cdef _Scan _scan_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double* t, double overhead_s,
+                      bint has_no_draft_pass, double no_draft_pass_s, i64 n_limit, i64 n_cov_limit, bint early_stop,
+                      i64* out, double* a, i64* picked) noexcept nogil:
+    # prefix_scan's work on checked pointers; a: R*L + R doubles, picked: R*L + 2R int64 scratch
+    cdef _Scan res
+    cdef Py_ssize_t total = num_req * width
+    cdef Py_ssize_t r, j, n, size, n_max = 0, n_cov, n_star, best
+    cdef double s, tau, theta, prev, theta_best, tau_best, theta_star, tau_star
+    cdef bint found = False, nan_best, in_range = True
+    cdef i64* pos = picked + total
+    cdef i64* heap = pos + num_req  # the rows in heap order
+    cdef double* head = a + total  # heap[i]'s next survival
+    for r in range(num_req):  # joint survivals: each row's running product, left to right
+        s = 1.0
+        for j in range(width):
+            in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
+            s = s * v[r * width + j]
+            a[r * width + j] = s
+            if s > 0.0:
+                n_max += 1  # only drafts with positive probability are candidates
+        pos[r] = 0
+        heap[r] = r
+        head[r] = a[r * width]
+        out[r] = 0
+    res.in_range = in_range
+    if not in_range:
+        return res
+    if n_max > n_limit:
+        n_max = n_limit
+    n_cov = n_max if n_max < n_cov_limit else n_cov_limit
+    size = num_req
+    for r in range(num_req // 2 - 1, -1, -1):
+        _sift_down(head, heap, size, r)
+    # the scan; n = 0 is the anchors alone
+    tau = <double>num_req
+    theta = tau / (overhead_s + (no_draft_pass_s if has_no_draft_pass else t[0]))
+    theta_best, tau_best, best, nan_best = theta, tau, 0, theta != theta
+    theta_star, tau_star, n_star = theta, tau, 0
+    prev = theta
+    s = 0.0
+    for n in range(1, n_cov + 1):
+        r = heap[0]
+        picked[n - 1] = r
+        s = s + head[0]
+        pos[r] += 1
+        if pos[r] == width:  # the row is used up: the heap's last entry takes the top
+            size -= 1
+            heap[0] = heap[size]
+            head[0] = head[size]
+        else:
+            head[0] = a[r * width + pos[r]]
+        if size > 0:
+            _sift_down(head, heap, size, 0)
+        tau = s + <double>num_req
+        theta = tau / (overhead_s + t[n])
+        if not nan_best:  # np.argmax: the first maximum, or the first NaN
+            if theta != theta:
+                theta_best, tau_best, best, nan_best = theta, tau, n, True
+            elif theta > theta_best:
+                theta_best, tau_best, best = theta, tau, n
+        if early_stop and not found:
+            if theta <= prev:
+                found = True  # the first candidate that does not raise theta: stop before it
+            else:
+                n_star, theta_star, tau_star = n, theta, tau
+        prev = theta
+    if not early_stop:
+        n_star, theta_star, tau_star = best, theta_best, tau_best
+    elif not found:
+        n_star = n_cov  # no candidate among those priced failed to raise theta
+    for n in range(n_star):
+        out[picked[n]] += 1
+    res.n_star, res.n_cov, res.n_max, res.best = n_star, n_cov, n_max, best
+    res.theta_star, res.tau_star, res.theta_best = theta_star, tau_star, theta_best
+    return res
+
+
 def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double overhead_s, bint has_no_draft_pass,
                 double no_draft_pass_s, i64 n_limit, i64 n_cov_limit, bint early_stop, cnp.ndarray lengths not None):
     """DSpark's hardware-aware prefix scheduler (paper Algorithm 1) on one round's confidences,
@@ -485,9 +576,6 @@ def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double ov
     cdef double* t = _f64(times, "times", n_cov_limit + 1, False)
     cdef i64* out = _i64(lengths, "lengths", num_req)
 
-    cdef Py_ssize_t r, j, n, size, n_max = 0, n_cov, n_star, best
-    cdef double s, tau, theta, prev, theta_best, tau_best, theta_star, tau_star
-    cdef bint found = False, nan_best, in_range = True
     # scratch: the survivals (R*L), and the rows picked in rank order, each row's next position
     # and the merge's heap
     cdef double* a = <double*>PyMem_Malloc((total + num_req) * sizeof(double))
@@ -496,75 +584,15 @@ def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double ov
         PyMem_Free(a)
         PyMem_Free(picked)
         raise MemoryError()
-    cdef i64* pos = picked + total
-    cdef i64* heap = pos + num_req  # the rows in heap order
-    cdef double* head = a + total  # heap[i]'s next survival
+    cdef _Scan res
     with nogil:
-        for r in range(num_req):  # joint survivals: each row's running product, left to right
-            s = 1.0
-            for j in range(width):
-                in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
-                s = s * v[r * width + j]
-                a[r * width + j] = s
-                if s > 0.0:
-                    n_max += 1  # only drafts with positive probability are candidates
-            pos[r] = 0
-            heap[r] = r
-            head[r] = a[r * width]
-            out[r] = 0
-    if not in_range:
-        PyMem_Free(a)
-        PyMem_Free(picked)
-        raise ValueError("vals: confidences must lie in [0, 1]")
-    with nogil:
-        if n_max > n_limit:
-            n_max = n_limit
-        n_cov = n_max if n_max < n_cov_limit else n_cov_limit
-        size = num_req
-        for r in range(num_req // 2 - 1, -1, -1):
-            _sift_down(head, heap, size, r)
-        # the scan; n = 0 is the anchors alone
-        tau = <double>num_req
-        theta = tau / (overhead_s + (no_draft_pass_s if has_no_draft_pass else t[0]))
-        theta_best, tau_best, best, nan_best = theta, tau, 0, theta != theta
-        theta_star, tau_star, n_star = theta, tau, 0
-        prev = theta
-        s = 0.0
-        for n in range(1, n_cov + 1):
-            r = heap[0]
-            picked[n - 1] = r
-            s = s + head[0]
-            pos[r] += 1
-            if pos[r] == width:  # the row is used up: the heap's last entry takes the top
-                size -= 1
-                heap[0] = heap[size]
-                head[0] = head[size]
-            else:
-                head[0] = a[r * width + pos[r]]
-            if size > 0:
-                _sift_down(head, heap, size, 0)
-            tau = s + <double>num_req
-            theta = tau / (overhead_s + t[n])
-            if not nan_best:  # np.argmax: the first maximum, or the first NaN
-                if theta != theta:
-                    theta_best, tau_best, best, nan_best = theta, tau, n, True
-                elif theta > theta_best:
-                    theta_best, tau_best, best = theta, tau, n
-            if early_stop and not found:
-                if theta <= prev:
-                    found = True  # the first candidate that does not raise theta: stop before it
-                else:
-                    n_star, theta_star, tau_star = n, theta, tau
-            prev = theta
-        if not early_stop:
-            n_star, theta_star, tau_star = best, theta_best, tau_best
-        elif not found:
-            n_star = n_cov  # no candidate among those priced failed to raise theta
-        for n in range(n_star):
-            out[picked[n]] += 1
+        res = _scan_core(v, num_req, width, t, overhead_s, has_no_draft_pass, no_draft_pass_s, n_limit, n_cov_limit,
+                         early_stop, out, a, picked)
     PyMem_Free(a)
     PyMem_Free(picked)
-    return n_star, n_cov, n_max, best, theta_star, tau_star, theta_best
+    if not res.in_range:
+        raise ValueError("vals: confidences must lie in [0, 1]")
+    return res.n_star, res.n_cov, res.n_max, res.best, res.theta_star, res.tau_star, res.theta_best
 
 
 cdef inline void* _data_2d(cnp.ndarray a, str name, int dtype, str kind, Py_ssize_t rows, Py_ssize_t cols) except NULL:
@@ -590,6 +618,40 @@ cdef inline double* _f64_or_null(object a, str name, Py_ssize_t need) except? NU
     if a is None:
         return NULL
     return _f64(<cnp.ndarray?>a, name, need)
+
+
+cdef void _confidences_core(i64* ids, Py_ssize_t num, Py_ssize_t width, i64* dom, double* diff, double* m,
+                            double* sl, double* bs, double* ro, double* sh, double* z, bint oracle,
+                            double overconfidence, double* t, double* p, double* rw, double* c) noexcept nogil:
+    # draft_confidences' work on checked pointers (NULL for the absent optional arrays)
+    cdef Py_ssize_t k, j
+    cdef i64 i, d
+    cdef double off, lg, r
+    for k in range(num):
+        i = ids[k]
+        d = dom[i]
+        if bs == NULL:
+            off = m[d] + diff[i]
+        else:
+            off = diff[i]
+        if ro != NULL:
+            off = off + ro[k]
+        for j in range(width):
+            if bs == NULL:
+                lg = off + sl[d] * <double>j
+            else:
+                lg = bs[d * width + j] + off
+            if sh != NULL:
+                lg = lg + sh[k]
+            p[k * width + j] = _expit(lg)
+            if oracle:
+                r = lg
+            elif z != NULL:
+                r = overconfidence * (lg + z[k * width + j])
+            else:
+                r = overconfidence * lg
+            rw[k * width + j] = r
+            c[k * width + j] = _expit(r / t[j])
 
 
 def draft_confidences(cnp.ndarray dec not None, cnp.ndarray domain not None, cnp.ndarray difficulty not None,
@@ -649,34 +711,50 @@ def draft_confidences(cnp.ndarray dec not None, cnp.ndarray domain not None, cnp
     for k in range(num):
         if dom[ids[k]] < 0 or dom[ids[k]] >= num_dom:
             raise IndexError(f"domain {dom[ids[k]]} of request {ids[k]} outside 0..{num_dom - 1}")
-    cdef i64 i, d
-    cdef double off, lg, r
     with nogil:
-        for k in range(num):
-            i = ids[k]
-            d = dom[i]
-            if bs == NULL:
-                off = m[d] + diff[i]
-            else:
-                off = diff[i]
-            if ro != NULL:
-                off = off + ro[k]
-            for j in range(width):
-                if bs == NULL:
-                    lg = off + sl[d] * <double>j
-                else:
-                    lg = bs[d * width + j] + off
-                if sh != NULL:
-                    lg = lg + sh[k]
-                p[k * width + j] = _expit(lg)
-                if oracle:
-                    r = lg
-                elif z != NULL:
-                    r = overconfidence * (lg + z[k * width + j])
-                else:
-                    r = overconfidence * lg
-                rw[k * width + j] = r
-                c[k * width + j] = _expit(r / t[j])
+        _confidences_core(ids, num, width, dom, diff, m, sl, bs, ro, sh, z, oracle, overconfidence, t, p, rw, c)
+
+cdef void _accept_core(i64* ids, Py_ssize_t num, Py_ssize_t width, double* draw, double* p, i64* lens, i64* gen,
+                       i64* out, i64* nr, i64* ver, i64* acd, i64* tok, i64* blk, i64 block_tokens, i64* a_out,
+                       char* w, i64* fin, i64* totals) noexcept nogil:
+    # accept_apply's work on checked pointers (w NULL: no diagnostics); totals out: accepted,
+    # emitted, blocks added, finished
+    cdef Py_ssize_t k, j
+    cdef i64 i, run, emit, nb, accepted_total = 0, emitted_total = 0, added = 0
+    cdef Py_ssize_t nf = 0
+    cdef bint ok
+    for k in range(num):
+        run = 0
+        ok = True
+        for j in range(width):
+            ok = ok and draw[k * width + j] < p[k * width + j]
+            if ok:
+                run += 1
+            if w != NULL:
+                w[k * width + j] = ok
+            elif not ok:
+                break
+        if run > lens[k]:
+            run = lens[k]  # the accepted run, within the verified drafts
+        a_out[k] = run
+        accepted_total += run
+        i = ids[k]
+        emit = run + 1
+        if out[i] - gen[i] < emit:
+            emit = out[i] - gen[i]
+        emitted_total += emit
+        gen[i] += emit
+        tok[i] += emit
+        nb = _blocks_for(tok[i], block_tokens)
+        added += nb - blk[i]
+        blk[i] = nb
+        nr[i] += 1
+        ver[i] += lens[k]
+        acd[i] += run
+        if gen[i] >= out[i]:
+            fin[nf] = i
+            nf += 1
+    totals[0], totals[1], totals[2], totals[3] = accepted_total, emitted_total, added, nf
 
 
 def accept_apply(cnp.ndarray dec not None, cnp.ndarray u not None, cnp.ndarray probs not None,
@@ -736,42 +814,11 @@ def accept_apply(cnp.ndarray dec not None, cnp.ndarray u not None, cnp.ndarray p
     for k in range(num):
         if lens[k] < 0 or lens[k] > width:
             raise ValueError(f"lengths: {lens[k]} outside 0..{width}")
-    cdef i64 i, run, emit, nb, accepted_total = 0, emitted_total = 0, added = 0
-    cdef Py_ssize_t nf = 0
-    cdef bint ok
+    cdef i64 totals[4]
     with nogil:
-        for k in range(num):
-            run = 0
-            ok = True
-            for j in range(width):
-                ok = ok and draw[k * width + j] < p[k * width + j]
-                if ok:
-                    run += 1
-                if w != NULL:
-                    w[k * width + j] = ok
-                elif not ok:
-                    break
-            if run > lens[k]:
-                run = lens[k]  # the accepted run, within the verified drafts
-            a_out[k] = run
-            accepted_total += run
-            i = ids[k]
-            emit = run + 1
-            if out[i] - gen[i] < emit:
-                emit = out[i] - gen[i]
-            emitted_total += emit
-            gen[i] += emit
-            tok[i] += emit
-            nb = _blocks_for(tok[i], block_tokens)
-            added += nb - blk[i]
-            blk[i] = nb
-            nr[i] += 1
-            ver[i] += lens[k]
-            acd[i] += run
-            if gen[i] >= out[i]:
-                fin[nf] = i
-                nf += 1
-    return accepted_total, emitted_total, added, nf
+        _accept_core(ids, num, width, draw, p, lens, gen, out, nr, ver, acd, tok, blk, block_tokens, a_out, w, fin,
+                     totals)
+    return totals[0], totals[1], totals[2], totals[3]
 
 
 def lookahead_total(cnp.ndarray reqs not None, cnp.ndarray tokens not None, cnp.ndarray blocks not None,
@@ -1123,3 +1170,420 @@ def expit(cnp.ndarray x not None):
         for i in range(n):
             o[i] = _expit(s[i])
     return out
+
+
+# ------------------------------------------------------------------------------ drafted blocks
+cdef struct _Pricer:
+    # one cost table's one-B and range pricing where SPSTable reads its arrays (Engine._block_pricer)
+    bint context  # the context formula (one latency slope), else the table's dense pass times
+    double* d0  # dense: pass time per B, s (NaN where refused); context: padded size per B
+    double* zap  # context: context-free ms at the padded size
+    double* fac  # context: eager factor
+    Py_ssize_t m  # values per array
+    double a, bk, c  # context: latency slope, ms per KV token, ms per pair
+    i64 min_b, max_b, bt0  # SPSTable.min_batch_tokens, max_batch_tokens, batch_tokens[0]
+    bint beyond_ok  # beyond_max is not "error"
+
+
+cdef int _read_pricer(tuple spec, _Pricer* p) except -1:
+    # spec: (context, values, zero_at_pad or None, factor or None, a, b, c, min_b, max_b, bt0, beyond_ok)
+    if PyTuple_GET_SIZE(spec) != 11:
+        raise ValueError(f"pricer: 11 fields needed, got {PyTuple_GET_SIZE(spec)}")
+    p.context = spec[0]
+    p.d0 = _f64(<cnp.ndarray?>spec[1], "pricer values")
+    p.m = cnp.PyArray_DIM(<cnp.ndarray>spec[1], 0)
+    p.zap = p.fac = NULL
+    if p.context:
+        p.zap = _f64(<cnp.ndarray?>spec[2], "zero_at_pad", p.m)
+        p.fac = _f64(<cnp.ndarray?>spec[3], "factor", p.m)
+    p.a, p.bk, p.c = spec[4], spec[5], spec[6]
+    p.min_b, p.max_b, p.bt0, p.beyond_ok = spec[7], spec[8], spec[9], spec[10]
+    return 0
+
+
+cdef inline bint _covers(_Pricer* p, i64 b) noexcept nogil:
+    # SPSTable.covers
+    return p.min_b <= b and (b <= p.max_b or p.beyond_ok)
+
+
+cdef inline double _context_time(_Pricer* p, i64 b, double req, double l_max, double kv) noexcept nogil:
+    # SPSTable._context_s at one B (req: max(R, 1)), the operations of context_pass_times
+    cdef double q = p.d0[b] / req
+    return (p.zap[b] + _dmax(_dmax(p.a * l_max, p.bk * kv), p.c * (kv * q))) * p.fac[b] / 1000.0
+
+
+cdef inline double _price_one(_Pricer* p, i64 b, double req, double l_max, double kv) noexcept nogil:
+    # SPSTable.pass_time_s(b) where its one-B fast path answers; NaN: the table's other rules decide
+    if b <= 0 or b >= p.m:
+        return NAN
+    if p.context:
+        if p.zap[b] != p.zap[b]:
+            return NAN
+        return _context_time(p, b, req, l_max, kv)
+    return p.d0[b]
+
+
+cdef inline bint _price_range(_Pricer* p, i64 b_first, i64 b_last, double req, double l_max, double kv,
+                              double* out) noexcept nogil:
+    # SPSTable.pass_time_range_s where it reads its arrays (False: its other rules must price)
+    cdef i64 b
+    if not (p.min_b <= b_first and (b_last <= p.max_b or p.beyond_ok)) or b_last >= p.m:
+        return False
+    for b in range(b_first, b_last + 1):
+        out[b - b_first] = _context_time(p, b, req, l_max, kv) if p.context else p.d0[b]
+    return True
+
+
+cdef bitgen_t* _bitgen(object generator) except NULL:
+    # the C state of a numpy Generator's bit generator (numpy's "extending via Cython" route)
+    capsule = generator.bit_generator.capsule
+    if not PyCapsule_IsValid(capsule, "BitGenerator"):
+        raise TypeError("a numpy.random.Generator is required")
+    return <bitgen_t*>PyCapsule_GetPointer(capsule, "BitGenerator")
+
+
+def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.ndarray target not None,
+                  cnp.ndarray domain not None, cnp.ndarray difficulty not None, cnp.ndarray generated not None,
+                  cnp.ndarray output not None, cnp.ndarray num_rounds not None, cnp.ndarray verified not None,
+                  cnp.ndarray accepted not None, cnp.ndarray tokens not None, cnp.ndarray blocks not None,
+                  cnp.ndarray first_token_at not None, cnp.ndarray mu not None, cnp.ndarray slope not None,
+                  object base, double sigma_round, bint oracle, double noise_sd, double overconfidence,
+                  cnp.ndarray temps not None, object rng, object head_rng, tuple verify_price not None,
+                  tuple decode_price not None, bint separate_decode, cnp.ndarray draft_times not None, i64 gamma,
+                  i64 max_batch_tokens, i64 prefill_chunk_tokens, i64 block_tokens, i64 capacity, i64 blocks_used,
+                  double now, double next_event, double overhead_s, bint early_stop, double block_gib,
+                  double held_gib, double fixed_gib, tuple gate not None, tuple coherence not None, i64 round_index,
+                  i64 max_rounds, list rows not None, tuple row_consts not None, cnp.ndarray dec_out not None,
+                  cnp.ndarray pre_out not None, cnp.ndarray probs not None, cnp.ndarray raw not None,
+                  cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
+                  object diag_would):
+    """Run DSpark's drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``,
+    the ``always`` controller and the EWMA coherence) one after another while nothing outside the
+    engine happens: the same draws from the same generators, the same float operations, the same
+    state and round-log rows as round by round (docs/model.md section 1 steps 2-7; DSpark paper
+    Algorithm 1).
+
+    Each round, before it draws: the running requests split into decoding (at least one) and
+    prefilling ones, the decoding ones' anchors and ``1 + gamma`` lookahead slots fit the KV cache,
+    chunked prefill takes the budget left, the cost tables price the round from their arrays, and
+    the fallback gate drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
+    round offsets; ``head_rng``: the head noise) and plans (Algorithm 1), and keeps the round only
+    if nothing is trimmed, the pass passes ``Engine._check_pass`` and it ends before
+    ``next_event``: it then reports to the gate, moves the clock, draws acceptance (``rng``),
+    applies it and the prefill chunks, updates the coherence and appends the round's row.
+
+    Args:
+        run: ``(N,)`` int64 ids of the running requests, in admission order (N >= 1).
+        prefilled, target, domain, difficulty, generated, output, num_rounds, verified, accepted,
+            tokens, blocks, first_token_at: ``(n,)`` per-request arrays (int64 but difficulty and
+            first_token_at float64), updated in place.
+        mu, slope, base, sigma_round: the acceptance model (``AcceptanceModel``).
+        oracle, noise_sd, overconfidence, temps: the confidence head and its temperatures.
+        rng, head_rng: the run's numpy Generators (acceptance, head noise).
+        verify_price, decode_price: the verify and decode tables' pricing (``_Pricer``'s fields);
+        separate_decode: the decode table is priced apart (the plan's no-draft pass time).
+        draft_times: float64 ``(N + 1,)`` or longer: drafting time of a round of R decoding
+            requests at R, s (the drafter's own prefill costs nothing).
+        gamma: positions drafted (>= 1); max_batch_tokens, prefill_chunk_tokens, block_tokens,
+            capacity, blocks_used: the pass and KV cache limits and state.
+        now, next_event: the clock and SimPy's next event, s.
+        overhead_s: a drafted round's host overhead, s.
+        early_stop: Algorithm 1's early stop.
+        block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
+            weights (the memory check).
+        gate: ``(enabled, alpha, gain, last_round, skipped)`` of the policy's ``FallbackGate``.
+        coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``.
+        round_index, max_rounds: the first round's index and the most rounds to run.
+        rows: the round log's rows (tuples appended); row_consts: ``(num_waiting, num_running,
+            num_remote_prefill)``.
+        dec_out, pre_out: int64 out ``(N,)``: the last round's decoding and prefilling ids (code 1).
+        probs, raw, conf: float64 out, ``(N, gamma)``: the last round's drafts in their first rows
+            when it was drafted but not kept (code 1).
+        finished: int64 out ``(N,)``: ids that finished in the last round (code 2).
+        diag_raw, diag_conf, diag_would: None, or out ``(D, gamma)`` float64, float64 and bool: the
+            calibration diagnostics' rows (raw logits, confidences, whether each position would be
+            accepted) of the kept rounds' request-rounds, the first D of them (``Engine._record_diag``).
+
+    Returns:
+        ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
+        num_finished, diag_rows, num_dec, num_pre, had_prefill)``: code 0 stopped before a round (nothing
+        drawn for it), 1 the round after the ``rounds`` kept is drafted (``num_dec`` decoding
+        requests in ``dec_out``, ``num_pre`` prefilling ones in ``pre_out``) and the caller goes on
+        from its plan, 2 the last round kept finished requests;
+        then the state after the rounds kept, and whether any of them prefilled.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids.
+    """
+    cdef i64* ids = _i64(run, "run")
+    cdef i64* gen = _i64(generated, "generated")
+    cdef Py_ssize_t num_run = cnp.PyArray_DIM(run, 0), size = cnp.PyArray_DIM(generated, 0), k
+    if num_run < 1 or gamma < 1 or block_tokens < 1:
+        raise ValueError(f"drafted_block: needs >= 1 request, position and block token (got {num_run}, {gamma}, "
+                         f"{block_tokens})")
+    cdef Py_ssize_t width = gamma
+    cdef i64* done = _i64(prefilled, "prefilled", size)
+    cdef i64* want = _i64(target, "target", size)
+    cdef i64* dom = _i64(domain, "domain", size)
+    cdef double* diff = _f64(difficulty, "difficulty", size)
+    cdef i64* out = _i64(output, "output", size)
+    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
+    cdef i64* ver = _i64(verified, "verified", size)
+    cdef i64* acd = _i64(accepted, "accepted", size)
+    cdef i64* tok = _i64(tokens, "tokens", size)
+    cdef i64* blk = _i64(blocks, "blocks", size)
+    cdef double* first = _f64(first_token_at, "first_token_at", size)
+    cdef double* m = _f64(mu, "mu")
+    cdef Py_ssize_t num_dom = cnp.PyArray_DIM(mu, 0)
+    cdef double* sl = _f64(slope, "slope", num_dom)
+    cdef double* bs = NULL
+    if base is not None:
+        bs = _f64_2d(<cnp.ndarray?>base, "base", num_dom, width)
+    cdef double* t = _f64(temps, "temps", width, False)
+    cdef double* dts = _f64(draft_times, "draft_times", num_run + 1, False)
+    cdef i64* dec = _i64(dec_out, "dec_out", num_run)
+    cdef i64* pre = _i64(pre_out, "pre_out", num_run)
+    cdef double* p = _f64_2d(probs, "probs", num_run, width)
+    cdef double* rw = _f64_2d(raw, "raw", num_run, width)
+    cdef double* c = _f64_2d(conf, "conf", num_run, width)
+    cdef i64* fin = _i64(finished, "finished", num_run, False)
+    cdef double* dg_raw = NULL
+    cdef double* dg_conf = NULL
+    cdef char* dg_would = NULL
+    cdef Py_ssize_t diag_left = 0, diag_rows = 0, take
+    if diag_raw is not None:
+        if cnp.PyArray_NDIM(<cnp.ndarray?>diag_raw) != 2:
+            raise TypeError(f"diag_raw: a C-contiguous 2-D float64 array is required, got {_layout(diag_raw)}")
+        diag_left = cnp.PyArray_DIM(<cnp.ndarray>diag_raw, 0)
+        dg_raw = _f64_2d(<cnp.ndarray?>diag_raw, "diag_raw", diag_left, width)
+        dg_conf = _f64_2d(<cnp.ndarray?>diag_conf, "diag_conf", diag_left, width)
+        dg_would = <char*>_data_2d(<cnp.ndarray?>diag_would, "diag_would", cnp.NPY_BOOL, "bool", diag_left, width)
+    _check_ids(ids, num_run, size)
+    for k in range(num_run):
+        if dom[ids[k]] < 0 or dom[ids[k]] >= num_dom:
+            raise IndexError(f"domain {dom[ids[k]]} of request {ids[k]} outside 0..{num_dom - 1}")
+    cdef _Pricer vp, dp
+    _read_pricer(verify_price, &vp)
+    _read_pricer(decode_price, &dp)
+    cdef bitgen_t* acc_gen = _bitgen(rng)
+    cdef bitgen_t* head_gen = _bitgen(head_rng)
+    cdef bint enabled = gate[0]
+    cdef double alpha = gate[1], gain = gate[2]
+    cdef i64 last_round = gate[3], skipped = gate[4]
+    cdef double coh_alpha = coherence[0], coh = coherence[1]
+    cdef i64 coh_updates = coherence[2]
+    cdef bint per_tested = coherence[3]
+    cdef object num_waiting = row_consts[0], num_running = row_consts[1], num_remote = row_consts[2]
+    cdef object py_overhead_s = overhead_s, py_held_gib = held_gib, py_gamma = gamma, py_capacity = capacity
+
+    # scratch: offsets (N), noise and draws (N*L each), scan survivals (N*L + N), times (N*L + 1);
+    # lengths, accepted, chunks (N each), picked rows (N*L + 2N); would (N*L)
+    cdef Py_ssize_t most = num_run * width
+    cdef double* fbuf = <double*>PyMem_Malloc((4 * most + 2 * num_run + 1) * sizeof(double))
+    cdef i64* ibuf = <i64*>PyMem_Malloc((most + 5 * num_run) * sizeof(i64))
+    cdef char* would = <char*>PyMem_Malloc(most) if dg_would != NULL else NULL
+    if fbuf == NULL or ibuf == NULL or (dg_would != NULL and would == NULL):
+        PyMem_Free(fbuf)
+        PyMem_Free(ibuf)
+        PyMem_Free(would)
+        raise MemoryError()
+    cdef double* offsets = fbuf
+    cdef double* noise = offsets + num_run
+    cdef double* draws = noise + most
+    cdef double* surv = draws + most
+    cdef double* times = surv + most + num_run
+    cdef i64* lengths = ibuf
+    cdef i64* acc = lengths + num_run
+    cdef i64* chunks = acc + num_run
+    cdef i64* picked = chunks + num_run
+
+    cdef int code = 0
+    cdef bint had_prefill = False, extrapolated, use_noise = not oracle and noise_sd != 0.0
+    cdef Py_ssize_t num = 0, num_pre, cells, nf
+    cdef i64 rounds = 0, ri, i, anchors, need, kv_read, l_max, num_req, budget, limit, before, left, room
+    cdef i64 chunk_total, num_prefill, completed, n_limit, n_cov_limit, verify_tokens, peak, b, tested, base_b
+    cdef i64 totals[4]
+    totals[3] = 0
+    cdef double req, d_l_max, d_kv, nd = 0.0, plain_t, vs, duration, end, start, low, plan_draft_s, draft_s
+    cdef double theta, theta_g, best_rate, plain_rate, t_gain, new
+    cdef i64 t_last
+    cdef _Scan res
+    cdef _Pricer* table
+    try:
+        while rounds < max_rounds:
+            ri = round_index + rounds
+            num = num_pre = 0
+            anchors = need = kv_read = l_max = 0
+            for k in range(num_run):  # the split (Engine._guarantee_anchors), anchors, lookahead, context
+                i = ids[k]
+                if done[i] >= want[i]:
+                    dec[num] = i
+                    num += 1
+                    b = tok[i]
+                    if b % block_tokens == 0:
+                        anchors += 1
+                    need += _blocks_for(b + 1 + gamma, block_tokens) - blk[i]
+                    kv_read += b
+                    if b > l_max:
+                        l_max = b
+                else:
+                    pre[num_pre] = i
+                    num_pre += 1
+            if num == 0 or blocks_used + anchors > capacity or blocks_used + need > capacity:
+                break  # nothing to draft, or the round path preempts
+            cells = num * width
+            # chunked prefill in the budget the drafts leave (Engine._place_prefill), first admitted first
+            chunk_total = 0
+            num_req = num
+            budget = max_batch_tokens - num * (1 + gamma)
+            if num_pre and budget > 0:
+                limit = prefill_chunk_tokens if prefill_chunk_tokens < budget else budget
+                before = 0
+                for k in range(num_pre):
+                    i = pre[k]
+                    left = want[i] - done[i]
+                    room = limit - before
+                    if room < 0:
+                        room = 0
+                    chunks[k] = room if room < left else left
+                    chunk_total += chunks[k]
+                    before += left
+                    if chunks[k] > 0:  # a prefilling request in the pass reads its context too
+                        num_req += 1
+                        kv_read += tok[i]
+                        if tok[i] > l_max:
+                            l_max = tok[i]
+            plan_draft_s = dts[num]
+            draft_s = plan_draft_s + 0.0  # + the drafter's prefill, 0 for heads
+            base_b = num + chunk_total
+            if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
+                break  # DSparkPolicy.plan_round's view checks fail: the public path raises
+            req = <double>num_req if <double>num_req > 1.0 else 1.0
+            d_l_max = <double>l_max
+            d_kv = <double>kv_read
+            if separate_decode:  # the plan's no-draft pass
+                nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
+                if not (0.0 < nd < INFINITY):
+                    break
+                plain_t = nd
+            elif _covers(&vp, base_b):
+                plain_t = _price_one(&vp, base_b, req, d_l_max, d_kv)
+                if plain_t != plain_t:
+                    break
+            else:
+                plain_t = NAN  # plain_rate_of: no value at this B
+            if not _covers(&vp, base_b):
+                break
+            n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
+            n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
+            if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv, times):
+                break
+            # FallbackGate.draft_lengths, last before the draws (a round stopped before drafting leaves it as it was)
+            t_gain, t_last = gain, last_round
+            if ri < t_last:  # a new run
+                t_gain, t_last = 0.0, -1
+            if not (not enabled or t_gain > 0.0 or t_last < 0):
+                break  # the gate falls back: a plain round
+            gain, last_round, skipped = t_gain, t_last, 0
+            # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
+            if sigma_round > 0.0:
+                for k in range(num):
+                    offsets[k] = random_normal(acc_gen, 0.0, sigma_round)
+            if use_noise:
+                for k in range(cells):
+                    noise[k] = random_normal(head_gen, 0.0, noise_sd)
+            _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
+                              noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
+            code = 1  # drafted: from here on a round not kept goes on in Python from its plan
+            res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                             early_stop, lengths, surv, picked)
+            if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
+                break
+            theta = res.theta_star
+            theta_g = res.theta_best if res.n_cov == res.n_max else NAN
+            verify_tokens = res.n_star
+            peak = blocks_used
+            for k in range(num):
+                peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
+            if peak > capacity:
+                break  # KVCacheManager.fit_lookahead trims
+            b = num + verify_tokens + chunk_total
+            table = &vp if verify_tokens else &dp
+            vs = _price_one(table, b, req, d_l_max, d_kv)
+            extrapolated = not (table.bt0 <= b <= table.max_b)
+            duration = ((0.0 + draft_s) + overhead_s) + vs
+            start = now
+            end = start + duration
+            low = draft_s  # min(draft_s, overhead_s, head_load_s = 0.0), as Python's min compares
+            if overhead_s < low:
+                low = overhead_s
+            if 0.0 < low:
+                low = 0.0
+            if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
+                    or not (vs > 0.0 and duration < INFINITY and low >= 0.0) or not (next_event > end)):
+                break  # Engine._check_pass raises, or an event falls inside the round
+            # kept: FallbackGate.report, the clock, acceptance, prefill, coherence, the row
+            best_rate = theta_g if isfinite(theta_g) else theta
+            plain_rate = <double>num / plain_t
+            if ri < last_round:  # a new run (FallbackGate.report)
+                gain, skipped = 0.0, 0
+            last_round = ri
+            if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
+                gain = gain + alpha * (log(best_rate / plain_rate) - gain)
+            now = end
+            random_standard_uniform_fill(acc_gen, cells, draws)
+            take = diag_left - diag_rows if diag_left - diag_rows < num else num
+            _accept_core(dec, num, width, draws, p, lengths, gen, out, nr, ver, acd, tok, blk, block_tokens, acc,
+                         would if take > 0 else NULL, fin, totals)
+            if take > 0:  # the first request-rounds' diagnostics, row by row as the round path keeps them
+                memcpy(dg_raw + diag_rows * width, rw, take * width * sizeof(double))
+                memcpy(dg_conf + diag_rows * width, c, take * width * sizeof(double))
+                memcpy(dg_would + diag_rows * width, would, take * width)
+                diag_rows += take
+            blocks_used += totals[2]
+            nf = totals[3]
+            num_prefill = completed = 0
+            if chunk_total:  # Engine._advance_prefill: store the chunks, then the completed prompts' first tokens
+                had_prefill = True
+                for k in range(num_pre):
+                    i = pre[k]
+                    if chunks[k] != 0:
+                        num_prefill += 1
+                    done[i] += chunks[k]
+                    tok[i] += chunks[k]
+                for k in range(num_pre):
+                    i = pre[k]
+                    if done[i] >= want[i]:
+                        completed += 1
+                        gen[i] += 1
+                        if first[i] != first[i]:
+                            first[i] = now
+                        if gen[i] >= out[i]:
+                            fin[nf] = i
+                            nf += 1
+            totals[3] = nf
+            tested = verify_tokens
+            if per_tested:  # positions compared against the target: the accepted run and the first rejection
+                tested = 0
+                for k in range(num):
+                    tested += lengths[k] if lengths[k] < acc[k] + 1 else acc[k] + 1
+            if tested:  # CoherenceEWMA.update
+                new = (1.0 - coh_alpha) * coh + coh_alpha * (<double>totals[0] / <double>tested)
+                new = new if new > 0.0 else 0.0
+                coh = new if new < 1.0 else 1.0
+                coh_updates += 1
+            rows.append((start, duration, draft_s, vs, num, num_prefill, chunk_total, b, py_gamma, verify_tokens,
+                         totals[0], totals[1] + completed, num_waiting, num_running, peak, blocks_used, theta,
+                         theta_g, 0, 0, py_gamma, coh, py_held_gib, py_capacity, 0.0, num_remote, kv_read,
+                         py_overhead_s, 1 if extrapolated else 0))
+            rounds += 1
+            code = 0
+            if nf or blocks_used > capacity:
+                code = 2  # requests finished (or the KV check fails): the caller frees them
+                break
+    finally:
+        PyMem_Free(fbuf)
+        PyMem_Free(ibuf)
+        PyMem_Free(would)
+    return (code, rounds, now, blocks_used, gain, last_round, skipped, coh, coh_updates,
+            totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill)

@@ -70,8 +70,10 @@ from .hardware import HardwareProfile
 from .hardware.cost import SPSTable
 from .kv_cache import KVCacheManager
 from .memtp import MEMTP_DEFAULTS, CoherenceEWMA, TowerCoherence
+from .policies._candidates import FallbackGate
 from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
+from .policies.dspark import DSparkPolicy
 from .workload import Workload
 
 __all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
@@ -114,6 +116,21 @@ def _per_position_temperatures(temperatures: np.ndarray | None, width: int) -> n
         return np.ones(width)
     temps = np.array(temperatures, dtype=np.float64).reshape(-1)
     return np.full(width, temps[0]) if temps.size == 1 else temps[:width]
+
+
+def _block_pricer(table: SPSTable) -> tuple | None:
+    """A cost table's pricing for the drafted-block kernel (``_kernels._Pricer``'s fields): its
+    dense pass times, or the arrays and slopes of its context formula; None where the table prices
+    by rules the kernel does not read (a latency slope that varies with q)."""
+    head = (table.min_batch_tokens, table.max_batch_tokens, int(table.batch_tokens[0]), table.beyond_max != "error")
+    if not table.has_context_term:
+        return (False, table._dense_pass_s, None, None, 0.0, 0.0, 0.0, *head)
+    att = table.attention
+    if att.one_slope is None:
+        return None
+    pad_f, zero_at_pad = table._dense.padded
+    return (True, pad_f, zero_at_pad, table._dense.factor, float(att.one_slope), float(att.b_ms_per_kv_token),
+            float(att.c_ms_per_pair), *head)
 
 
 class _PricedOnReadDraftView(DraftView):
@@ -625,6 +642,7 @@ class Engine:
         drafter = self.drafter
         listens = self._listens()
         plain_ok = self._plain_blocks_possible()
+        block = self._drafted_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
             busy = bool(self.running or self.waiting)
@@ -651,7 +669,13 @@ class Engine:
                         self.policy.skip_plain_rounds(round_index, plan.rounds)
                     round_index += plan.rounds
                     continue
-            k = self._draft_length(dec, gamma, round_index)
+            drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
+            if block is not None and not num_preempted:  # DSpark's drafted rounds at once (exact)
+                rounds, dec, pre, drafted = self._drafted_block(dec, pre, gamma, round_index, block)
+                round_index += rounds
+                if rounds and drafted is None:
+                    continue
+            k = gamma if drafted is not None else self._draft_length(dec, gamma, round_index)
             if k:  # each decoding request reserves 1 + k KV slots (vLLM allocate_slots lookahead)
                 dec, pre, more = self._reserve_lookahead(dec, pre, k)
                 num_preempted += more
@@ -659,7 +683,7 @@ class Engine:
             chunks, chunk_total = self._place_prefill(pre, num_dec * (1 + k))
             kv_read, verify_table, decode_table = self._round_tables(dec, pre, chunks, chunk_total)
             draft_s, lengths, probs, raw, conf, theta, theta_g, planned_tokens = self._draft_and_plan(
-                dec, k, chunk_total, round_index, verify_table, decode_table)
+                dec, k, chunk_total, round_index, verify_table, decode_table, drafted)
             draft_s += drafter.prefill_time_s(chunk_total)  # a draft model prefills its own cache too
             kv_peak, num_trimmed = self.kv.fit_lookahead(dec, lengths)
             verify_tokens = planned_tokens - num_trimmed  # fit_lookahead trims one token at a time
@@ -678,15 +702,8 @@ class Engine:
             else:
                 yield env.timeout(duration)
 
-            accepted_total, emitted_total, finished, acc = self._accept(dec, lengths, probs, raw, conf)
-            num_prefill, emitted_pre = self._advance_prefill(pre, chunks, chunk_total, finished)
-            emitted_total += emitted_pre
-            if finished:
-                self._finish(finished)
-            if probs is not None:
-                self._update_coherence(lengths, acc, accepted_total, verify_tokens)
-                if listens:
-                    self._observe(lengths, acc, probs.shape[1])
+            accepted_total, emitted_total, num_prefill = self._apply_round(
+                dec, pre, lengths, probs, raw, conf, chunks, chunk_total, verify_tokens, listens)
 
             self.log.append((
                 start, duration, draft_s, verify_s, num_dec, num_prefill, chunk_total, batch_tokens,
@@ -698,6 +715,20 @@ class Engine:
             round_index += 1
             if round_index % _RoundLog.FLUSH == 0:
                 self.log.flush()
+
+    def _apply_round(self, dec: np.ndarray, pre: np.ndarray, lengths: np.ndarray, probs, raw, conf,  # noqa: ANN001
+                     chunks: np.ndarray | None, chunk_total: int, verify_tokens: int, listens: bool) -> tuple[int, int, int]:
+        """Step 7 after the pass: acceptance, the prefill chunks, completions, coherence and the
+        learners. Returns (accepted drafts, tokens emitted, requests that prefilled)."""
+        accepted_total, emitted_total, finished, acc = self._accept(dec, lengths, probs, raw, conf)
+        num_prefill, emitted_pre = self._advance_prefill(pre, chunks, chunk_total, finished)
+        if finished:
+            self._finish(finished)
+        if probs is not None:
+            self._update_coherence(lengths, acc, accepted_total, verify_tokens)
+            if listens:
+                self._observe(lengths, acc, probs.shape[1])
+        return accepted_total, emitted_total + emitted_pre, num_prefill
 
     # ----------------------------------------------------------------- plain blocks
     #: run rounds without drafts as blocks (exact: see _plain_block); tests switch it off to compare
@@ -880,6 +911,104 @@ class Engine:
             "cost_extrapolated": plan.extrapolated,
         }, rounds)
 
+    # ----------------------------------------------------------------- drafted blocks
+    #: run DSpark's drafted rounds in blocks (exact: see _drafted_block); tests switch it off to compare
+    DRAFT_BLOCKS = True
+
+    def _drafted_block_inputs(self) -> tuple | None:
+        """The run's fixed inputs of :meth:`_drafted_block` (the cost tables' pricing, whether the
+        decode table is priced apart, the head's base logits), or None where drafted rounds run one
+        by one: without the kernels, or unless the policy is ``dspark`` itself with its fallback
+        gate, the controller ``always``, the coherence the EWMA, and nothing else decides or learns
+        per round (no elastic depth, p_min, drift or observers) and both tables price from arrays."""
+        pol, drafter = self.policy, self.drafter
+        if (self._kernels is None or not self.DRAFT_BLOCKS or type(pol) is not DSparkPolicy
+                or type(getattr(pol, "_gate", None)) is not FallbackGate or type(self.control) is not AlwaysDraft
+                or drafter.elastic or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
+                or drafter.kind == "draft_model"
+                or self._listens() or type(self.coherence) is not CoherenceEWMA):
+            return None
+        sps, dec_table = self.profile.sps, self.profile.decode_table
+        prices = (_block_pricer(sps), _block_pricer(dec_table))
+        if prices[0] is None or prices[1] is None:
+            return None
+        separate = sps.has_context_term or dec_table.has_context_term or sps is not dec_table  # _tables_at's views
+        acc, gamma = self.acc, drafter.depth
+        base = None if acc.base is None else np.ascontiguousarray(acc.base_logits(gamma), dtype=np.float64)
+        memtp = drafter.spec.memtp
+        per_tested = memtp is not None and memtp.coherence_estimator == "per_tested"
+        diag = (np.empty((self.DIAG_ROUNDS, gamma)), np.empty((self.DIAG_ROUNDS, gamma)),
+                np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS else None
+        limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)  # the most running requests
+        # mutable: drafting times priced up to this many requests, the times, the diagnostics' next row
+        state = [0, np.full(limit + 1, np.nan), 0]
+        return prices, separate, base, per_tested, self._overhead_s(True), diag, state
+
+    def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int,
+                       inputs: tuple) -> tuple[int, np.ndarray, np.ndarray, tuple | None]:
+        """Run the drafted rounds from now at once while nothing outside the engine happens
+        (``_kernels.drafted_block``): the same draws, clock, state and round-log rows as round by
+        round, bit for bit. Called where the round path has admitted, found the anchors fit
+        without preempting and the policy not planning a plain block.
+
+        Returns:
+            ``(rounds, dec, pre, drafted)``: the rounds run; the next round's decoding and
+            prefilling ids (``dec`` and ``pre`` as given if no round ran); and its ``(probs, raw,
+            conf)`` when the block drew it but left its plan to the round path (a KV trim, an event
+            inside it, a check that raises), else None.
+        """
+        (verify_price, decode_price), separate, base, per_tested, overhead_s, diag, state = inputs
+        kv, acc, head, gate, coh, drafter, log = self.kv, self.acc, self.head, self.policy._gate, self.coherence, \
+            self.drafter, self.log
+        run = self._run_ids[0]
+        num_run = run.size
+        draft_times = state[1]
+        for r in range(state[0] + 1, num_run + 1):  # drafting time by decoding requests, priced once per run
+            draft_times[r] = drafter.round_time_s(r, gamma)
+        state[0] = max(state[0], num_run)
+        drafts, ids = np.empty((3, num_run, gamma)), np.empty((2, num_run), dtype=np.int64)
+        finished = self._scratch[4]
+        left, at = self.DIAG_ROUNDS - self.diag_n, state[2]
+        d_raw, d_conf, d_would = (None, None, None) if diag is None or left <= 0 else \
+            (diag[0][at: at + left], diag[1][at: at + left], diag[2][at: at + left])
+        cfg = self.cfg
+        (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
+         num_pre, had_prefill) = self._kernels.drafted_block(
+            run, self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
+            self.num_rounds, self.verified, self.accepted, kv.tokens, kv.blocks, self.first_token_at, acc.mu,
+            acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence), self.temps,
+            self.rng, self.head_rng, verify_price, decode_price, separate, draft_times, gamma, cfg.max_batch_tokens,
+            cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
+            overhead_s, self.policy.params.early_stop, self.block_gib, drafter.held_gib, log.fixed_gib,
+            (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped),
+            (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, _MAX_BLOCK_ROUNDS, log.rows,
+            (len(self.waiting), len(self.running), self.num_remote_prefill), ids[0], ids[1], drafts[0], drafts[1],
+            drafts[2], finished, d_raw, d_conf, d_would)
+        gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
+        if diag_rows:
+            self._diag_parts.append((d_raw[:diag_rows], d_conf[:diag_rows], d_would[:diag_rows]))
+            self.diag_n += diag_rows
+            state[2] = at + diag_rows
+        if rounds:
+            self.env._now = now  # no event falls inside the rounds run (SimPy's clock, as the round path moves it)
+            kv.blocks_used = blocks_used
+            coh._value, coh._num_updates = coh_value, coh_n
+            self._spec_on = True
+            if had_prefill:
+                self._run_ids = (run, None)  # "all decode" may have become true
+            if kv.blocks_used > kv.capacity:
+                kv.check("append")
+            if num_fin:
+                self._finish(finished[:num_fin].tolist())
+                row = log.rows[-1]  # the last round's row: KV after its finished requests freed theirs
+                log.rows[-1] = (*row[:15], kv.blocks_used, *row[16:])
+            if len(log.rows) >= _RoundLog.FLUSH:
+                log.flush()
+        if code != 1:
+            return rounds, dec, pre, None
+        return rounds, ids[0][:num_dec], ids[1][:num_pre], (drafts[0][:num_dec], drafts[1][:num_dec],
+                                                            drafts[2][:num_dec])
+
     def _check_pass(self, round_index: int, batch_tokens: int, kv_peak: int, verify_s: float, draft_s: float,
                     overhead_s: float, head_load_s: float, duration: float) -> None:
         """The round's invariants: the pass within max_batch_tokens, KV + drafter within memory, and
@@ -1050,10 +1179,12 @@ class Engine:
         return ov.host_s + (ov.planner_s if drafted and self.policy.plans_in_critical_path else 0.0)
 
     def _draft_and_plan(self, dec: np.ndarray, gamma: int, chunk_total: int, round_index: int, verify_table,
-                        decode_table):  # noqa: ANN001 - SPSTable views of this round
+                        decode_table, drafted: tuple | None = None):  # noqa: ANN001 - SPSTable views of this round
         # gamma: positions drafted this round (the drafter's depth after the policy and controller caps)
         """Steps 4-5: draft ``gamma`` positions per decoding request, draw their acceptance, show
         the (calibrated) confidences to the policy and take its verify lengths.
+
+        ``drafted``: this round's (probs, raw, conf), drawn already (a drafted block's last round).
 
         Returns (draft_s, lengths (R,), probs, raw head logits, confidences, theta, theta_global,
         draft tokens the plan verifies); probs/raw/conf are None when nothing was drafted.
@@ -1064,7 +1195,9 @@ class Engine:
         num_dec = dec.size
         if not num_dec or gamma <= 0:
             return 0.0, np.zeros(num_dec, dtype=np.int64), None, None, None, np.nan, np.nan, 0
-        if self._kernels is not None:
+        if drafted is not None:
+            probs, raw, conf = drafted
+        elif self._kernels is not None:
             probs, raw, conf = self._draft_confidences_compiled(dec, gamma)
         else:
             logits = self.acc.round_logits(self.rng, self.domain[dec], self.difficulty[dec], gamma)

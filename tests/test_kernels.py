@@ -884,7 +884,22 @@ def test_every_kernel_checks_an_array_before_it_reads_its_shape():
             assert any(0 <= at < first_dim for at in checked), f"{name}: reads {p}'s shape before checking it"
 
 
+_I1, _F1 = "np.zeros(1, np.int64)", "np.zeros(1)"
+_PRICE = "(False, np.ones(9), None, None, 0.0, 0.0, 0.0, 1, 8, 1, False)"
 _ZERO_D_CALLS = {
+    # the bad array as `generated` (its size sizes the others), then as the diagnostics' rows
+    "drafted_block": (f"K.drafted_block({_I1}, {_I1}, {_I1}, {_I1}, {_F1}, {{i}}, {_I1}, {_I1}, {_I1}, {_I1}, {_I1}, "
+                      f"{_I1}, {_F1}, {_F1}, {_F1}, None, 0.0, True, 0.0, 1.0, np.ones(2), np.random.default_rng(), "
+                      f"np.random.default_rng(), {_PRICE}, {_PRICE}, False, np.zeros(2), 2, 8, 8, 16, 8, 0, 0.0, 1.0, "
+                      f"0.0, False, 0.0, 0.0, 1.0, (True, 0.1, 0.0, -1, 0), (0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), "
+                      f"{_I1}, {_I1}, np.empty((1, 2)), np.empty((1, 2)), np.empty((1, 2)), {_I1}, None, None, None)"),
+    "drafted_block_diag": (f"K.drafted_block({_I1}, {_I1}, {_I1}, {_I1}, {_F1}, {_I1}, {_I1}, {_I1}, {_I1}, {_I1}, "
+                           f"{_I1}, {_I1}, {_F1}, {_F1}, {_F1}, None, 0.0, True, 0.0, 1.0, np.ones(2), "
+                           f"np.random.default_rng(), np.random.default_rng(), {_PRICE}, {_PRICE}, False, np.zeros(2), "
+                           f"2, 8, 8, 16, 8, 0, 0.0, 1.0, 0.0, False, 0.0, 0.0, 1.0, (True, 0.1, 0.0, -1, 0), "
+                           f"(0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), {_I1}, {_I1}, np.empty((1, 2)), "
+                           f"np.empty((1, 2)), np.empty((1, 2)), {_I1}, {{a}}, np.empty((1, 2)), "
+                           f"np.empty((1, 2), bool))"),
     "positive_rank_sum": "K.positive_rank_sum({a}, np.array([True]))",
     "split_decoding": "K.split_decoding(np.zeros(2, np.int64), {i}, np.zeros(3, np.int64), np.zeros(3, np.int64), "
                       "16, np.zeros(2, np.int64), np.zeros(2, np.int64))",
@@ -913,6 +928,9 @@ def test_a_bad_array_gets_a_type_error_not_a_crash(name, bad):
             + "\nexcept (TypeError, ValueError) as e:\n    print('refused:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, f"{name} with a {bad} array: exit code {out.returncode}: {out.stderr[-300:]}"
+    if name == "drafted_block_diag" and bad == "none":  # None is the kernel's "no diagnostics": it runs
+        assert out.stdout == "" and out.stderr == ""
+        return
     assert out.stdout.startswith("refused:"), out.stdout
     if bad == "strided":
         assert "not C-contiguous" in out.stdout

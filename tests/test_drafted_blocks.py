@@ -1,0 +1,210 @@
+"""DSpark's drafted rounds run as blocks (engine ``_drafted_block``, compiled kernel
+``_kernels.drafted_block``, issue 13): an exact shortcut, so every run must match the round-by-round
+engine (``Engine.DRAFT_BLOCKS = False``) to the last bit: the random streams, per-request times and
+counters, the calibration diagnostics, and every column of every round of the round log.
+
+Oracle: the round-by-round engine itself (and, on a few scenarios, the numpy engine without any
+kernel), on scenarios that reach every way a block stops: an arrival or completion inside a round,
+a request finishing, a prefill completing, a KV trim or preemption, the fallback gate turning to
+plain rounds, the diagnostics filling up mid-block; with dense and context-priced cost tables, one
+or two tables, noisy, oracle and per-position acceptance models, both coherence estimators; and
+random hand-made workloads (fuzz).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memtp_sim import _compiled, run
+from memtp_sim.acceptance import AcceptanceModel
+from memtp_sim.engine import Engine
+from memtp_sim.hardware.cost import SPSTable
+
+from _sim_helpers import assert_same_state, flat_profile, run_engine, scenario, workload
+
+pytestmark = pytest.mark.skipif(_compiled.kernels is None, reason="needs the compiled kernels (pip install -e .)")
+
+
+def both_ways(monkeypatch, fn):
+    """(round by round, with drafted blocks, rounds each block call ran)."""
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    slow = fn()
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", True)
+    calls = []
+    orig = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block",
+                        lambda self, *a: (lambda out: calls.append(out[0]) or out)(orig(self, *a)))
+    fast = fn()
+    return slow, fast, calls
+
+
+H200 = {"profile": "h200-llama31-8b-bf16"}
+SCENARIOS = {
+    "closed-4": {},
+    "closed-4-early-stop": {"policy": {"name": "dspark", "early_stop": True}},
+    "closed-16-think": {"workload": {"concurrency": 16, "num_requests": 60, "think_time_s": 0.5}},
+    # prefill chunks share the passes with the drafts; prefills complete inside blocks
+    "poisson-colocated": {"workload": {"mode": "poisson", "rate_per_s": 2.0, "num_requests": 40}},
+    "closed-8-chunked": {"workload": {"concurrency": 8, "num_requests": 40},
+                         "engine": {"max_batch_tokens": 256, "prefill_chunk_tokens": 64}},
+    "disaggregated": {"workload": {"concurrency": 6, "num_requests": 36},
+                      "engine": {"prefill": "disaggregated", "prefill_gpus": 2}},
+    # context-priced verify and decode tables: every round priced at its own context
+    "h200-context": {"hardware": H200, "workload": {"concurrency": 8, "num_requests": 40}},
+    "h200-poisson": {"hardware": H200, "workload": {"mode": "poisson", "rate_per_s": 8.0, "num_requests": 60}},
+    "oracle-head": {"confidence": {"head": "oracle", "sts": "none"}},
+    "per-position-acceptance": {"acceptance": {"per_position": [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07],
+                                               "sigma_round": 0.5}},
+    "no-round-spread": {"acceptance": {"profile": "dspark-qwen3", "sigma_round": 0.0}},
+    "memtp-fixed-per-tested": {"memtp": {"depth": 4, "coherence_estimator": "per_tested"}},
+    "memtp-fixed-per-verified": {"memtp": {"depth": 6}},
+    "kv-pressure": {  # a 2-GiB KV budget: admission waits for memory, drafts are trimmed, requests preempted
+        "workload": {"concurrency": 12, "num_requests": 36},
+        "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                     "memory": {"gpu_allocatable_gib": 4.0, "weights_bytes": 1 << 30, "kv_bytes_per_token": 131072,
+                                "max_model_len": 8192}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_drafted_blocks_match_round_by_round_on_scenarios(name, monkeypatch):
+    sections = {"policy": {"name": "dspark"}} | SCENARIOS[name]
+    scen = scenario(**sections)
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=5).state)
+    assert calls and max(calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+
+
+@pytest.mark.parametrize("name", ["closed-4", "h200-poisson", "kv-pressure"])
+def test_drafted_blocks_match_the_numpy_engine(name, monkeypatch):
+    # an oracle with no kernel at all: numpy draws, numpy scan, numpy acceptance
+    scen = scenario(**({"policy": {"name": "dspark"}} | SCENARIOS[name]))
+    monkeypatch.setattr(_compiled, "ENABLED", False)
+    numpy_state = run(scen, seed=2).state
+    monkeypatch.setattr(_compiled, "ENABLED", True)
+    assert_same_state(numpy_state, run(scen, seed=2).state)
+
+
+@pytest.mark.parametrize("diag_rounds", [1, 37, 500])
+def test_the_diagnostics_fill_up_inside_a_block(diag_rounds, monkeypatch):
+    # the calibration diagnostics keep the first DIAG_ROUNDS request-rounds: the limit falls
+    # inside a block (and inside one round's rows) and the recorded rows must be the same
+    monkeypatch.setattr(Engine, "DIAG_ROUNDS", diag_rounds)
+    scen = scenario(policy={"name": "dspark"}, workload={"concurrency": 6, "num_requests": 30})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=1).state)
+    assert max(calls) > 1
+    assert_same_state(slow, fast)
+    assert fast.confidence_raw.shape[0] == diag_rounds
+
+
+def test_the_gate_falling_back_stops_a_block(monkeypatch):
+    # at 64 users on gfx1151 drafting stops paying: blocks end where the gate turns to plain
+    # rounds, and its probes run as one-round blocks
+    scen = scenario(policy={"name": "dspark"}, workload={"concurrency": 64, "num_requests": 150},
+                    engine={"prefill": "disaggregated", "prefill_gpus": 4})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+    assert calls
+    assert_same_state(slow, fast)
+    assert np.any(fast.rounds["verify_tokens"] == 0) and np.any(fast.rounds["verify_tokens"] > 0)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_drafted_blocks_match_round_by_round_on_random_workloads(seed, monkeypatch):
+    random_case(seed, monkeypatch)
+
+
+def random_case(seed, monkeypatch):
+    """A random hand-made workload run both ways (asserting they agree); the blocked run's state."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(3, 25))
+    kv_blocks = int(rng.integers(24, 120))  # tight: requests wait for memory, drafts are trimmed, requests preempted
+    prompt = np.minimum(rng.integers(1, 300, n), kv_blocks * 16 // 3)
+    output = np.minimum(rng.integers(1, 150, n), kv_blocks * 16 // 3)
+    closed = rng.random() < 0.5
+    wl = (workload(prompt, output, concurrency=int(rng.integers(1, 7)), think_time_s=float(rng.choice([0.0, 0.05])))
+          if closed else workload(prompt, output, np.sort(rng.exponential(0.2, n)).cumsum()))
+    # a measured range that may end inside the pass (B = its last point measured, beyond it
+    # extrapolated or refused), with rising pass times so that the plan has a best B
+    beyond = str(rng.choice(["error", "roofline"]))
+    top = 64 if beyond == "error" else int(rng.choice([24, 32, 64]))  # "error": the table must hold every pass
+    pass_ms = float(rng.choice([5.0, 10.0]))
+    sps = SPSTable(np.array([1, top // 2, top]), np.array([pass_ms, pass_ms * 1.3, pass_ms * 2.0]),
+                   beyond_max=beyond, dense_limit=64)
+    prof = flat_profile(kv_blocks=kv_blocks, sps=sps)
+    settings = {"max_num_seqs": int(rng.integers(1, 9)), "kv_watermark_frac": float(rng.choice([0.0, 0.05])),
+                "max_batch_tokens": int(rng.choice([32, 64])), "prefill_chunk_tokens": int(rng.choice([8, 32]))}
+    params = {"gamma": int(rng.integers(1, 8)), "early_stop": bool(rng.random() < 0.5),
+              "fallback": bool(rng.random() < 0.5)}
+    slow, fast, calls = both_ways(
+        monkeypatch, lambda: run_engine(prof, wl, "dspark", params, seed=seed, **settings))
+    assert calls
+    assert_same_state(slow, fast)
+    return fast
+
+
+def test_the_random_workloads_reach_the_measured_range_s_last_point_and_beyond(monkeypatch):
+    # the fuzz above must price passes at the table's last measured B and beyond it (the
+    # round log's cost_extrapolated flag), or it would not test those rules
+    extrapolated, at_top = 0, 0
+    for seed in range(16):
+        state = random_case(seed, monkeypatch)
+        extrapolated += int(state.rounds["cost_extrapolated"].sum())
+        at_top += int(np.isin(state.rounds["batch_tokens"], [24, 32, 64]).sum())
+    assert extrapolated > 0 and at_top > 0
+
+
+def test_a_policy_other_than_dspark_takes_no_drafted_block(monkeypatch):
+    for policy in ({"name": "static", "k": 3}, {"name": "goodput"}, {"name": "dspark_async"}):
+        scen = scenario(policy=policy, workload={"concurrency": 2, "num_requests": 6})
+        slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+        assert calls == []
+        assert_same_state(slow, fast)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_an_arrival_exactly_at_a_round_end_is_seen_by_the_next_round(offset, monkeypatch):
+    # Every pass costs exactly 10 ms and drafting nothing, so drafted rounds end on the float grid
+    # 0 + 0.01 + 0.01 + ...; requests arriving on that grid tie with a round's end: the round-by-round
+    # engine lets the arrival in before the next round, so a block must stop at such a round.
+    grid = np.add.accumulate(np.full(400, 0.01))
+    arrival = np.concatenate(([0.0], grid[[5 + offset, 9 + offset, 40 + offset, 41 + offset, 120 + offset]]))
+    wl = workload(np.full(6, 8), np.array([60, 30, 20, 50, 10, 5]), arrival)
+    prof = flat_profile(pass_ms=10.0, kv_blocks=64)
+    params = {"gamma": 3, "fallback": False}
+    slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, "dspark", params, max_num_seqs=4))
+    assert max(calls) > 1
+    assert_same_state(slow, fast)
+    ends = fast.rounds["start_s"] + fast.rounds["duration_s"]
+    assert np.isin(arrival[1:], ends).sum() >= 2  # ties this test is about happened (not all: idle gaps shift the grid)
+
+
+@pytest.mark.parametrize("top", [4, 8])
+def test_a_flat_table_verifies_every_draft_and_flags_passes_beyond_it(top, monkeypatch):
+    # Hand-derived: one request, gamma 7, a flat table (every B costs the same, beyond the last
+    # point by the roofline's flat line), a zero-cost drafter: each added draft raises the token
+    # rate, so Algorithm 1 verifies all 7 and every pass holds B = 1 + 7 = 8 tokens, measured when
+    # the table reaches 8 and extrapolated when it stops at 4.
+    sps = SPSTable(np.array([1, top]), np.array([10.0, 10.0]), beyond_max="roofline", dense_limit=64)
+    prof = flat_profile(kv_blocks=256, sps=sps)
+    wl = workload([16], [400])
+    params = {"gamma": 7, "fallback": False}
+    slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, "dspark", params,
+                                                                  acceptance=AcceptanceModel.fixed(0.6)))
+    assert_same_state(slow, fast)
+    assert sum(calls) > 0.9 * fast.rounds["batch_tokens"].size  # the rounds ran as blocks
+    drafted = fast.rounds["verify_tokens"] > 0
+    assert np.all(fast.rounds["batch_tokens"][drafted] == 8) and np.all(fast.rounds["verify_tokens"][drafted] == 7)
+    assert np.all(fast.rounds["cost_extrapolated"][drafted] == (1 if top < 8 else 0))
+
+
+def test_a_long_stretch_is_several_drafted_blocks(monkeypatch):
+    # one request of 1,500 output tokens alone, blocks capped at 100 rounds: several blocks in a row
+    import memtp_sim.engine as eng
+
+    monkeypatch.setattr(eng, "_MAX_BLOCK_ROUNDS", 100)
+    wl = workload([16], [1500])
+    prof = flat_profile(pass_ms=10.0, kv_blocks=512)
+    slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, "dspark", {"fallback": False}))
+    assert max(calls) == 100 and calls.count(100) >= 3
+    assert_same_state(slow, fast)
