@@ -370,6 +370,44 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
     return rounds, kv_read
 
 
+def plain_rows(list rows not None, tuple template not None, cnp.ndarray times not None, cnp.ndarray durations not None,
+               cnp.ndarray verify_s not None, cnp.ndarray blocks not None, i64 rounds, i64 after_last, i64 kv_read0,
+               i64 num_dec):
+    """Append a plain block's round-log rows (``Engine._plain_block``): ``template`` (one row, in
+    the log's column order) with round j's start ``times[j]`` (field 0), duration (1), pass time
+    (3), KV blocks at its peak and after it (14, 15; after the last round ``after_last``, once its
+    finished requests freed theirs) and KV tokens read ``kv_read0 + num_dec * j`` (26), as the
+    Python rows give them.
+
+    Args:
+        rows: the round log's rows (tuples appended).
+        template: a 29-field row whose other fields every round shares.
+        times: float64 ``(rounds + 1,)`` or longer; durations, verify_s: float64 ``(rounds,)`` or
+            longer; blocks: int64 ``(rounds,)`` or longer.
+        rounds, after_last, kv_read0, num_dec: the block's rounds, KV after its last round, KV
+            tokens its first pass reads and its requests.
+
+    Raises:
+        TypeError, ValueError: arrays of the wrong type or length, or a template of another length.
+    """
+    if PyTuple_GET_SIZE(template) != 29:
+        raise ValueError(f"template: 29 fields needed, got {PyTuple_GET_SIZE(template)}")
+    if rounds < 0:
+        raise ValueError(f"rounds: must be >= 0, got {rounds}")
+    cdef double* t = _f64(times, "times", rounds + 1, False)
+    cdef double* d = _f64(durations, "durations", rounds, False)
+    cdef double* v = _f64(verify_s, "verify_s", rounds, False)
+    cdef i64* b = _i64(blocks, "blocks", rounds, False)
+    cdef list row
+    cdef i64 j
+    for j in range(rounds):
+        row = list(template)
+        row[0], row[1], row[3], row[14] = t[j], d[j], v[j], b[j]
+        row[15] = after_last if j == rounds - 1 else b[j]
+        row[26] = kv_read0 + num_dec * j
+        rows.append(tuple(row))
+
+
 def plain_apply(cnp.ndarray dec not None, i64 rounds, cnp.ndarray generated not None, cnp.ndarray num_rounds not None,
                 cnp.ndarray tokens not None, cnp.ndarray blocks not None, cnp.ndarray output not None, i64 block_tokens,
                 cnp.ndarray finished not None):

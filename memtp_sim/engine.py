@@ -891,6 +891,12 @@ class Engine:
             if rounds == 1:  # most blocks at high load: no per-round lists
                 log.extend([row(float(times[0]), duration0, verify0, int(blocks[0]), kv.blocks_used, kv_read0)])
                 return
+            if self._kernels is not None:  # the rows built in C (a Python row per round cost most of a short block)
+                self._kernels.plain_rows(log.rows, row(0.0, 0.0, 0.0, 0, 0, 0), times, durations, plan.verify_s, blocks,
+                                         rounds, kv.blocks_used, kv_read0, num_dec)
+                if len(log.rows) >= log.FLUSH:
+                    log.flush()
+                return
             peak = blocks.tolist()
             after = peak.copy()
             after[-1] = kv.blocks_used

@@ -887,6 +887,7 @@ def test_every_kernel_checks_an_array_before_it_reads_its_shape():
 _I1, _F1 = "np.zeros(1, np.int64)", "np.zeros(1)"
 _PRICE = "(False, np.ones(9), None, None, 0.0, 0.0, 0.0, 1, 8, 1, False)"
 _ZERO_D_CALLS = {
+    "plain_rows": "K.plain_rows([], (0,) * 29, {a}, np.zeros(2), np.zeros(2), np.zeros(2, np.int64), 1, 0, 0, 1)",
     # the bad array as `generated` (its size sizes the others), then as the diagnostics' rows
     "drafted_block": (f"K.drafted_block({_I1}, {_I1}, {_I1}, {_I1}, {_F1}, {{i}}, {_I1}, {_I1}, {_I1}, {_I1}, {_I1}, "
                       f"{_I1}, {_F1}, {_F1}, {_F1}, None, 0.0, True, 0.0, 1.0, np.ones(2), np.random.default_rng(), "
