@@ -1294,7 +1294,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   i64 max_rounds, list rows not None, tuple row_consts not None, cnp.ndarray dec_out not None,
                   cnp.ndarray pre_out not None, cnp.ndarray probs not None, cnp.ndarray raw not None,
                   cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
-                  object diag_would):
+                  object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
+                  cnp.ndarray pending_f not None, cnp.ndarray pending_i not None, bint resume,
+                  object pending_consts):
     """Run DSpark's drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``,
     the ``always`` controller and the EWMA coherence) one after another while nothing outside the
     engine happens: the same draws from the same generators, the same float operations, the same
@@ -1341,13 +1343,21 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         diag_raw, diag_conf, diag_would: None, or out ``(D, gamma)`` float64, float64 and bool: the
             calibration diagnostics' rows (raw logits, confidences, whether each position would be
             accepted) of the kept rounds' request-rounds, the first D of them (``Engine._record_diag``).
+        lengths_out, chunks_out: int64 out ``(N,)``: the last round's verify lengths and prefill chunks.
+        pending_f, pending_i: float64 ``(6,)`` and int64 ``(8,)``: a pending round's fields (code 3),
+            read back when ``resume``.
+        resume: first finish the pending round (its pass ran across an event: the caller moved the
+            clock to its end), with the row fields ``pending_consts`` (``row_consts`` of its call).
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
         num_finished, diag_rows, num_dec, num_pre, had_prefill)``: code 0 stopped before a round (nothing
         drawn for it), 1 the round after the ``rounds`` kept is drafted (``num_dec`` decoding
         requests in ``dec_out``, ``num_pre`` prefilling ones in ``pre_out``) and the caller goes on
-        from its plan, 2 the last round kept finished requests;
+        from its plan, 2 the last round kept finished requests, 3 the round after the ``rounds``
+        kept is planned and reported to the gate but an event falls inside its pass: the caller
+        waits ``pending_f[1]`` s from ``now`` and calls again with ``resume`` (a resumed round
+        counts in that call's ``rounds``);
         then the state after the rounds kept, and whether any of them prefilled.
 
     Raises:
@@ -1385,6 +1395,13 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double* rw = _f64_2d(raw, "raw", num_run, width)
     cdef double* c = _f64_2d(conf, "conf", num_run, width)
     cdef i64* fin = _i64(finished, "finished", num_run, False)
+    cdef i64* lengths = _i64(lengths_out, "lengths_out", num_run)
+    cdef i64* chunks = _i64(chunks_out, "chunks_out", num_run)
+    cdef double* pf = _f64(pending_f, "pending_f", 6)
+    cdef i64* pi = _i64(pending_i, "pending_i", 8)
+    cdef object consts = row_consts
+    if resume and (pending_consts is None or pi[0] < 1 or pi[0] + pi[1] > num_run):
+        raise ValueError("resume: no pending round of these requests")
     cdef double* dg_raw = NULL
     cdef double* dg_conf = NULL
     cdef char* dg_would = NULL
@@ -1411,14 +1428,13 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double coh_alpha = coherence[0], coh = coherence[1]
     cdef i64 coh_updates = coherence[2]
     cdef bint per_tested = coherence[3]
-    cdef object num_waiting = row_consts[0], num_running = row_consts[1], num_remote = row_consts[2]
     cdef object py_overhead_s = overhead_s, py_held_gib = held_gib, py_gamma = gamma, py_capacity = capacity
 
     # scratch: offsets (N), noise and draws (N*L each), scan survivals (N*L + N), times (N*L + 1);
     # lengths, accepted, chunks (N each), picked rows (N*L + 2N); would (N*L)
     cdef Py_ssize_t most = num_run * width
     cdef double* fbuf = <double*>PyMem_Malloc((4 * most + 2 * num_run + 1) * sizeof(double))
-    cdef i64* ibuf = <i64*>PyMem_Malloc((most + 5 * num_run) * sizeof(i64))
+    cdef i64* ibuf = <i64*>PyMem_Malloc((most + 3 * num_run) * sizeof(i64))
     cdef char* would = <char*>PyMem_Malloc(most) if dg_would != NULL else NULL
     if fbuf == NULL or ibuf == NULL or (dg_would != NULL and would == NULL):
         PyMem_Free(fbuf)
@@ -1430,10 +1446,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double* draws = noise + most
     cdef double* surv = draws + most
     cdef double* times = surv + most + num_run
-    cdef i64* lengths = ibuf
-    cdef i64* acc = lengths + num_run
-    cdef i64* chunks = acc + num_run
-    cdef i64* picked = chunks + num_run
+    cdef i64* acc = ibuf
+    cdef i64* picked = acc + num_run
 
     cdef int code = 0
     cdef bint had_prefill = False, extrapolated, use_noise = not oracle and noise_sd != 0.0
@@ -1449,125 +1463,142 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef _Pricer* table
     try:
         while rounds < max_rounds:
-            ri = round_index + rounds
-            num = num_pre = 0
-            anchors = need = kv_read = l_max = 0
-            for k in range(num_run):  # the split (Engine._guarantee_anchors), anchors, lookahead, context
-                i = ids[k]
-                if done[i] >= want[i]:
-                    dec[num] = i
-                    num += 1
-                    b = tok[i]
-                    if b % block_tokens == 0:
-                        anchors += 1
-                    need += _blocks_for(b + 1 + gamma, block_tokens) - blk[i]
-                    kv_read += b
-                    if b > l_max:
-                        l_max = b
-                else:
-                    pre[num_pre] = i
-                    num_pre += 1
-            if num == 0 or blocks_used + anchors > capacity or blocks_used + need > capacity:
-                break  # nothing to draft, or the round path preempts
-            cells = num * width
-            # chunked prefill in the budget the drafts leave (Engine._place_prefill), first admitted first
-            chunk_total = 0
-            num_req = num
-            budget = max_batch_tokens - num * (1 + gamma)
-            if num_pre and budget > 0:
-                limit = prefill_chunk_tokens if prefill_chunk_tokens < budget else budget
-                before = 0
-                for k in range(num_pre):
-                    i = pre[k]
-                    left = want[i] - done[i]
-                    room = limit - before
-                    if room < 0:
-                        room = 0
-                    chunks[k] = room if room < left else left
-                    chunk_total += chunks[k]
-                    before += left
-                    if chunks[k] > 0:  # a prefilling request in the pass reads its context too
-                        num_req += 1
-                        kv_read += tok[i]
-                        if tok[i] > l_max:
-                            l_max = tok[i]
-            plan_draft_s = dts[num]
-            draft_s = plan_draft_s + 0.0  # + the drafter's prefill, 0 for heads
-            base_b = num + chunk_total
-            if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
-                break  # DSparkPolicy.plan_round's view checks fail: the public path raises
-            req = <double>num_req if <double>num_req > 1.0 else 1.0
-            d_l_max = <double>l_max
-            d_kv = <double>kv_read
-            if separate_decode:  # the plan's no-draft pass
-                nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
-                if not (0.0 < nd < INFINITY):
-                    break
-                plain_t = nd
-            elif _covers(&vp, base_b):
-                plain_t = _price_one(&vp, base_b, req, d_l_max, d_kv)
-                if plain_t != plain_t:
-                    break
+            if resume:  # the pending round: its pass ran across an event, the caller moved the clock to its end
+                resume = False
+                num, num_pre, chunk_total, verify_tokens, b, peak, kv_read = pi[0], pi[1], pi[2], pi[3], pi[4], pi[5], pi[6]
+                extrapolated = pi[7]
+                start, duration, vs, theta, theta_g, draft_s = pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]
+                cells = num * width
+                end = start + duration
+                consts = pending_consts
             else:
-                plain_t = NAN  # plain_rate_of: no value at this B
-            if not _covers(&vp, base_b):
-                break
-            n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
-            n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
-            if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv, times):
-                break
-            # FallbackGate.draft_lengths, last before the draws (a round stopped before drafting leaves it as it was)
-            t_gain, t_last = gain, last_round
-            if ri < t_last:  # a new run
-                t_gain, t_last = 0.0, -1
-            if not (not enabled or t_gain > 0.0 or t_last < 0):
-                break  # the gate falls back: a plain round
-            gain, last_round, skipped = t_gain, t_last, 0
-            # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
-            if sigma_round > 0.0:
+                ri = round_index + rounds
+                num = num_pre = 0
+                anchors = need = kv_read = l_max = 0
+                for k in range(num_run):  # the split (Engine._guarantee_anchors), anchors, lookahead, context
+                    i = ids[k]
+                    if done[i] >= want[i]:
+                        dec[num] = i
+                        num += 1
+                        b = tok[i]
+                        if b % block_tokens == 0:
+                            anchors += 1
+                        need += _blocks_for(b + 1 + gamma, block_tokens) - blk[i]
+                        kv_read += b
+                        if b > l_max:
+                            l_max = b
+                    else:
+                        pre[num_pre] = i
+                        num_pre += 1
+                if num == 0 or blocks_used + anchors > capacity or blocks_used + need > capacity:
+                    break  # nothing to draft, or the round path preempts
+                cells = num * width
+                # chunked prefill in the budget the drafts leave (Engine._place_prefill), first admitted first
+                chunk_total = 0
+                num_req = num
+                budget = max_batch_tokens - num * (1 + gamma)
+                if num_pre and budget > 0:
+                    limit = prefill_chunk_tokens if prefill_chunk_tokens < budget else budget
+                    before = 0
+                    for k in range(num_pre):
+                        i = pre[k]
+                        left = want[i] - done[i]
+                        room = limit - before
+                        if room < 0:
+                            room = 0
+                        chunks[k] = room if room < left else left
+                        chunk_total += chunks[k]
+                        before += left
+                        if chunks[k] > 0:  # a prefilling request in the pass reads its context too
+                            num_req += 1
+                            kv_read += tok[i]
+                            if tok[i] > l_max:
+                                l_max = tok[i]
+                plan_draft_s = dts[num]
+                draft_s = plan_draft_s + 0.0  # + the drafter's prefill, 0 for heads
+                base_b = num + chunk_total
+                if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
+                    break  # DSparkPolicy.plan_round's view checks fail: the public path raises
+                req = <double>num_req if <double>num_req > 1.0 else 1.0
+                d_l_max = <double>l_max
+                d_kv = <double>kv_read
+                if separate_decode:  # the plan's no-draft pass
+                    nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
+                    if not (0.0 < nd < INFINITY):
+                        break
+                    plain_t = nd
+                elif _covers(&vp, base_b):
+                    plain_t = _price_one(&vp, base_b, req, d_l_max, d_kv)
+                    if plain_t != plain_t:
+                        break
+                else:
+                    plain_t = NAN  # plain_rate_of: no value at this B
+                if not _covers(&vp, base_b):
+                    break
+                n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
+                n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
+                if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv, times):
+                    break
+                # FallbackGate.draft_lengths, last before the draws (a round stopped before drafting leaves it as it was)
+                t_gain, t_last = gain, last_round
+                if ri < t_last:  # a new run
+                    t_gain, t_last = 0.0, -1
+                if not (not enabled or t_gain > 0.0 or t_last < 0):
+                    break  # the gate falls back: a plain round
+                gain, last_round, skipped = t_gain, t_last, 0
+                # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
+                if sigma_round > 0.0:
+                    for k in range(num):
+                        offsets[k] = random_normal(acc_gen, 0.0, sigma_round)
+                if use_noise:
+                    for k in range(cells):
+                        noise[k] = random_normal(head_gen, 0.0, noise_sd)
+                _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
+                                  noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
+                code = 1  # drafted: from here on a round not kept goes on in Python from its plan
+                res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                                 early_stop, lengths, surv, picked)
+                if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
+                    break
+                theta = res.theta_star
+                theta_g = res.theta_best if res.n_cov == res.n_max else NAN
+                verify_tokens = res.n_star
+                peak = blocks_used
                 for k in range(num):
-                    offsets[k] = random_normal(acc_gen, 0.0, sigma_round)
-            if use_noise:
-                for k in range(cells):
-                    noise[k] = random_normal(head_gen, 0.0, noise_sd)
-            _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
-                              noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
-            code = 1  # drafted: from here on a round not kept goes on in Python from its plan
-            res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
-                             early_stop, lengths, surv, picked)
-            if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
-                break
-            theta = res.theta_star
-            theta_g = res.theta_best if res.n_cov == res.n_max else NAN
-            verify_tokens = res.n_star
-            peak = blocks_used
-            for k in range(num):
-                peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
-            if peak > capacity:
-                break  # KVCacheManager.fit_lookahead trims
-            b = num + verify_tokens + chunk_total
-            table = &vp if verify_tokens else &dp
-            vs = _price_one(table, b, req, d_l_max, d_kv)
-            extrapolated = not (table.bt0 <= b <= table.max_b)
-            duration = ((0.0 + draft_s) + overhead_s) + vs
-            start = now
-            end = start + duration
-            low = draft_s  # min(draft_s, overhead_s, head_load_s = 0.0), as Python's min compares
-            if overhead_s < low:
-                low = overhead_s
-            if 0.0 < low:
-                low = 0.0
-            if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
-                    or not (vs > 0.0 and duration < INFINITY and low >= 0.0) or not (next_event > end)):
-                break  # Engine._check_pass raises, or an event falls inside the round
-            # kept: FallbackGate.report, the clock, acceptance, prefill, coherence, the row
-            best_rate = theta_g if isfinite(theta_g) else theta
-            plain_rate = <double>num / plain_t
-            if ri < last_round:  # a new run (FallbackGate.report)
-                gain, skipped = 0.0, 0
-            last_round = ri
-            if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
-                gain = gain + alpha * (log(best_rate / plain_rate) - gain)
+                    peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
+                if peak > capacity:
+                    break  # KVCacheManager.fit_lookahead trims
+                b = num + verify_tokens + chunk_total
+                table = &vp if verify_tokens else &dp
+                vs = _price_one(table, b, req, d_l_max, d_kv)
+                extrapolated = not (table.bt0 <= b <= table.max_b)
+                duration = ((0.0 + draft_s) + overhead_s) + vs
+                start = now
+                end = start + duration
+                low = draft_s  # min(draft_s, overhead_s, head_load_s = 0.0), as Python's min compares
+                if overhead_s < low:
+                    low = overhead_s
+                if 0.0 < low:
+                    low = 0.0
+                if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
+                        or not (vs > 0.0 and duration < INFINITY and low >= 0.0)):
+                    break  # Engine._check_pass raises
+                # planned: FallbackGate.report (DSparkPolicy.plan_round reports before the pass)
+                best_rate = theta_g if isfinite(theta_g) else theta
+                plain_rate = <double>num / plain_t
+                if ri < last_round:  # a new run
+                    gain, skipped = 0.0, 0
+                last_round = ri
+                if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
+                    gain = gain + alpha * (log(best_rate / plain_rate) - gain)
+                if not (next_event > end):  # an event falls inside the pass: the caller waits for its end
+                    pi[0], pi[1], pi[2], pi[3], pi[4], pi[5], pi[6] = num, num_pre, chunk_total, verify_tokens, b, peak, kv_read
+                    pi[7] = extrapolated
+                    pf[0], pf[1], pf[2], pf[3], pf[4], pf[5] = start, duration, vs, theta, theta_g, draft_s
+                    code = 3
+                    break
+                consts = row_consts
+            # kept: the clock, acceptance, prefill, coherence, the row
             now = end
             random_standard_uniform_fill(acc_gen, cells, draws)
             take = diag_left - diag_rows if diag_left - diag_rows < num else num
@@ -1611,8 +1642,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 coh = new if new < 1.0 else 1.0
                 coh_updates += 1
             rows.append((start, duration, draft_s, vs, num, num_prefill, chunk_total, b, py_gamma, verify_tokens,
-                         totals[0], totals[1] + completed, num_waiting, num_running, peak, blocks_used, theta,
-                         theta_g, 0, 0, py_gamma, coh, py_held_gib, py_capacity, 0.0, num_remote, kv_read,
+                         totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
+                         theta_g, 0, 0, py_gamma, coh, py_held_gib, py_capacity, 0.0, consts[2], kv_read,
                          py_overhead_s, 1 if extrapolated else 0))
             rounds += 1
             code = 0

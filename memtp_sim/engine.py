@@ -118,6 +118,23 @@ def _per_position_temperatures(temperatures: np.ndarray | None, width: int) -> n
     return np.full(width, temps[0]) if temps.size == 1 else temps[:width]
 
 
+def _mirrored() -> dict[tuple[type, str], object]:
+    # the methods whose work the drafted-block kernel does in their place: a class whose method is
+    # replaced (a subclass is refused anyway; a patch, e.g. a test's) runs its rounds one by one
+    names = {DSparkPolicy: ("plan_round", "plan", "_report", "draft_lengths", "plain_rounds_ahead"),
+             FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead"), AlwaysDraft: ("cap",),
+             CoherenceEWMA: ("update",), KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks"),
+             Engine: ("_draft_length", "_reserve_lookahead", "_place_prefill", "_round_tables", "_tables_at",
+                      "_draft_and_plan", "_draft_confidences_compiled", "_pass_time", "_check_pass", "_accept",
+                      "_accept_compiled", "_advance_prefill", "_update_coherence", "_record_diag", "_apply_round")}
+    return {(cls, name): getattr(cls, name) for cls, items in names.items() for name in items}
+
+
+def _mirrored_replaced() -> bool:
+    """Whether a method the drafted-block kernel mirrors is no longer the one it mirrors."""
+    return any(getattr(cls, name) is not fn for (cls, name), fn in _MIRRORED.items())
+
+
 def _block_pricer(table: SPSTable) -> tuple | None:
     """A cost table's pricing for the drafted-block kernel (``_kernels._Pricer``'s fields): its
     dense pass times, or the arrays and slopes of its context formula; None where the table prices
@@ -645,8 +662,7 @@ class Engine:
         block = self._drafted_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
-            busy = bool(self.running or self.waiting)
-            head_load_s = self._resize_drafter(round_index) if drafter.elastic and busy else 0.0
+            head_load_s = self._resize_drafter(round_index) if drafter.elastic and (self.running or self.waiting) else 0.0
             gamma = drafter.depth
             self._admit()
             if not self.running:
@@ -671,7 +687,11 @@ class Engine:
                     continue
             drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
             if block is not None and not num_preempted:  # DSpark's drafted rounds at once (exact)
-                rounds, dec, pre, drafted = self._drafted_block(dec, pre, gamma, round_index, block)
+                rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block)
+                while wait_s:  # a planned round's pass runs across the next event
+                    round_index += rounds
+                    yield env.timeout(wait_s)
+                    rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block, True)
                 round_index += rounds
                 if rounds and drafted is None:
                     continue
@@ -928,7 +948,7 @@ class Engine:
         gate, the controller ``always``, the coherence the EWMA, and nothing else decides or learns
         per round (no elastic depth, p_min, drift or observers) and both tables price from arrays."""
         pol, drafter = self.policy, self.drafter
-        if (self._kernels is None or not self.DRAFT_BLOCKS or type(pol) is not DSparkPolicy
+        if (self._kernels is None or not self.DRAFT_BLOCKS or type(pol) is not DSparkPolicy or _mirrored_replaced()
                 or type(getattr(pol, "_gate", None)) is not FallbackGate or type(self.control) is not AlwaysDraft
                 or drafter.elastic or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
                 or drafter.kind == "draft_model"
@@ -947,32 +967,42 @@ class Engine:
                 np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS else None
         limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)  # the most running requests
         # mutable: drafting times priced up to this many requests, the times, the diagnostics' next row
-        state = [0, np.full(limit + 1, np.nan), 0]
+        # and a pending round's buffers (see _drafted_block)
+        state = [0, np.full(limit + 1, np.nan), 0, None]
         return prices, separate, base, per_tested, self._overhead_s(True), diag, state
 
-    def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int,
-                       inputs: tuple) -> tuple[int, np.ndarray, np.ndarray, tuple | None]:
+    def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
+                       resume: bool = False) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
         """Run the drafted rounds from now at once while nothing outside the engine happens
         (``_kernels.drafted_block``): the same draws, clock, state and round-log rows as round by
         round, bit for bit. Called where the round path has admitted, found the anchors fit
-        without preempting and the policy not planning a plain block.
+        without preempting and the policy not planning a plain block; with ``resume``, where a
+        pending round's pass (``wait_s`` of the last call) has run across an event: the call
+        finishes that round first, and goes on only if nothing waits for admission.
 
         Returns:
-            ``(rounds, dec, pre, drafted)``: the rounds run; the next round's decoding and
-            prefilling ids (``dec`` and ``pre`` as given if no round ran); and its ``(probs, raw,
-            conf)`` when the block drew it but left its plan to the round path (a KV trim, an event
-            inside it, a check that raises), else None.
+            ``(rounds, dec, pre, drafted, wait_s)``: the rounds run; the next round's decoding and
+            prefilling ids (``dec`` and ``pre`` as given if no round ran); its ``(probs, raw,
+            conf)`` when the block drew it but left its plan to the round path (a KV trim, a check
+            that raises), else None; and, when > 0, the seconds its pass runs across the next event
+            (the caller waits them, then calls again with ``resume``).
         """
         (verify_price, decode_price), separate, base, per_tested, overhead_s, diag, state = inputs
         kv, acc, head, gate, coh, drafter, log = self.kv, self.acc, self.head, self.policy._gate, self.coherence, \
             self.drafter, self.log
-        run = self._run_ids[0]
+        consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
+        if resume:  # the pending round's buffers, and its row's fields as they were before its pass
+            run, drafts, ids, pending, pending_consts = state[3]
+            max_rounds = 1 if self.waiting else _MAX_BLOCK_ROUNDS  # an arrival may be admitted now
+        else:
+            run = self._run_ids[0]
+            drafts, ids = np.empty((3, run.size, gamma)), np.empty((4, run.size), dtype=np.int64)
+            pending, pending_consts, max_rounds = (np.empty(6), np.empty(8, dtype=np.int64)), None, _MAX_BLOCK_ROUNDS
         num_run = run.size
         draft_times = state[1]
         for r in range(state[0] + 1, num_run + 1):  # drafting time by decoding requests, priced once per run
             draft_times[r] = drafter.round_time_s(r, gamma)
         state[0] = max(state[0], num_run)
-        drafts, ids = np.empty((3, num_run, gamma)), np.empty((2, num_run), dtype=np.int64)
         finished = self._scratch[4]
         left, at = self.DIAG_ROUNDS - self.diag_n, state[2]
         d_raw, d_conf, d_would = (None, None, None) if diag is None or left <= 0 else \
@@ -987,9 +1017,9 @@ class Engine:
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, self.policy.params.early_stop, self.block_gib, drafter.held_gib, log.fixed_gib,
             (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped),
-            (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, _MAX_BLOCK_ROUNDS, log.rows,
-            (len(self.waiting), len(self.running), self.num_remote_prefill), ids[0], ids[1], drafts[0], drafts[1],
-            drafts[2], finished, d_raw, d_conf, d_would)
+            (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, max_rounds, log.rows, consts,
+            ids[0], ids[1], drafts[0], drafts[1], drafts[2], finished, d_raw, d_conf, d_would, ids[2], ids[3],
+            pending[0], pending[1], resume, pending_consts)
         gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
         if diag_rows:
             self._diag_parts.append((d_raw[:diag_rows], d_conf[:diag_rows], d_would[:diag_rows]))
@@ -1010,10 +1040,13 @@ class Engine:
                 log.rows[-1] = (*row[:15], kv.blocks_used, *row[16:])
             if len(log.rows) >= _RoundLog.FLUSH:
                 log.flush()
+        if code == 3:  # the next round's pass runs across an event: wait for its end, then resume
+            state[3] = (run, drafts, ids, pending, consts)
+            return rounds, dec, pre, None, float(pending[0][1])
         if code != 1:
-            return rounds, dec, pre, None
+            return rounds, dec, pre, None, 0.0
         return rounds, ids[0][:num_dec], ids[1][:num_pre], (drafts[0][:num_dec], drafts[1][:num_dec],
-                                                            drafts[2][:num_dec])
+                                                            drafts[2][:num_dec]), 0.0
 
     def _check_pass(self, round_index: int, batch_tokens: int, kv_peak: int, verify_s: float, draft_s: float,
                     overhead_s: float, head_load_s: float, duration: float) -> None:
@@ -1419,3 +1452,6 @@ class Engine:
             num_depth_changes=self.drafter.num_depth_changes,
             num_not_arrived=self.wl.num_not_arrived, closed_loop=self.wl.closed_loop,
         )
+
+
+_MIRRORED = _mirrored()  # as defined here, before anything could replace them

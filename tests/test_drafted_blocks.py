@@ -208,3 +208,31 @@ def test_a_long_stretch_is_several_drafted_blocks(monkeypatch):
     slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, "dspark", {"fallback": False}))
     assert max(calls) == 100 and calls.count(100) >= 3
     assert_same_state(slow, fast)
+
+
+def test_a_round_whose_checks_fail_goes_on_in_python_and_raises_the_same_error(monkeypatch):
+    # a drafted round the block cannot keep (here the memory check of Engine._check_pass fails:
+    # the memory left after weights is shrunk under the KV in use) is handed to the round path
+    # drawn but unplanned, which raises; both ways raise the same error at the same round
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.errors import EngineInvariantError
+    from memtp_sim.policies import make_policy
+
+    def go() -> str:
+        eng = Engine(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7), workload([8, 8], [40, 40]),
+                     make_policy("dspark", {"gamma": 3, "fallback": False}),
+                     EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                     np.random.default_rng(0))
+        eng.log.fixed_gib = 2.5 / 64  # room for two KV blocks (the prompts'), the drafter holding nothing
+        with pytest.raises(EngineInvariantError, match="exceed") as err:
+            eng.run()
+        return str(err.value)
+
+    slow_msg = (monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False), go())[1]
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", True)
+    handed_over = []
+    orig = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block",
+                        lambda self, *a: (lambda out: handed_over.append(out[3] is not None) or out)(orig(self, *a)))
+    assert go() == slow_msg
+    assert handed_over[-1], "the failing round was not handed to the round path drawn (the case under test)"
