@@ -1,15 +1,45 @@
-"""Policy registry: YAML name -> class. Duplicate names raise; unknown names list the choices."""
+"""Policy registry: YAML name -> class. Duplicate names raise; unknown names list the choices.
+
+Policies of your own register with :func:`register` when their module is imported. For a command
+(``run``, ``tune``, the dashboard) name the modules in ``$MEMTP_SIM_PLUGINS`` (comma-separated,
+importable from ``sys.path``/``PYTHONPATH``): every process imports them the first time it meets a
+policy name it does not know, so ``tune``'s spawned workers and Dask workers started with the same
+environment know the same policies.
+"""
 
 from __future__ import annotations
 
+import os
+from importlib import import_module
 from typing import Any, Callable, Mapping
 
 from ..errors import InvalidArgumentError
 from .base import Policy
 
-__all__ = ["register", "policy_class", "make_policy", "available_policies"]
+__all__ = ["register", "policy_class", "make_policy", "available_policies", "load_plugins", "PLUGINS_ENV"]
 
 _REGISTRY: dict[str, type[Policy]] = {}
+
+#: environment variable naming the modules that register policies of your own (comma-separated)
+PLUGINS_ENV = "MEMTP_SIM_PLUGINS"
+_loaded: set[str] = set()
+
+
+def load_plugins() -> None:
+    """Import the modules named in ``$MEMTP_SIM_PLUGINS`` not imported yet (their ``@register``
+    classes join the registry).
+
+    Raises:
+        InvalidArgumentError: a module that cannot be imported (the message names it and the variable).
+    """
+    for mod in (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",")):
+        if mod and mod not in _loaded:
+            try:
+                import_module(mod)
+            except ImportError as exc:
+                raise InvalidArgumentError(f"${PLUGINS_ENV}: cannot import {mod!r} ({exc}); name modules importable "
+                                           "from PYTHONPATH, separated by commas") from None
+            _loaded.add(mod)
 
 
 def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
@@ -40,7 +70,8 @@ def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
 
 
 def available_policies() -> list[str]:
-    """The registered policy names, sorted."""
+    """The registered policy names (the plugins' too), sorted."""
+    load_plugins()
     return sorted(_REGISTRY)
 
 
@@ -54,11 +85,16 @@ def policy_class(name: str) -> type[Policy]:
         The :class:`~memtp_sim.policies.base.Policy` subclass.
 
     Raises:
-        InvalidArgumentError: unknown name (the message lists the registered names).
+        InvalidArgumentError: unknown name (the message lists the registered names), or a
+            ``$MEMTP_SIM_PLUGINS`` module that cannot be imported.
 
     Source:
         STYLE.md section 4 (vLLM's policy factory rejects unknown values, listing the choices).
     """
+    cls = _REGISTRY.get(name)
+    if cls is not None:
+        return cls
+    load_plugins()  # a plugin's policy, named before its module was imported
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import optuna
@@ -20,6 +21,24 @@ TRACE = REPO / "data" / "traces" / "azure2023_conv.csv"
 def tiny_doc(name: str = "t", **over) -> dict:
     """A fast tune spec (see ``_sim_helpers.tiny_tune_doc``)."""
     return tiny_tune_doc(name, **over)
+
+
+def held_doc(name: str, hold: Path) -> dict:
+    """:func:`tiny_doc` whose runs each wait in their first round until ``hold/release`` exists
+    (the ``test_boom`` policy of ``tests/_boom.py``; a command needs :func:`cli_env`): a test knows
+    which trials are mid-run, whatever the engine's speed."""
+    doc = tiny_doc(name)
+    doc["base"]["policy"] = {"name": "test_boom", "hold": str(hold)}
+    doc["search_space"] = {"confidence.temperature": doc["search_space"]["confidence.temperature"],
+                           "policy.k": {"type": "int", "low": 1, "high": 3}}
+    return doc
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a ``python -m memtp_sim`` subprocess: the repository and the tests'
+    helper modules importable, and the ``test_boom`` policy registered in it and its workers."""
+    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path, MEMTP_SIM_PLUGINS="_boom")
 
 
 def _write(tmp_path: Path, doc: dict, name: str = "tune.yaml") -> Path:

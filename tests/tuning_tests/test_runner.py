@@ -8,7 +8,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -17,10 +16,11 @@ import pytest
 from optuna.trial import TrialState
 
 from memtp_sim.cli import main
-from memtp_sim.errors import ConfigError
 from memtp_sim.tuning import parse_tune_spec, run_tune
 
-from ._helpers import REPO, _trials, _write, tiny_doc
+import _boom
+
+from ._helpers import _trials, _write, cli_env, held_doc, tiny_doc
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -112,27 +112,19 @@ def test_ctrl_c_with_two_workers_is_one_clean_line_and_resumes(tmp_path):
     print ~60 lines (an UnboundLocalError inside Optuna, from a second SIGINT); now workers ignore
     SIGINT and stop when the parent says so, leaving no RUNNING trial, and the study resumes."""
     name = f"sig_{uuid.uuid4().hex[:8]}"
-    doc = tiny_doc(name)
-    doc["base"]["workload"].update(num_requests=80, concurrency=8)  # ~0.5 s per seed run
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    doc = held_doc(name, hold)  # each trial's runs wait until released
     path = _write(tmp_path, doc)
     url = f"sqlite:///{tmp_path / 'sig.db'}"
-    # 40 trials: the Ctrl-C must land mid-study (with 4, fast trials could all finish first and exit 0)
-    args = ["tune", str(path), "--storage", url, "--n-trials", "40", "--workers", "2", "--no-validate", "--quiet"]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", *args], cwd=tmp_path, env=env, text=True,
+    # 200 trials: the Ctrl-C must land mid-study (fast trials could otherwise all finish first and exit 0)
+    args = ["tune", str(path), "--storage", url, "--n-trials", "200", "--workers", "2", "--no-validate", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", *args], cwd=tmp_path, env=cli_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 120
-    pids: set[int] = set()
-    while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)  # wait until both workers are inside a trial
-        try:
-            trials = _trials(url, name)
-        except (KeyError, ConfigError):
-            continue
-        pids = {t.user_attrs["worker"]["pid"] for t in trials
-                if t.state == TrialState.RUNNING and "worker" in t.user_attrs}
-    assert len(pids) == 2, ("never saw both workers in a trial" if proc.poll() is None else
-                            f"tune ended first (exit {proc.returncode}): {proc.communicate()[1][-2000:]}")
+    # both workers held inside a trial; released just before the Ctrl-C (a held worker would finish
+    # its trial only after the hold's time limit), so both are mid-study when it lands
+    _boom.wait_started(hold, 2, alive=lambda: proc.poll() is None)
+    (hold / "release").touch()
     os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -8,7 +8,6 @@ cannot skip them silently.
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import shutil
@@ -26,6 +25,8 @@ from memtp_sim.cli import main
 from memtp_sim.errors import ConfigError
 from memtp_sim.tuning import STUDY_ATTR, open_storage, open_study, parse_tune_spec, run_tune
 
+import _boom
+
 from ._helpers import (
     REPO,
     TRACE,
@@ -33,6 +34,8 @@ from ._helpers import (
     _sha16,
     _trials,
     _write,
+    cli_env,
+    held_doc,
     imported_profile,
     profiled_doc,
     tiny_doc,
@@ -175,8 +178,7 @@ def test_two_worker_processes_share_one_study(storage_url, tmp_path):
 
 
 def _cli(args: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "memtp_sim", *args], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "memtp_sim", *args], cwd=REPO, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -186,12 +188,16 @@ def test_two_tune_processes_started_together_stop_at_n_trials_in_all(storage_url
     # review: two `tune` commands on one storage each counted their quota at start and ran the full
     # --n-trials (40 COMPLETE for 20); the README says --n-trials counts trials across all of them
     url, name = storage_url
-    doc = tiny_doc(name)
-    doc["base"]["workload"].update(num_requests=80, concurrency=8)  # ~1 s a trial: both start before 6 finish
-    path = _write(tmp_path, doc)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    path = _write(tmp_path, held_doc(name, hold))  # each trial's runs wait until released
     args = ["tune", str(path), "--storage", url, "--n-trials", "6", "--no-validate", "--quiet",
             "--out", str(tmp_path / "results")]
     procs = [_cli(args), _cli(args)]
+    # both commands are inside a trial before any trial can finish (trials once took ~1 s, and the
+    # second command started in time; a faster engine let the first run all six alone)
+    _boom.wait_started(hold, 2, alive=lambda: all(p.poll() is None for p in procs))
+    (hold / "release").touch()
     said = {}
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -223,30 +229,23 @@ def _started_now(stdout: str) -> tuple[int, dict[str, int]]:
 @pytest.mark.parametrize("storage_url", BACKENDS, indirect=True)
 def test_resume_after_a_worker_is_killed_mid_trial(storage_url, tmp_path):
     url, name = storage_url
-    doc = tiny_doc(name)
-    doc["base"]["workload"].update(num_requests=80, concurrency=8)  # ~1 s per trial: room to kill one mid-trial
-    path = _write(tmp_path, doc)
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    path = _write(tmp_path, held_doc(name, hold))  # each trial's runs wait until released
     args = ["tune", str(path), "--storage", url, "--n-trials", "4", "--workers", "2", "--no-validate", "--quiet",
             "--out", str(tmp_path / "results")]
     proc = _cli(args)
+    # a worker held inside its first trial's first run: the kill lands mid-trial by construction
+    pid = next(iter(_boom.wait_started(hold, 1, alive=lambda: proc.poll() is None)))
     victim = None
     deadline = time.monotonic() + 120
-    storage = None
-    while victim is None and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-        try:
-            storage = storage or open_storage(url)
-            study = optuna.load_study(study_name=name, storage=storage)
-        except (KeyError, ConfigError):
-            continue
-        now = datetime.datetime.now()
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            # a trial that started < 0.3 s ago has most of its ~1 s still to run: the kill lands mid-trial
-            if "worker" in t.user_attrs and (now - t.datetime_start).total_seconds() < 0.3:
-                victim = t
-                os.kill(t.user_attrs["worker"]["pid"], signal.SIGKILL)
-                break
-    assert victim is not None, "never saw a RUNNING trial to kill"
+    while victim is None and time.monotonic() < deadline:
+        running = [t for t in _trials(url, name) if t.state == TrialState.RUNNING
+                   and t.user_attrs.get("worker", {}).get("pid") == pid]
+        victim = running[0] if running else time.sleep(0.02)
+    assert victim is not None, f"no RUNNING trial of worker {pid}"
+    os.kill(pid, signal.SIGKILL)
+    (hold / "release").touch()
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1, err  # the study is short; the command says so and how to resume
     assert "run the same command again to resume" in err
