@@ -612,14 +612,18 @@ def test_ctrl_c_of_run_exits_at_once_with_one_line(tmp_path, after_s):
     run studies/load.yaml` (which signals the parent and then its group) printed the line and then
     hung for good 3 times in 4 here (3 in 5 in review): a worker died of the KeyboardInterrupt
     inside the executor's queues. Now workers ignore SIGINT and the parent stops them itself.
-    The shipped study with 10 seeds (560 runs, over 30 s here), so that the signal lands mid-study
-    however fast the engine gets (the 2-seed study ends in about 7 s, near the 5 s signal)."""
+    The shipped study plus a policy whose runs wait until released (never, here: ``test_boom``'s
+    ``hold``), so that the signal lands mid-study however fast the engine gets (10 seeds of the
+    shipped study alone once took 30 s; after the engine got faster, 2 seeds ended near the signal)."""
     doc = yaml.safe_load((REPO / "studies" / "load.yaml").read_text())
     doc["base"]["workload"]["trace"] = str(TRACE)
-    doc["seeds"] = list(range(10))
+    (tmp_path / "hold").mkdir()
+    doc["policies"].append({"name": "test_boom", "hold": str(tmp_path / "hold")})
     study = _study_file(tmp_path, doc, "load.yaml")
+    env = dict(os.environ, MEMTP_SIM_PLUGINS="_boom",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(study),
-                             "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"], cwd=tmp_path,
+                             "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     workers = _wait_for_workers(proc.pid)
     time.sleep(after_s)
