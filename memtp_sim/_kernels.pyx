@@ -1331,7 +1331,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         early_stop: Algorithm 1's early stop.
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
-        gate: ``(enabled, alpha, gain, last_round, skipped)`` of the policy's ``FallbackGate``.
+        gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``.
         coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``.
         round_index, max_rounds: the first round's index and the most rounds to run.
         rows: the round log's rows (tuples appended); row_consts: ``(num_waiting, num_running,
@@ -1424,7 +1424,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef bitgen_t* head_gen = _bitgen(head_rng)
     cdef bint enabled = gate[0]
     cdef double alpha = gate[1], gain = gate[2]
-    cdef i64 last_round = gate[3], skipped = gate[4]
+    cdef i64 last_round = gate[3], skipped = gate[4], probe_every = gate[5], t_skipped
     cdef double coh_alpha = coherence[0], coh = coherence[1]
     cdef i64 coh_updates = coherence[2]
     cdef bint per_tested = coherence[3]
@@ -1540,12 +1540,17 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv, times):
                     break
                 # FallbackGate.draft_lengths, last before the draws (a round stopped before drafting leaves it as it was)
-                t_gain, t_last = gain, last_round
+                t_gain, t_last, t_skipped = gain, last_round, skipped
                 if ri < t_last:  # a new run
-                    t_gain, t_last = 0.0, -1
-                if not (not enabled or t_gain > 0.0 or t_last < 0):
-                    break  # the gate falls back: a plain round
-                gain, last_round, skipped = t_gain, t_last, 0
+                    t_gain, t_last, t_skipped = 0.0, -1, 0
+                if not enabled or t_gain > 0.0 or t_last < 0:
+                    t_skipped = 0
+                else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
+                    t_skipped += 1
+                    if t_skipped < probe_every:
+                        break
+                    t_skipped = 0
+                gain, last_round, skipped = t_gain, t_last, t_skipped
                 # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
                 if sigma_round > 0.0:
                     for k in range(num):

@@ -1016,7 +1016,7 @@ class Engine:
             self.rng, self.head_rng, verify_price, decode_price, separate, draft_times, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, self.policy.params.early_stop, self.block_gib, drafter.held_gib, log.fixed_gib,
-            (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped),
+            (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped, gate.probe_every),
             (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, max_rounds, log.rows, consts,
             ids[0], ids[1], drafts[0], drafts[1], drafts[2], finished, d_raw, d_conf, d_would, ids[2], ids[3],
             pending[0], pending[1], resume, pending_consts)
