@@ -3,8 +3,8 @@ metadata and dependencies are in pyproject.toml.
 
 Built by ``pip install -e .`` (in place) or ``pip install .``; a C compiler and the Python headers
 are needed (Debian: ``gcc python3-dev``). The extension is optional: where it cannot be built the
-install goes on without it, and the engine runs its numpy code (the same results, about half as
-fast at high load) and warns once per process. The test suite fails without it
+install goes on without it, and the engine runs its numpy code (the same results, 2 to 13 times
+slower) and warns once per process. The test suite fails without it
 (tests/test_kernels.py).
 """
 

@@ -3,7 +3,7 @@ steps, Algorithm 1's scan and context pricing. :func:`active` gives the module, 
 :data:`ENABLED` is False (tests and the benchmark compare with the numpy code that way: the same
 answers bit for bit), when the extension is not built, or when it was built from another version
 of ``_kernels.pyx`` than the one beside it (an old build after a pull); the numpy code then runs,
-about half as fast at high load, with a one-time warning per process saying how to rebuild."""
+2 to 13 times slower (bench_engine), with a one-time warning per process saying how to rebuild."""
 
 from __future__ import annotations
 
@@ -55,6 +55,6 @@ def active() -> ModuleType | None:
         return None
     if kernels is None and not _warned:
         _warned = True
-        warnings.warn(f"{unavailable}: memtp_sim runs its numpy code instead, the same results about half as "
-                      "fast", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"{unavailable}: memtp_sim runs its numpy code instead, the same results several "
+                      "times slower", RuntimeWarning, stacklevel=3)
     return kernels
