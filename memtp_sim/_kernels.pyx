@@ -1465,7 +1465,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         while rounds < max_rounds:
             if resume:  # the pending round: its pass ran across an event, the caller moved the clock to its end
                 resume = False
-                num, num_pre, chunk_total, verify_tokens, b, peak, kv_read = pi[0], pi[1], pi[2], pi[3], pi[4], pi[5], pi[6]
+                num, num_pre, chunk_total, verify_tokens = pi[0], pi[1], pi[2], pi[3]
+                b, peak, kv_read = pi[4], pi[5], pi[6]
                 extrapolated = pi[7]
                 start, duration, vs, theta, theta_g, draft_s = pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]
                 cells = num * width
@@ -1539,7 +1540,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
                 if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv, times):
                     break
-                # FallbackGate.draft_lengths, last before the draws (a round stopped before drafting leaves it as it was)
+                # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
                 t_gain, t_last, t_skipped = gain, last_round, skipped
                 if ri < t_last:  # a new run
                     t_gain, t_last, t_skipped = 0.0, -1, 0
@@ -1597,7 +1598,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
                     gain = gain + alpha * (log(best_rate / plain_rate) - gain)
                 if not (next_event > end):  # an event falls inside the pass: the caller waits for its end
-                    pi[0], pi[1], pi[2], pi[3], pi[4], pi[5], pi[6] = num, num_pre, chunk_total, verify_tokens, b, peak, kv_read
+                    pi[0], pi[1], pi[2], pi[3] = num, num_pre, chunk_total, verify_tokens
+                    pi[4], pi[5], pi[6] = b, peak, kv_read
                     pi[7] = extrapolated
                     pf[0], pf[1], pf[2], pf[3], pf[4], pf[5] = start, duration, vs, theta, theta_g, draft_s
                     code = 3

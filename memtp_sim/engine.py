@@ -662,7 +662,8 @@ class Engine:
         block = self._drafted_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
-            head_load_s = self._resize_drafter(round_index) if drafter.elastic and (self.running or self.waiting) else 0.0
+            busy = drafter.elastic and (self.running or self.waiting)
+            head_load_s = self._resize_drafter(round_index) if busy else 0.0
             gamma = drafter.depth
             self._admit()
             if not self.running:
@@ -673,7 +674,6 @@ class Engine:
                 yield self._wake
                 self._wake = None
                 continue
-
             dec, pre, num_preempted = self._guarantee_anchors()
             self._tables = None
             if plain_ok and not pre.size and not num_preempted:
@@ -724,7 +724,6 @@ class Engine:
 
             accepted_total, emitted_total, num_prefill = self._apply_round(
                 dec, pre, lengths, probs, raw, conf, chunks, chunk_total, verify_tokens, listens)
-
             self.log.append((
                 start, duration, draft_s, verify_s, num_dec, num_prefill, chunk_total, batch_tokens,
                 k if num_dec else 0, verify_tokens, accepted_total, emitted_total, num_waiting,
