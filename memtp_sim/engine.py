@@ -130,9 +130,21 @@ def _mirrored() -> dict[tuple[type, str], object]:
     return {(cls, name): getattr(cls, name) for cls, items in names.items() for name in items}
 
 
-def _mirrored_replaced() -> bool:
-    """Whether a method the drafted-block kernel mirrors is no longer the one it mirrors."""
-    return any(getattr(cls, name) is not fn for (cls, name), fn in _MIRRORED.items())
+def _mirrored_replaced(engine: "Engine") -> bool:
+    """Whether a method the drafted-block kernel mirrors is not the one it mirrors on ``engine``
+    (its class or its KV manager's may be subclasses, an instance may carry its own function)."""
+    owners = {Engine: engine, KVCacheManager: engine.kv}
+    for (cls, name), fn in _MIRRORED.items():
+        obj = owners.get(cls)
+        if obj is None:
+            found = getattr(cls, name)
+        elif name in vars(obj):
+            return True  # set on the instance
+        else:
+            found = getattr(type(obj), name)
+        if found is not fn:
+            return True
+    return False
 
 
 def _block_pricer(table: SPSTable) -> tuple | None:
@@ -947,7 +959,7 @@ class Engine:
         gate, the controller ``always``, the coherence the EWMA, and nothing else decides or learns
         per round (no elastic depth, p_min, drift or observers) and both tables price from arrays."""
         pol, drafter = self.policy, self.drafter
-        if (self._kernels is None or not self.DRAFT_BLOCKS or type(pol) is not DSparkPolicy or _mirrored_replaced()
+        if (self._kernels is None or not self.DRAFT_BLOCKS or type(pol) is not DSparkPolicy or _mirrored_replaced(self)
                 or type(getattr(pol, "_gate", None)) is not FallbackGate or type(self.control) is not AlwaysDraft
                 or drafter.elastic or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
                 or drafter.kind == "draft_model"

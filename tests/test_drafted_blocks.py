@@ -236,3 +236,33 @@ def test_a_round_whose_checks_fail_goes_on_in_python_and_raises_the_same_error(m
                         lambda self, *a: (lambda out: handed_over.append(out[3] is not None) or out)(orig(self, *a)))
     assert go() == slow_msg
     assert handed_over[-1], "the failing round was not handed to the round path drawn (the case under test)"
+
+
+def test_a_subclass_or_instance_that_replaces_a_mirrored_method_runs_round_by_round(monkeypatch):
+    # the kernel does the work of the engine's own round steps: an engine whose step is another
+    # function (a subclass's, or one set on the instance) must run that function, round by round
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.policies import make_policy
+
+    seen = []
+
+    class Traced(Engine):
+        def _check_pass(self, *a):  # noqa: ANN002, ANN202
+            seen.append(1)
+            return super()._check_pass(*a)
+
+    def build(cls):
+        return cls(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7), workload([8, 8], [40, 40]),
+                   make_policy("dspark", {"gamma": 3, "fallback": False}),
+                   EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                   np.random.default_rng(0))
+
+    plain = build(Engine).run()
+    traced = build(Traced).run()
+    assert_same_state(plain, traced)
+    assert len(seen) == traced.rounds["start_s"].size  # every round through the subclass's step
+    seen.clear()
+    eng = build(Engine)
+    eng._check_pass = lambda *a: seen.append(1) or Engine._check_pass(eng, *a)
+    assert_same_state(plain, eng.run())
+    assert len(seen) == plain.rounds["start_s"].size
