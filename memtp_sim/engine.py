@@ -978,8 +978,11 @@ class Engine:
                 np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS else None
         limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)  # the most running requests
         # mutable: drafting times priced up to this many requests, the times, the diagnostics' next row
-        # and a pending round's buffers (see _drafted_block)
-        state = [0, np.full(limit + 1, np.nan), 0, None]
+        # a pending round's requests and row fields, and the buffers the kernel writes into: the
+        # drafts, the ids, lengths and chunks of a round, a pending round's fields (by requests, views)
+        buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64),
+                   (np.empty(6), np.empty(8, dtype=np.int64)))
+        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers]
         return prices, separate, base, per_tested, self._overhead_s(True), diag, state
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
@@ -1002,14 +1005,17 @@ class Engine:
         kv, acc, head, gate, coh, drafter, log = self.kv, self.acc, self.head, self.policy._gate, self.coherence, \
             self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
-        if resume:  # the pending round's buffers, and its row's fields as they were before its pass
-            run, drafts, ids, pending, pending_consts = state[3]
+        if resume:  # the pending round's requests, and its row's fields as they were before its pass
+            run, pending_consts = state[3]
             max_rounds = 1 if self.waiting else _MAX_BLOCK_ROUNDS  # an arrival may be admitted now
         else:
-            run = self._run_ids[0]
-            drafts, ids = np.empty((3, run.size, gamma)), np.empty((4, run.size), dtype=np.int64)
-            pending, pending_consts, max_rounds = (np.empty(6), np.empty(8, dtype=np.int64)), None, _MAX_BLOCK_ROUNDS
+            run, pending_consts, max_rounds = self._run_ids[0], None, _MAX_BLOCK_ROUNDS
         num_run = run.size
+        views = state[4].get(num_run)
+        if views is None:  # the run's buffers as arrays of this many requests (the kernel's shapes)
+            drafts, ids, pending = state[5]
+            views = state[4][num_run] = (*(d[:num_run] for d in drafts), *(i[:num_run] for i in ids), *pending)
+        probs, raw, conf, dec_ids, pre_ids, lengths, chunks, pending_f, pending_i = views
         draft_times = state[1]
         for r in range(state[0] + 1, num_run + 1):  # drafting time by decoding requests, priced once per run
             draft_times[r] = drafter.round_time_s(r, gamma)
@@ -1029,8 +1035,8 @@ class Engine:
             overhead_s, self.policy.params.early_stop, self.block_gib, drafter.held_gib, log.fixed_gib,
             (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped, gate.probe_every),
             (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, max_rounds, log.rows, consts,
-            ids[0], ids[1], drafts[0], drafts[1], drafts[2], finished, d_raw, d_conf, d_would, ids[2], ids[3],
-            pending[0], pending[1], resume, pending_consts)
+            dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
+            pending_i, resume, pending_consts)
         gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
         if diag_rows:
             self._diag_parts.append((d_raw[:diag_rows], d_conf[:diag_rows], d_would[:diag_rows]))
@@ -1052,12 +1058,13 @@ class Engine:
             if len(log.rows) >= _RoundLog.FLUSH:
                 log.flush()
         if code == 3:  # the next round's pass runs across an event: wait for its end, then resume
-            state[3] = (run, drafts, ids, pending, consts)
-            return rounds, dec, pre, None, float(pending[0][1])
+            state[3] = (run, consts)
+            return rounds, dec, pre, None, float(pending_f[1])
         if code != 1:
             return rounds, dec, pre, None, 0.0
-        return rounds, ids[0][:num_dec], ids[1][:num_pre], (drafts[0][:num_dec], drafts[1][:num_dec],
-                                                            drafts[2][:num_dec]), 0.0
+        # copies: the round path keeps them (diagnostics) and the next block reuses the buffers
+        return rounds, dec_ids[:num_dec].copy(), pre_ids[:num_pre].copy(), (
+            probs[:num_dec].copy(), raw[:num_dec].copy(), conf[:num_dec].copy()), 0.0
 
     def _check_pass(self, round_index: int, batch_tokens: int, kv_peak: int, verify_s: float, draft_s: float,
                     overhead_s: float, head_load_s: float, duration: float) -> None:
