@@ -42,7 +42,8 @@ NPYRANDOM = str(Path(np.get_include()).parent.parent / "random" / "lib")
 KERNELS = Extension("memtp_sim._kernels", ["memtp_sim/_kernels.pyx"], include_dirs=[np.get_include()],
                     library_dirs=[NPYRANDOM], libraries=["npyrandom", "m"],
                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
-                                   ("MEMTP_KERNELS_SHA256", f'"{SOURCE_SHA256}"')], extra_compile_args=FLAGS)
+                                   ("MEMTP_KERNELS_SHA256", f'"{SOURCE_SHA256}"'),
+                                   ("MEMTP_NUMPY_BUILD_VERSION", f'"{np.__version__}"')], extra_compile_args=FLAGS)
 EXTENSIONS = cythonize([KERNELS], language_level=3)
 for ext in EXTENSIONS:
     ext.optional = True  # cythonize makes new Extension objects without it

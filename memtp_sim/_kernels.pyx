@@ -38,12 +38,21 @@ cdef extern from *:
     #ifndef MEMTP_KERNELS_SHA256
     #define MEMTP_KERNELS_SHA256 ""
     #endif
+    #ifndef MEMTP_NUMPY_BUILD_VERSION
+    #define MEMTP_NUMPY_BUILD_VERSION ""
+    #endif
     """
     const char* MEMTP_KERNELS_SHA256
+    const char* MEMTP_NUMPY_BUILD_VERSION
 
 #: sha256 of the _kernels.pyx this extension was built from (setup.py); memtp_sim._compiled
 #: refuses a build whose digest differs from the source next to it
 SOURCE_SHA256 = MEMTP_KERNELS_SHA256.decode("ascii")
+
+#: the numpy whose C random library (numpy/random/lib, linked statically) drafted_block draws
+#: with; the engine runs drafted blocks only under that same numpy (its draws are then the Python
+#: calls' numbers: Generator streams may change between numpy releases)
+NUMPY_BUILD_VERSION = MEMTP_NUMPY_BUILD_VERSION.decode("ascii")
 
 ctypedef long long i64
 
@@ -1239,6 +1248,13 @@ cdef int _read_pricer(tuple spec, _Pricer* p) except -1:
     return 0
 
 
+cdef int _check_fields(tuple fields, str name, Py_ssize_t need) except -1:
+    # a tuple the kernel reads by position (unchecked: the module reads without bounds checks)
+    if PyTuple_GET_SIZE(fields) != need:
+        raise ValueError(f"{name}: {need} fields needed, got {PyTuple_GET_SIZE(fields)}")
+    return 0
+
+
 cdef inline bint _covers(_Pricer* p, i64 b) noexcept nogil:
     # SPSTable.covers
     return p.min_b <= b and (b <= p.max_b or p.beyond_ok)
@@ -1400,8 +1416,21 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double* pf = _f64(pending_f, "pending_f", 6)
     cdef i64* pi = _i64(pending_i, "pending_i", 8)
     cdef object consts = row_consts
-    if resume and (pending_consts is None or pi[0] < 1 or pi[0] + pi[1] > num_run):
-        raise ValueError("resume: no pending round of these requests")
+    _check_fields(gate, "gate", 6)
+    _check_fields(coherence, "coherence", 4)
+    _check_fields(row_consts, "row_consts", 3)
+    if resume:  # the pending round's fields as the last call left them: checked as any input
+        if pending_consts is None or pi[0] < 1 or pi[1] < 0 or pi[0] + pi[1] > num_run:
+            raise ValueError("resume: no pending round of these requests")
+        _check_fields(<tuple?>pending_consts, "pending_consts", 3)
+        _check_ids(dec, pi[0], size)
+        _check_ids(pre, pi[1], size)
+        for k in range(pi[0]):
+            if lengths[k] < 0 or lengths[k] > gamma:
+                raise ValueError(f"lengths_out: {lengths[k]} outside 0..{gamma}")
+        for k in range(pi[1]):
+            if chunks[k] < 0:
+                raise ValueError(f"chunks_out: {chunks[k]} is negative")
     cdef double* dg_raw = NULL
     cdef double* dg_conf = NULL
     cdef char* dg_would = NULL

@@ -53,6 +53,7 @@ heads never exceed memory; a policy's plan stays within what was drafted and the
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
@@ -73,6 +74,7 @@ from .memtp import MEMTP_DEFAULTS, CoherenceEWMA, TowerCoherence
 from .policies._candidates import FallbackGate
 from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
+from .policies import dspark as _dspark_module
 from .policies.dspark import DSparkPolicy
 from .workload import Workload
 
@@ -118,33 +120,61 @@ def _per_position_temperatures(temperatures: np.ndarray | None, width: int) -> n
     return np.full(width, temps[0]) if temps.size == 1 else temps[:width]
 
 
-def _mirrored() -> dict[tuple[type, str], object]:
-    # the methods whose work the drafted-block kernel does in their place: a class whose method is
-    # replaced (a subclass is refused anyway; a patch, e.g. a test's) runs its rounds one by one
+def _mirrored() -> dict[tuple[object, str], object]:
+    # the functions whose work the drafted-block kernel does in their place, by class or module:
+    # a run where one of them is another function (a subclass's, one set on an instance, a patch)
+    # runs its rounds one by one, through that function
     names = {DSparkPolicy: ("plan_round", "plan", "_report", "draft_lengths", "plain_rounds_ahead"),
              FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead"), AlwaysDraft: ("cap",),
              CoherenceEWMA: ("update",), KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks"),
-             Engine: ("_draft_length", "_reserve_lookahead", "_place_prefill", "_round_tables", "_tables_at",
-                      "_draft_and_plan", "_draft_confidences_compiled", "_pass_time", "_check_pass", "_accept",
-                      "_accept_compiled", "_advance_prefill", "_update_coherence", "_record_diag", "_apply_round")}
-    return {(cls, name): getattr(cls, name) for cls, items in names.items() for name in items}
+             SPSTable: ("at_context", "covers", "is_measured", "pass_time_s", "pass_time_range_s", "_context_one_s",
+                        "_context_slice_s"),
+             Drafter: ("prefill_time_s",), _dspark_module: ("plain_rate_of", "_compiled_scan", "_scan_compiled"),
+             Engine: ("_admit", "_guarantee_anchors", "_draft_length", "_reserve_lookahead", "_place_prefill",
+                      "_round_tables", "_tables_at", "_draft_and_plan", "_draft_confidences_compiled", "_pass_time",
+                      "_check_pass", "_accept", "_accept_compiled", "_advance_prefill", "_update_coherence",
+                      "_record_diag", "_apply_round")}
+    return {(owner, name): getattr(owner, name) for owner, items in names.items() for name in items}
 
 
 def _mirrored_replaced(engine: "Engine") -> bool:
-    """Whether a method the drafted-block kernel mirrors is not the one it mirrors on ``engine``
-    (its class or its KV manager's may be subclasses, an instance may carry its own function)."""
-    owners = {Engine: engine, KVCacheManager: engine.kv}
-    for (cls, name), fn in _MIRRORED.items():
-        obj = owners.get(cls)
-        if obj is None:
-            found = getattr(cls, name)
-        elif name in vars(obj):
-            return True  # set on the instance
-        else:
-            found = getattr(type(obj), name)
-        if found is not fn:
-            return True
+    """Whether a function the drafted-block kernel mirrors is not the one it mirrors in ``engine``:
+    on the engine, its KV manager, policy, gate, controller, coherence, drafter or cost tables (whose
+    classes may be subclasses, whose instances may carry their own functions), or in the module."""
+    pol = engine.policy
+    owners = {Engine: (engine,), KVCacheManager: (engine.kv,), DSparkPolicy: (pol,),
+              FallbackGate: (getattr(pol, "_gate", None),), AlwaysDraft: (engine.control,),
+              CoherenceEWMA: (engine.coherence,), Drafter: (engine.drafter,),
+              SPSTable: (engine.profile.sps, engine.profile.decode_table)}
+    for (owner, name), fn in _MIRRORED.items():
+        objs = owners.get(owner)
+        if objs is None:  # a module's function
+            if getattr(owner, name) is not fn:
+                return True
+            continue
+        for obj in objs:
+            if name in getattr(obj, "__dict__", ()) or getattr(type(obj), name, None) is not fn:
+                return True
     return False
+
+
+def _same_numpy(kernels) -> bool:  # noqa: ANN001 - the kernels module
+    """Whether the kernels' drafted blocks draw with this process's numpy (their C random library
+    is the one of the numpy they were built against); warns once per process where not."""
+    global _numpy_warned
+    built = getattr(kernels, "NUMPY_BUILD_VERSION", "")
+    if built == np.__version__:
+        return True
+    if not _numpy_warned:
+        _numpy_warned = True
+        warnings.warn(f"memtp_sim._kernels was built against numpy {built or '(unknown)'} and this process runs "
+                      f"numpy {np.__version__}: DSpark's drafted rounds run one by one (the same results, slower); "
+                      "reinstall memtp_sim (`pip install -e .`) to build against this numpy", RuntimeWarning,
+                      stacklevel=4)
+    return False
+
+
+_numpy_warned = False
 
 
 def _block_pricer(table: SPSTable) -> tuple | None:
@@ -959,7 +989,8 @@ class Engine:
         gate, the controller ``always``, the coherence the EWMA, and nothing else decides or learns
         per round (no elastic depth, p_min, drift or observers) and both tables price from arrays."""
         pol, drafter = self.policy, self.drafter
-        if (self._kernels is None or not self.DRAFT_BLOCKS or type(pol) is not DSparkPolicy or _mirrored_replaced(self)
+        if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
+                or type(pol) is not DSparkPolicy or _mirrored_replaced(self)
                 or type(getattr(pol, "_gate", None)) is not FallbackGate or type(self.control) is not AlwaysDraft
                 or drafter.elastic or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
                 or drafter.kind == "draft_model"

@@ -266,3 +266,126 @@ def test_a_subclass_or_instance_that_replaces_a_mirrored_method_runs_round_by_ro
     eng._check_pass = lambda *a: seen.append(1) or Engine._check_pass(eng, *a)
     assert_same_state(plain, eng.run())
     assert len(seen) == plain.rounds["start_s"].size
+
+
+_KERNEL_CALL = '''
+import numpy as np
+from memtp_sim import _kernels as K
+
+def ints(*v):
+    return np.array(v, dtype=np.int64)
+
+price = (False, np.ones(9), None, None, 0.0, 0.0, 0.0, 1, 8, 1, False)
+args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), difficulty=np.zeros(1),
+            generated=ints(0), output=ints(5), num_rounds=ints(0), verified=ints(0), accepted=ints(0),
+            tokens=ints(0), blocks=ints(0), first_token_at=np.zeros(1), mu=np.zeros(1), slope=np.zeros(1),
+            base=None, sigma_round=0.0, oracle=True, noise_sd=0.0, overconfidence=1.0, temps=np.ones(2),
+            rng=np.random.default_rng(), head_rng=np.random.default_rng(), verify_price=price,
+            decode_price=price, separate_decode=False, draft_times=np.zeros(2), gamma=2, max_batch_tokens=8,
+            prefill_chunk_tokens=8, block_tokens=16, capacity=8, blocks_used=0, now=0.0, next_event=100.0,
+            overhead_s=0.0, early_stop=False, block_gib=0.0, held_gib=0.0, fixed_gib=1.0,
+            gate=(True, 0.1, 0.0, -1, 0, 16), coherence=(0.1, 1.0, 0, False), round_index=0, max_rounds=4,
+            rows=[], row_consts=(0, 1, 0), dec_out=ints(0), pre_out=ints(0), probs=np.empty((1, 2)),
+            raw=np.empty((1, 2)), conf=np.empty((1, 2)), finished=ints(0), diag_raw=None, diag_conf=None,
+            diag_would=None, lengths_out=ints(0), chunks_out=ints(0), pending_f=np.zeros(6),
+            pending_i=ints(0, 0, 0, 0, 0, 0, 0, 0), resume=False, pending_consts=None)
+'''
+
+
+@pytest.mark.parametrize("bad", [
+    "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()",
+    # a resume whose pending fields are not a round of these requests
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), dec_out=ints(10**12)",
+    "resume=True, pending_consts=[], pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
+    "resume=True, pending_consts=(0, 1), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), lengths_out=ints(10**6)",
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, -1, 0, 0, 1, 0, 0, 0)",
+])
+def test_the_kernel_refuses_bad_fields_instead_of_crashing(bad):
+    # review: the module reads tuples and the pending round's ids without bounds checks; short
+    # tuples and a resume with ids or lengths out of range crashed the interpreter (signal 11)
+    import subprocess
+    import sys
+
+    code = _KERNEL_CALL + (f"args.update({bad})\ntry:\n    K.drafted_block(**args)\n    print('ran')\n"
+                           "except (TypeError, ValueError, IndexError) as e:\n    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"exit code {out.returncode}: {out.stderr[-300:]}"
+    assert out.stdout.startswith("refused:"), out.stdout
+
+
+def test_the_valid_call_of_the_refusal_test_runs():
+    # the oracle of the test above: without the bad field the same call runs a round
+    import subprocess
+    import sys
+
+    code = _KERNEL_CALL + "out = K.drafted_block(**args)\nprint(out[1], len(args['rows']))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-300:]
+    rounds, rows = map(int, out.stdout.split())
+    assert rounds >= 1 and rows == rounds
+
+
+@pytest.mark.parametrize("patch", ["coherence_instance", "table_class", "policy_instance", "module_function",
+                                   "drafter_instance"])
+def test_a_collaborator_replaced_by_a_patch_runs_round_by_round(patch, monkeypatch):
+    # review: only the base classes' methods were compared, so a patch on an instance (the run's
+    # coherence, policy, drafter) or on a cost table's or a module's function the kernel mirrors
+    # was bypassed; each patch here changes the results, and both ways must show the change
+    import memtp_sim.policies.dspark as dspark_mod
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.policies import make_policy
+
+    def build() -> Engine:
+        # later arrivals' prompts are prefilled in chunks inside drafted rounds
+        return Engine(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7),
+                      workload([100, 100, 100], [40, 30, 50], [0.0, 0.05, 0.1]),
+                      make_policy("dspark", {"gamma": 3, "fallback": True}),
+                      EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                      np.random.default_rng(0))
+
+    def patched() -> Engine:
+        eng = build()
+        if patch == "coherence_instance":
+            orig = eng.coherence.update
+            eng.coherence.update = lambda a, v: orig(0, v)
+        elif patch == "policy_instance":
+            orig_plan = eng.policy.plan_round
+            eng.policy.plan_round = lambda c, *a: (lambda r: (np.zeros_like(r[0]), *r[1:]))(orig_plan(c, *a))
+        elif patch == "drafter_instance":
+            eng.drafter.prefill_time_s = lambda tokens: 0.001 * tokens
+        return eng
+
+    if patch == "table_class":
+        orig_t = SPSTable.pass_time_s
+        monkeypatch.setattr(SPSTable, "pass_time_s", lambda self, b: orig_t(self, b) * 2)
+    elif patch == "module_function":
+        orig_rate = dspark_mod.plain_rate_of
+        monkeypatch.setattr(dspark_mod, "plain_rate_of", lambda *a: orig_rate(*a) * 3)
+    plain = build()
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    slow = patched().run()
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", True)
+    fast = patched().run()
+    assert_same_state(slow, fast)
+    with pytest.raises(AssertionError):  # the patch changed the run (else this test would prove nothing)
+        monkeypatch.undo()
+        assert_same_state(plain.run(), fast)
+
+
+def test_a_kernel_built_against_another_numpy_runs_round_by_round(monkeypatch):
+    # its draws come from the numpy C library it was linked with: under another numpy they may
+    # differ from the run's Generators, so the engine warns once and runs the rounds one by one
+    import memtp_sim.engine as eng
+
+    calls = []
+    monkeypatch.setattr(_compiled.kernels, "NUMPY_BUILD_VERSION", "0.0.0-other")
+    monkeypatch.setattr(eng, "_numpy_warned", False)
+    orig = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block", lambda self, *a: calls.append(1) or orig(self, *a))
+    scen = scenario(policy={"name": "dspark"}, workload={"concurrency": 2, "num_requests": 6})
+    with pytest.warns(RuntimeWarning, match="built against numpy 0.0.0-other"):
+        state = run(scen, seed=0).state
+    assert calls == []
+    monkeypatch.undo()
+    assert_same_state(state, run(scen, seed=0).state)

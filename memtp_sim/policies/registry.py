@@ -22,24 +22,34 @@ _REGISTRY: dict[str, type[Policy]] = {}
 
 #: environment variable naming the modules that register policies of your own (comma-separated)
 PLUGINS_ENV = "MEMTP_SIM_PLUGINS"
-_loaded: set[str] = set()
+_loaded: dict[str, str] = {}  # module -> "" once imported, or why its import failed
 
 
 def load_plugins() -> None:
     """Import the modules named in ``$MEMTP_SIM_PLUGINS`` not imported yet (their ``@register``
-    classes join the registry).
+    classes join the registry). A module whose import failed is not imported again (it may have
+    registered some of its policies before it failed; they are taken out again): every later
+    call raises the same error.
 
     Raises:
-        InvalidArgumentError: a module that cannot be imported (the message names it and the variable).
+        InvalidArgumentError: a module that cannot be imported, or that raised while imported (the
+            message names it, the error and the variable).
     """
     for mod in (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",")):
-        if mod and mod not in _loaded:
+        if not mod:
+            continue
+        if mod not in _loaded:
             try:
                 import_module(mod)
-            except ImportError as exc:
-                raise InvalidArgumentError(f"${PLUGINS_ENV}: cannot import {mod!r} ({exc}); name modules importable "
-                                           "from PYTHONPATH, separated by commas") from None
-            _loaded.add(mod)
+                _loaded[mod] = ""
+            except Exception as exc:  # noqa: BLE001 - any failure of a user's module, said in one line
+                why = str(exc).splitlines()[0] if str(exc) else ""
+                _loaded[mod] = f"{type(exc).__name__}: {why}" if why else type(exc).__name__
+                for name in [n for n, cls in _REGISTRY.items() if cls.__module__ == mod]:
+                    del _REGISTRY[name]  # what the half-imported module registered is not handed out
+        if _loaded[mod]:
+            raise InvalidArgumentError(f"${PLUGINS_ENV}: cannot import {mod!r} ({_loaded[mod]}); name modules "
+                                       "importable from PYTHONPATH, separated by commas")
 
 
 def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
