@@ -234,7 +234,7 @@ def split_decoding(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp
     return num_dec, anchors
 
 
-def ids_array(list ids):
+def ids_array(list ids not None):
     """The engine's running list (Python ints) as an int64 array (``np.fromiter``'s result, in a
     fifth of its time at 64 requests: the running set changes at every admission and completion).
 
@@ -1104,7 +1104,7 @@ def binned_rows(cnp.ndarray probs not None, cnp.ndarray outcomes not None, i64 n
     PyMem_Free(edges)
 
 
-def pack_rows(list rows, list cols):
+def pack_rows(list rows not None, list cols not None):
     """The engine's round-log rows, tuples of numbers, written into typed columns
     (``engine._RoundLog.flush``): element ``j`` of row ``i`` to ``cols[j][i]``, as
     ``np.array(column, dtype)`` converts it: a float64 column takes the number's value, an int32 or

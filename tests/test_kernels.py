@@ -968,3 +968,21 @@ def test_inputs_numpy_takes_as_views_or_broadcasts_run_the_same_compiled(case, m
     want = go(False)
     assert want.draft_tokens_verified.sum() > 0
     assert_same_state(go(True), want)
+
+
+def test_every_list_or_tuple_parameter_refuses_none_and_every_tuple_read_by_position_is_sized():
+    # the kind of a review's fault (drafted_block read gate[5], coherence[3], row_consts[2] unchecked:
+    # the module reads without bounds checks, and a short tuple crashed the interpreter): typed
+    # list/tuple parameters are `not None` (Cython lets None through otherwise: PyList_GET_SIZE(None)
+    # reads garbage), and a tuple parameter indexed by position has its size checked first
+    import re
+
+    for name, _, body in _kernel_signatures():
+        src = (REPO / "memtp_sim" / "_kernels.pyx").read_text()
+        sig = re.search(rf"^def {name}\(((?:[^()]|\n)*?)\):", src, flags=re.M).group(1)
+        for kind, p, not_none in re.findall(r"\b(list|tuple) (\w+)( not None)?", sig):
+            assert not_none, f"{name}: {kind} parameter {p!r} must be declared `not None`"
+            if kind == "tuple" and re.search(rf"\b{p}\[\d", body):
+                sized = [f"_check_fields({p},", f"_read_pricer({p},", f"PyTuple_GET_SIZE({p})"]
+                first = re.search(rf"\b{p}\[\d", body).start()
+                assert any(0 <= body.find(c) < first for c in sized), f"{name}: reads {p}[...] before sizing it"
