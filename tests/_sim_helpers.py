@@ -102,6 +102,15 @@ def workload(prompt, output, arrival=None, *, concurrency=None, think_time_s=0.0
                     think_time_s=think_time_s)
 
 
+def grid_tie_workload(offset: int) -> tuple[Workload, np.ndarray]:
+    """Six requests whose arrivals (after the first, at 0) lie on the float grid 0 + 0.01 + 0.01 + ...
+    on which 10 ms rounds end (``offset`` shifts which grid points): a workload whose arrivals tie
+    with round ends. Returns ``(workload, arrival times)``."""
+    grid = np.add.accumulate(np.full(400, 0.01))
+    arrival = np.concatenate(([0.0], grid[[5 + offset, 9 + offset, 40 + offset, 41 + offset, 120 + offset]]))
+    return workload(np.full(6, 8), np.array([60, 30, 20, 50, 10, 5]), arrival), arrival
+
+
 def run_engine(profile: HardwareProfile, wl: Workload, policy: str = "no_spec", params: dict | None = None, *,
                acceptance: AcceptanceModel | None = None, seed: int = 0, **settings: Any) -> EngineState:
     st = {"max_batch_tokens": 64, "prefill_chunk_tokens": 32, "kv_watermark_frac": 0.0}

@@ -17,7 +17,7 @@ import pytest
 from memtp_sim import _compiled, run
 from memtp_sim.engine import Engine
 
-from _sim_helpers import assert_same_state, flat_profile, run_engine, scenario, workload
+from _sim_helpers import assert_same_state, flat_profile, grid_tie_workload, run_engine, scenario, workload
 
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["compiled", "numpy"])
@@ -145,9 +145,7 @@ def test_an_arrival_exactly_at_a_round_end_is_seen_by_the_next_round(offset, mon
     # Every pass costs exactly 10 ms, so rounds end on the float grid 0 + 0.01 + 0.01 + ...;
     # requests arriving on that grid tie with a round's end: the round-by-round engine lets the
     # arrival in before the next round, so a block must end at such a round.
-    grid = np.add.accumulate(np.full(400, 0.01))
-    arrival = np.concatenate(([0.0], grid[[5 + offset, 9 + offset, 40 + offset, 41 + offset, 120 + offset]]))
-    wl = workload(np.full(6, 8), np.array([60, 30, 20, 50, 10, 5]), arrival)
+    wl, arrival = grid_tie_workload(offset)
     prof = flat_profile(pass_ms=10.0, kv_blocks=64)
     slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, max_num_seqs=4))
     assert calls and max(calls) > 1
