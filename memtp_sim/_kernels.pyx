@@ -192,6 +192,26 @@ def sum_within(cnp.ndarray counts not None, i64 high):
     return total
 
 
+cdef i64 _split_core(i64* ids, Py_ssize_t n, i64* done, i64* want, i64* tok, i64 block_tokens, i64* dec,
+                     i64* pre, i64* more) noexcept nogil:
+    # split_decoding's work on checked pointers: returns the decoding count; more out: the
+    # prefilling count and the anchor blocks
+    cdef Py_ssize_t k
+    cdef i64 i, num_dec = 0, num_pre = 0, anchors = 0
+    for k in range(n):
+        i = ids[k]
+        if done[i] >= want[i]:
+            dec[num_dec] = i
+            num_dec += 1
+            if tok[i] % block_tokens == 0:
+                anchors += 1
+        else:
+            pre[num_pre] = i
+            num_pre += 1
+    more[0], more[1] = num_pre, anchors
+    return num_dec
+
+
 def split_decoding(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.ndarray target not None,
                    cnp.ndarray tokens not None, i64 block_tokens, cnp.ndarray dec not None, cnp.ndarray pre not None):
     """Step 2's split of the running requests (``Engine._guarantee_anchors``): those whose prefill
@@ -220,18 +240,9 @@ def split_decoding(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp
     cdef i64* p = _i64(pre, "pre", num, False)
     _check_block_tokens(block_tokens)
     _check_ids(ids, num, size)
-    cdef i64 i, num_dec = 0, num_pre = 0, anchors = 0
-    for k in range(num):
-        i = ids[k]
-        if done[i] >= want[i]:
-            d[num_dec] = i
-            num_dec += 1
-            if tok[i] % block_tokens == 0:
-                anchors += 1
-        else:
-            p[num_pre] = i
-            num_pre += 1
-    return num_dec, anchors
+    cdef i64 more[2]
+    cdef i64 num_dec = _split_core(ids, num, done, want, tok, block_tokens, d, p, more)
+    return num_dec, more[1]
 
 
 def ids_array(list ids not None):
@@ -902,6 +913,21 @@ def lookahead_total(cnp.ndarray reqs not None, cnp.ndarray tokens not None, cnp.
     return total
 
 
+cdef i64 _place_core(i64* ids, Py_ssize_t n, i64* done, i64* want, i64 limit, i64* out) noexcept nogil:
+    # place_prefill's work on checked pointers: the chunks' total
+    cdef Py_ssize_t k
+    cdef i64 before = 0, left, room, total = 0
+    for k in range(n):
+        left = want[ids[k]] - done[ids[k]]
+        room = limit - before  # what the requests before it left over
+        if room < 0:
+            room = 0
+        out[k] = room if room < left else left
+        total += out[k]
+        before += left
+    return total
+
+
 def place_prefill(cnp.ndarray pre not None, cnp.ndarray prefilled not None, cnp.ndarray target not None, i64 limit,
                   cnp.ndarray chunks not None):
     """Chunked prefill (``Engine._place_prefill``): the prefilling requests, first admitted first,
@@ -926,16 +952,33 @@ def place_prefill(cnp.ndarray pre not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* want = _i64(target, "target", size)
     cdef i64* out = _i64(chunks, "chunks", n)
     _check_ids(ids, n, size)
-    cdef i64 before = 0, left, room, total = 0
+    return _place_core(ids, n, done, want, limit, out)
+
+
+cdef Py_ssize_t _prefill_core(i64* ids, Py_ssize_t n, i64* ch, i64* done, i64* want, i64* tok, i64* gen, i64* out,
+                              double* first, double now, i64* fin, Py_ssize_t nf, i64* counts) noexcept nogil:
+    # prefill_apply's work on checked pointers: appends to fin from nf on and returns its new
+    # length; counts out: requests that prefilled, prompts completed
+    cdef Py_ssize_t k
+    cdef i64 i, num_prefill = 0, completed = 0
     for k in range(n):
-        left = want[ids[k]] - done[ids[k]]
-        room = limit - before  # what the requests before it left over
-        if room < 0:
-            room = 0
-        out[k] = room if room < left else left
-        total += out[k]
-        before += left
-    return total
+        i = ids[k]
+        if ch[k] != 0:
+            num_prefill += 1
+        done[i] += ch[k]
+        tok[i] += ch[k]
+    for k in range(n):  # after every chunk is stored, as the numpy code does
+        i = ids[k]
+        if done[i] >= want[i]:
+            completed += 1
+            gen[i] += 1
+            if first[i] != first[i]:
+                first[i] = now
+            if gen[i] >= out[i]:
+                fin[nf] = i
+                nf += 1
+    counts[0], counts[1] = num_prefill, completed
+    return nf
 
 
 def prefill_apply(cnp.ndarray pre not None, cnp.ndarray chunks not None, cnp.ndarray prefilled not None,
@@ -973,26 +1016,80 @@ def prefill_apply(cnp.ndarray pre not None, cnp.ndarray chunks not None, cnp.nda
     cdef double* first = _f64(first_token_at, "first_token_at", size)
     cdef i64* fin = _i64(finished, "finished", n, False)
     _check_ids(ids, n, size)
-    cdef i64 i, num_prefill = 0, completed = 0
-    cdef Py_ssize_t nf = 0
+    cdef i64 counts[2]
+    cdef Py_ssize_t nf
     with nogil:
-        for k in range(n):
-            i = ids[k]
-            if ch[k] != 0:
-                num_prefill += 1
-            done[i] += ch[k]
-            tok[i] += ch[k]
-        for k in range(n):  # after every chunk is stored, as the numpy code does
-            i = ids[k]
-            if done[i] >= want[i]:
-                completed += 1
-                gen[i] += 1
-                if first[i] != first[i]:
-                    first[i] = now
-                if gen[i] >= out[i]:
-                    fin[nf] = i
-                    nf += 1
-    return num_prefill, completed, nf
+        nf = _prefill_core(ids, n, ch, done, want, tok, gen, out, first, now, fin, 0, counts)
+    return counts[0], counts[1], nf
+
+
+# ------------------------------------------------------------------------------ pricing a pass
+cdef struct _Pricer:
+    # one cost table's one-B and range pricing where SPSTable reads its arrays (Engine._block_pricer)
+    bint context  # the context formula (one latency slope), else the table's dense pass times
+    double* d0  # dense: pass time per B, s (NaN where refused); context: padded size per B
+    double* zap  # context: context-free ms at the padded size
+    double* fac  # context: eager factor
+    Py_ssize_t m  # values per array
+    double a, bk, c  # context: latency slope, ms per KV token, ms per pair
+    i64 min_b, max_b, bt0  # SPSTable.min_batch_tokens, max_batch_tokens, batch_tokens[0]
+    bint beyond_ok  # beyond_max is not "error"
+
+
+cdef int _read_pricer(tuple spec, _Pricer* p) except -1:
+    # spec: (context, values, zero_at_pad or None, factor or None, a, b, c, min_b, max_b, bt0, beyond_ok)
+    if PyTuple_GET_SIZE(spec) != 11:
+        raise ValueError(f"pricer: 11 fields needed, got {PyTuple_GET_SIZE(spec)}")
+    p.context = spec[0]
+    p.d0 = _f64(<cnp.ndarray?>spec[1], "pricer values")
+    p.m = cnp.PyArray_DIM(<cnp.ndarray>spec[1], 0)
+    p.zap = p.fac = NULL
+    if p.context:
+        p.zap = _f64(<cnp.ndarray?>spec[2], "zero_at_pad", p.m)
+        p.fac = _f64(<cnp.ndarray?>spec[3], "factor", p.m)
+    p.a, p.bk, p.c = spec[4], spec[5], spec[6]
+    p.min_b, p.max_b, p.bt0, p.beyond_ok = spec[7], spec[8], spec[9], spec[10]
+    return 0
+
+
+cdef int _check_fields(tuple fields, str name, Py_ssize_t need) except -1:
+    # a tuple the kernel reads by position (unchecked: the module reads without bounds checks)
+    if PyTuple_GET_SIZE(fields) != need:
+        raise ValueError(f"{name}: {need} fields needed, got {PyTuple_GET_SIZE(fields)}")
+    return 0
+
+
+cdef inline bint _covers(_Pricer* p, i64 b) noexcept nogil:
+    # SPSTable.covers
+    return p.min_b <= b and (b <= p.max_b or p.beyond_ok)
+
+
+cdef inline double _context_time(_Pricer* p, i64 b, double req, double l_max, double kv) noexcept nogil:
+    # SPSTable._context_s at one B (req: max(R, 1)), the operations of context_pass_times
+    cdef double q = p.d0[b] / req
+    return (p.zap[b] + _dmax(_dmax(p.a * l_max, p.bk * kv), p.c * (kv * q))) * p.fac[b] / 1000.0
+
+
+cdef inline double _price_one(_Pricer* p, i64 b, double req, double l_max, double kv) noexcept nogil:
+    # SPSTable.pass_time_s(b) where its one-B fast path answers; NaN: the table's other rules decide
+    if b <= 0 or b >= p.m:
+        return NAN
+    if p.context:
+        if p.zap[b] != p.zap[b]:
+            return NAN
+        return _context_time(p, b, req, l_max, kv)
+    return p.d0[b]
+
+
+cdef inline bint _price_range(_Pricer* p, i64 b_first, i64 b_last, double req, double l_max, double kv,
+                              double* out) noexcept nogil:
+    # SPSTable.pass_time_range_s where it reads its arrays (False: its other rules must price)
+    cdef i64 b
+    if not (p.min_b <= b_first and (b_last <= p.max_b or p.beyond_ok)) or b_last >= p.m:
+        return False
+    for b in range(b_first, b_last + 1):
+        out[b - b_first] = _context_time(p, b, req, l_max, kv) if p.context else p.d0[b]
+    return True
 
 
 def context_pass_times(cnp.ndarray pad_f not None, cnp.ndarray zero_at_pad not None, cnp.ndarray factor not None,
@@ -1025,13 +1122,13 @@ def context_pass_times(cnp.ndarray pad_f not None, cnp.ndarray zero_at_pad not N
     cdef cnp.ndarray out = cnp.PyArray_EMPTY(1, [b_last - b_first + 1], cnp.NPY_FLOAT64, 0)
     cdef double* o = <double*>cnp.PyArray_DATA(out)
     cdef double req = num_requests if num_requests > 1.0 else 1.0
-    cdef double lat = a_slope * l_max, bw = b_ms_per_kv_token * kv, q
+    cdef _Pricer p
+    p.context, p.d0, p.zap, p.fac, p.m = True, pf, z, f, m
+    p.a, p.bk, p.c = a_slope, b_ms_per_kv_token, c_ms_per_pair
     cdef i64 b
-    cdef double first = lat if not (bw > lat) else bw  # np.maximum(a * l_max, b * kv)
     with nogil:
         for b in range(b_first, b_last + 1):
-            q = pf[b] / req
-            o[b - b_first] = (z[b] + _dmax(first, c_ms_per_pair * (kv * q))) * f[b] / 1000.0
+            o[b - b_first] = _context_time(&p, b, req, l_max, kv)
     return out
 
 
@@ -1220,74 +1317,6 @@ def expit(cnp.ndarray x not None):
 
 
 # ------------------------------------------------------------------------------ drafted blocks
-cdef struct _Pricer:
-    # one cost table's one-B and range pricing where SPSTable reads its arrays (Engine._block_pricer)
-    bint context  # the context formula (one latency slope), else the table's dense pass times
-    double* d0  # dense: pass time per B, s (NaN where refused); context: padded size per B
-    double* zap  # context: context-free ms at the padded size
-    double* fac  # context: eager factor
-    Py_ssize_t m  # values per array
-    double a, bk, c  # context: latency slope, ms per KV token, ms per pair
-    i64 min_b, max_b, bt0  # SPSTable.min_batch_tokens, max_batch_tokens, batch_tokens[0]
-    bint beyond_ok  # beyond_max is not "error"
-
-
-cdef int _read_pricer(tuple spec, _Pricer* p) except -1:
-    # spec: (context, values, zero_at_pad or None, factor or None, a, b, c, min_b, max_b, bt0, beyond_ok)
-    if PyTuple_GET_SIZE(spec) != 11:
-        raise ValueError(f"pricer: 11 fields needed, got {PyTuple_GET_SIZE(spec)}")
-    p.context = spec[0]
-    p.d0 = _f64(<cnp.ndarray?>spec[1], "pricer values")
-    p.m = cnp.PyArray_DIM(<cnp.ndarray>spec[1], 0)
-    p.zap = p.fac = NULL
-    if p.context:
-        p.zap = _f64(<cnp.ndarray?>spec[2], "zero_at_pad", p.m)
-        p.fac = _f64(<cnp.ndarray?>spec[3], "factor", p.m)
-    p.a, p.bk, p.c = spec[4], spec[5], spec[6]
-    p.min_b, p.max_b, p.bt0, p.beyond_ok = spec[7], spec[8], spec[9], spec[10]
-    return 0
-
-
-cdef int _check_fields(tuple fields, str name, Py_ssize_t need) except -1:
-    # a tuple the kernel reads by position (unchecked: the module reads without bounds checks)
-    if PyTuple_GET_SIZE(fields) != need:
-        raise ValueError(f"{name}: {need} fields needed, got {PyTuple_GET_SIZE(fields)}")
-    return 0
-
-
-cdef inline bint _covers(_Pricer* p, i64 b) noexcept nogil:
-    # SPSTable.covers
-    return p.min_b <= b and (b <= p.max_b or p.beyond_ok)
-
-
-cdef inline double _context_time(_Pricer* p, i64 b, double req, double l_max, double kv) noexcept nogil:
-    # SPSTable._context_s at one B (req: max(R, 1)), the operations of context_pass_times
-    cdef double q = p.d0[b] / req
-    return (p.zap[b] + _dmax(_dmax(p.a * l_max, p.bk * kv), p.c * (kv * q))) * p.fac[b] / 1000.0
-
-
-cdef inline double _price_one(_Pricer* p, i64 b, double req, double l_max, double kv) noexcept nogil:
-    # SPSTable.pass_time_s(b) where its one-B fast path answers; NaN: the table's other rules decide
-    if b <= 0 or b >= p.m:
-        return NAN
-    if p.context:
-        if p.zap[b] != p.zap[b]:
-            return NAN
-        return _context_time(p, b, req, l_max, kv)
-    return p.d0[b]
-
-
-cdef inline bint _price_range(_Pricer* p, i64 b_first, i64 b_last, double req, double l_max, double kv,
-                              double* out) noexcept nogil:
-    # SPSTable.pass_time_range_s where it reads its arrays (False: its other rules must price)
-    cdef i64 b
-    if not (p.min_b <= b_first and (b_last <= p.max_b or p.beyond_ok)) or b_last >= p.m:
-        return False
-    for b in range(b_first, b_last + 1):
-        out[b - b_first] = _context_time(p, b, req, l_max, kv) if p.context else p.d0[b]
-    return True
-
-
 cdef bitgen_t* _bitgen(object generator) except NULL:
     # the C state of a numpy Generator's bit generator (numpy's "extending via Cython" route)
     capsule = generator.bit_generator.capsule
@@ -1481,9 +1510,10 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef int code = 0
     cdef bint had_prefill = False, extrapolated, use_noise = not oracle and noise_sd != 0.0
     cdef Py_ssize_t num = 0, num_pre, cells, nf
-    cdef i64 rounds = 0, ri, i, anchors, need, kv_read, l_max, num_req, budget, limit, before, left, room
+    cdef i64 rounds = 0, ri, i, anchors, need, kv_read, l_max, num_req, budget, limit
     cdef i64 chunk_total, num_prefill, completed, n_limit, n_cov_limit, verify_tokens, peak, b, tested, base_b
     cdef i64 totals[4]
+    cdef i64 more[2]
     totals[3] = 0
     cdef double req, d_l_max, d_kv, nd = 0.0, plain_t, vs, duration, end, start, low, plan_draft_s, draft_s
     cdef double theta, theta_g, best_rate, plain_rate, t_gain, new
@@ -1503,23 +1533,15 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 consts = pending_consts
             else:
                 ri = round_index + rounds
-                num = num_pre = 0
-                anchors = need = kv_read = l_max = 0
-                for k in range(num_run):  # the split (Engine._guarantee_anchors), anchors, lookahead, context
-                    i = ids[k]
-                    if done[i] >= want[i]:
-                        dec[num] = i
-                        num += 1
-                        b = tok[i]
-                        if b % block_tokens == 0:
-                            anchors += 1
-                        need += _blocks_for(b + 1 + gamma, block_tokens) - blk[i]
-                        kv_read += b
-                        if b > l_max:
-                            l_max = b
-                    else:
-                        pre[num_pre] = i
-                        num_pre += 1
+                num = _split_core(ids, num_run, done, want, tok, block_tokens, dec, pre, more)  # Engine._guarantee_anchors
+                num_pre, anchors = more[0], more[1]
+                need = kv_read = l_max = 0
+                for k in range(num):  # the lookahead (Engine._reserve_lookahead) and the context
+                    b = tok[dec[k]]
+                    need += _blocks_for(b + 1 + gamma, block_tokens) - blk[dec[k]]
+                    kv_read += b
+                    if b > l_max:
+                        l_max = b
                 if num == 0 or blocks_used + anchors > capacity or blocks_used + need > capacity:
                     break  # nothing to draft, or the round path preempts
                 cells = num * width
@@ -1529,16 +1551,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 budget = max_batch_tokens - num * (1 + gamma)
                 if num_pre and budget > 0:
                     limit = prefill_chunk_tokens if prefill_chunk_tokens < budget else budget
-                    before = 0
+                    chunk_total = _place_core(pre, num_pre, done, want, limit, chunks)
                     for k in range(num_pre):
                         i = pre[k]
-                        left = want[i] - done[i]
-                        room = limit - before
-                        if room < 0:
-                            room = 0
-                        chunks[k] = room if room < left else left
-                        chunk_total += chunks[k]
-                        before += left
                         if chunks[k] > 0:  # a prefilling request in the pass reads its context too
                             num_req += 1
                             kv_read += tok[i]
@@ -1650,22 +1665,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             num_prefill = completed = 0
             if chunk_total:  # Engine._advance_prefill: store the chunks, then the completed prompts' first tokens
                 had_prefill = True
-                for k in range(num_pre):
-                    i = pre[k]
-                    if chunks[k] != 0:
-                        num_prefill += 1
-                    done[i] += chunks[k]
-                    tok[i] += chunks[k]
-                for k in range(num_pre):
-                    i = pre[k]
-                    if done[i] >= want[i]:
-                        completed += 1
-                        gen[i] += 1
-                        if first[i] != first[i]:
-                            first[i] = now
-                        if gen[i] >= out[i]:
-                            fin[nf] = i
-                            nf += 1
+                nf = _prefill_core(pre, num_pre, chunks, done, want, tok, gen, out, first, now, fin, nf, more)
+                num_prefill, completed = more[0], more[1]
             totals[3] = nf
             tested = verify_tokens
             if per_tested:  # positions compared against the target: the accepted run and the first rejection
