@@ -289,6 +289,10 @@ class _RoundLog:
     def extend(self, rows: list[tuple]) -> None:
         """Append whole rows, tuples in ``_LOGGED`` order (after those appended so far)."""
         self.rows.extend(rows)
+        self.flush_if_full()
+
+    def flush_if_full(self) -> None:
+        """Pack the rows once :data:`FLUSH` of them wait (after rows were appended to ``rows``)."""
         if len(self.rows) >= self.FLUSH:
             self.flush()
 
@@ -955,8 +959,7 @@ class Engine:
             if self._kernels is not None:  # the rows built in C (a Python row per round cost most of a short block)
                 self._kernels.plain_rows(log.rows, row(0.0, 0.0, 0.0, 0, 0, 0), times, durations, plan.verify_s, blocks,
                                          rounds, kv.blocks_used, kv_read0, num_dec)
-                if len(log.rows) >= log.FLUSH:
-                    log.flush()
+                log.flush_if_full()
                 return
             peak = blocks.tolist()
             after = peak.copy()
@@ -1086,8 +1089,7 @@ class Engine:
                 self._finish(finished[:num_fin].tolist())
                 row = log.rows[-1]  # the last round's row: KV after its finished requests freed theirs
                 log.rows[-1] = (*row[:15], kv.blocks_used, *row[16:])
-            if len(log.rows) >= _RoundLog.FLUSH:
-                log.flush()
+            log.flush_if_full()
         if code == 3:  # the next round's pass runs across an event: wait for its end, then resume
             state[3] = (run, consts)
             return rounds, dec, pre, None, float(pending_f[1])

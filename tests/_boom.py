@@ -42,6 +42,14 @@ _runs = count()
 HOLD_LIMIT_S = 120.0
 
 
+def cli_env() -> dict[str, str]:
+    """The environment of a ``python -m memtp_sim`` subprocess: the repository and the tests'
+    helper modules importable, and this policy registered in it and its (spawned) workers."""
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(tests.parent), str(tests), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path, MEMTP_SIM_PLUGINS="_boom")
+
+
 def started(folder: Path) -> dict[int, int]:
     """``{pid: runs held or released}`` of the ``hold`` folder's started markers."""
     pids: dict[int, int] = {}

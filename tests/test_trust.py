@@ -39,7 +39,7 @@ from memtp_sim.study import plan_runs, run_study
 from memtp_sim.workload import load_trace
 
 sys.path.insert(0, str(Path(__file__).parent))
-import _boom  # noqa: E402, F401 - registers the test_boom policy (forked workers inherit it)
+import _boom  # noqa: E402 - registers the test_boom policy (forked workers inherit it); cli_env
 from _sim_helpers import scenario, scenario_doc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -620,10 +620,8 @@ def test_ctrl_c_of_run_exits_at_once_with_one_line(tmp_path, after_s):
     (tmp_path / "hold").mkdir()
     doc["policies"].append({"name": "test_boom", "hold": str(tmp_path / "hold")})
     study = _study_file(tmp_path, doc, "load.yaml")
-    env = dict(os.environ, MEMTP_SIM_PLUGINS="_boom",
-               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "memtp_sim", "run", str(study),
-                             "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"], cwd=tmp_path, env=env,
+                             "--out", str(tmp_path / "o"), "--jobs", "2", "--quiet"], cwd=tmp_path, env=_boom.cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     workers = _wait_for_workers(proc.pid)
     time.sleep(after_s)

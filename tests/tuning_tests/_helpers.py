@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import optuna
 import yaml
 
+from _boom import cli_env  # noqa: F401 - the tuning tests' subprocess environment
 from _sim_helpers import tiny_tune_doc
 
 from memtp_sim.cli import main
@@ -33,12 +33,6 @@ def held_doc(name: str, hold: Path) -> dict:
                            "policy.k": {"type": "int", "low": 1, "high": 3}}
     return doc
 
-
-def cli_env() -> dict[str, str]:
-    """The environment of a ``python -m memtp_sim`` subprocess: the repository and the tests'
-    helper modules importable, and the ``test_boom`` policy registered in it and its workers."""
-    path = os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
-    return dict(os.environ, PYTHONPATH=path, MEMTP_SIM_PLUGINS="_boom")
 
 
 def _write(tmp_path: Path, doc: dict, name: str = "tune.yaml") -> Path:
