@@ -326,7 +326,7 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
     """
     cdef i64* ids = _i64(dec, "dec")
     cdef i64* tok = _i64(tokens, "tokens")
-    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(tokens, 0), k
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(tokens, 0)
     cdef i64* out = _i64(output, "output", size)
     cdef i64* gen = _i64(generated, "generated", size)
     if num < 1 or max_rounds < 1 or block_tokens < 1:
@@ -337,8 +337,22 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
     cdef double* d_out = _f64(durations, "durations", max_rounds, False)
     cdef double* v_out = _f64(verify_s, "verify_s", max_rounds, False)
     cdef i64* b_out = _i64(blocks, "blocks", max_rounds, False)
+    cdef i64 kv_read, rounds
+    rounds = _plain_plan_core(ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
+                              fixed_s, context, first_s, zero_ms, factor, a_slope, q, b_ms_per_kv_token,
+                              c_ms_per_pair, t_out, d_out, v_out, b_out, &kv_read)
+    return rounds, kv_read
 
+
+cdef i64 _plain_plan_core(i64* ids, Py_ssize_t num, i64* tok, i64* out, i64* gen, i64 block_tokens, i64 capacity,
+                          double now, double next_event, i64 ahead, i64 max_rounds, double fixed_s, bint context,
+                          double first_s, double zero_ms, double factor, double a_slope, double q,
+                          double b_ms_per_kv_token, double c_ms_per_pair, double* t_out, double* d_out, double* v_out,
+                          i64* b_out, i64* kv_read_out) noexcept nogil:
+    # plain_plan's work on checked arrays (num >= 1, ids in range, outputs max_rounds long): the
+    # rounds, and the KV tokens the first pass reads in kv_read_out
     cdef i64 kv_read = 0, l_max = 0, left, min_left = -1, t, j, rounds, total
+    cdef Py_ssize_t k
     for k in range(num):
         t = tok[ids[k]]
         kv_read += t
@@ -347,6 +361,7 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
         left = out[ids[k]] - gen[ids[k]]
         if min_left < 0 or left < min_left:
             min_left = left
+    kv_read_out[0] = kv_read
     cdef double kv, verify
     # the first round, priced as the round path prices it (SPSTable._context_one_s)
     if context:
@@ -367,27 +382,24 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
             rounds = max_rounds
         if rounds < 1:
             rounds = 1
-    with nogil:
-        for j in range(rounds):
-            if j > 0:
-                if context:
-                    kv = <double>(kv_read + num * j)
-                    verify = (zero_ms + _dmax(_dmax(a_slope * <double>(l_max + j), b_ms_per_kv_token * kv),
-                                              c_ms_per_pair * (kv * q))) * factor / 1000.0
-                v_out[j] = verify
-                d_out[j] = fixed_s + verify
-                t_out[j + 1] = t_out[j] + d_out[j]
-            total = 0
-            for k in range(num):
-                total += _blocks_for(tok[ids[k]] + j + 1, block_tokens)
-            if total > capacity:
-                rounds = j  # the rounds before the first whose anchors would not fit
-                break
-            b_out[j] = total
-            if t_out[j + 1] >= next_event:
-                rounds = j + 1  # a round may reach the next event only as the block's last
-                break
-    return rounds, kv_read
+    for j in range(rounds):
+        if j > 0:
+            if context:
+                kv = <double>(kv_read + num * j)
+                verify = (zero_ms + _dmax(_dmax(a_slope * <double>(l_max + j), b_ms_per_kv_token * kv),
+                                          c_ms_per_pair * (kv * q))) * factor / 1000.0
+            v_out[j] = verify
+            d_out[j] = fixed_s + verify
+            t_out[j + 1] = t_out[j] + d_out[j]
+        total = 0
+        for k in range(num):
+            total += _blocks_for(tok[ids[k]] + j + 1, block_tokens)
+        if total > capacity:
+            return j  # the rounds before the first whose anchors would not fit
+        b_out[j] = total
+        if t_out[j + 1] >= next_event:
+            return j + 1  # a round may reach the next event only as the block's last
+    return rounds
 
 
 def plain_rows(list rows not None, tuple template not None, cnp.ndarray times not None, cnp.ndarray durations not None,
@@ -414,10 +426,14 @@ def plain_rows(list rows not None, tuple template not None, cnp.ndarray times no
         raise ValueError(f"template: 29 fields needed, got {PyTuple_GET_SIZE(template)}")
     if rounds < 0:
         raise ValueError(f"rounds: must be >= 0, got {rounds}")
-    cdef double* t = _f64(times, "times", rounds + 1, False)
-    cdef double* d = _f64(durations, "durations", rounds, False)
-    cdef double* v = _f64(verify_s, "verify_s", rounds, False)
-    cdef i64* b = _i64(blocks, "blocks", rounds, False)
+    _plain_rows_core(rows, template, _f64(times, "times", rounds + 1, False), _f64(durations, "durations", rounds, False),
+                     _f64(verify_s, "verify_s", rounds, False), _i64(blocks, "blocks", rounds, False), rounds,
+                     after_last, kv_read0, num_dec)
+
+
+cdef int _plain_rows_core(list rows, tuple template, double* t, double* d, double* v, i64* b, i64 rounds,
+                          i64 after_last, i64 kv_read0, i64 num_dec) except -1:
+    # plain_rows' work on a checked 29-field template and arrays of at least ``rounds`` elements
     cdef list row
     cdef i64 j
     for j in range(rounds):
@@ -426,6 +442,7 @@ def plain_rows(list rows not None, tuple template not None, cnp.ndarray times no
         row[15] = after_last if j == rounds - 1 else b[j]
         row[26] = kv_read0 + num_dec * j
         rows.append(tuple(row))
+    return 0
 
 
 def plain_apply(cnp.ndarray dec not None, i64 rounds, cnp.ndarray generated not None, cnp.ndarray num_rounds not None,
@@ -453,7 +470,7 @@ def plain_apply(cnp.ndarray dec not None, i64 rounds, cnp.ndarray generated not 
     """
     cdef i64* ids = _i64(dec, "dec")
     cdef i64* gen = _i64(generated, "generated")
-    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0), k
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0)
     cdef i64* nr = _i64(num_rounds, "num_rounds", size)
     cdef i64* tok = _i64(tokens, "tokens", size)
     cdef i64* blk = _i64(blocks, "blocks", size)
@@ -461,22 +478,130 @@ def plain_apply(cnp.ndarray dec not None, i64 rounds, cnp.ndarray generated not 
     cdef i64* fin = _i64(finished, "finished", num, False)
     _check_block_tokens(block_tokens)
     _check_ids(ids, num, size)
-    cdef i64 added = 0, nb, i
     cdef Py_ssize_t nf = 0
-    with nogil:
-        for k in range(num):
-            i = ids[k]
-            gen[i] += rounds
-            nr[i] += rounds
-            tok[i] += rounds
-            nb = _blocks_for(tok[i], block_tokens)
-            added += nb - blk[i]
-            blk[i] = nb
-            if gen[i] >= out[i]:
-                fin[nf] = i
-                nf += 1
+    cdef i64 added = _plain_apply_core(ids, num, rounds, gen, nr, tok, blk, out, block_tokens, fin, &nf)
     return added, nf
 
+
+cdef i64 _plain_apply_core(i64* ids, Py_ssize_t num, i64 rounds, i64* gen, i64* nr, i64* tok, i64* blk, i64* out,
+                           i64 block_tokens, i64* fin, Py_ssize_t* num_fin) noexcept nogil:
+    # plain_apply's work on checked arrays: the blocks added; the finished ids in fin, their count in num_fin
+    cdef i64 added = 0, nb, i
+    cdef Py_ssize_t k, nf = 0
+    for k in range(num):
+        i = ids[k]
+        gen[i] += rounds
+        nr[i] += rounds
+        tok[i] += rounds
+        nb = _blocks_for(tok[i], block_tokens)
+        added += nb - blk[i]
+        blk[i] = nb
+        if gen[i] >= out[i]:
+            fin[nf] = i
+            nf += 1
+    num_fin[0] = nf
+    return added
+
+
+
+def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarray kv_blocks not None,
+                cnp.ndarray output not None, cnp.ndarray generated not None, cnp.ndarray num_rounds not None,
+                i64 block_tokens, i64 capacity, i64 blocks_used, double now, double next_event, i64 ahead,
+                i64 max_rounds, i64 max_rows, tuple price not None, tuple checks not None, list rows not None,
+                tuple template not None, cnp.ndarray times not None, cnp.ndarray durations not None,
+                cnp.ndarray verify_s not None, cnp.ndarray blocks not None, cnp.ndarray finished not None,
+                i64 resume_rounds, i64 resume_kv_read):
+    """A block of plain rounds in one call (``Engine._plain_run``): :func:`plain_plan`, the round
+    checks of ``Engine._check_pass`` on the block's extremes, and, where its last round ends before
+    ``next_event``, :func:`plain_apply` and :func:`plain_rows` (the rows only for blocks of at most
+    ``max_rows`` rounds; longer ones the engine writes as columns). A block whose last round reaches
+    ``next_event`` is planned only: the engine waits for that round's end in SimPy, then calls again
+    with ``resume_rounds`` (the block's rounds) and ``resume_kv_read`` to apply it from the arrays
+    the first call filled. Every value is the separate kernels', bit for bit.
+
+    Args:
+        dec: ``(R,)`` int64 ids of the decoding requests (R >= 1), all the running requests.
+        tokens, kv_blocks, output, generated, num_rounds: ``(n,)`` int64 per-request stored KV
+            tokens, KV blocks held, output lengths, tokens generated and rounds taken part in (the
+            first two and the last two updated in place when the block is applied).
+        block_tokens, capacity, blocks_used: KV block size in tokens, capacity and blocks in use.
+        now, next_event: the clock and SimPy's next event time, s.
+        ahead, max_rounds: caps on the rounds (the policy's plain rounds ahead; the block limit).
+        max_rows: the longest block whose rows this call writes.
+        price: ``Engine._plain_price``'s 9 fields (context term?, pass time without one, zero_ms,
+            factor, a, q, b and c slopes, extrapolated flag).
+        checks: ``(max_batch_tokens, block_gib, fixed_gib)``: the pass size limit, GiB a KV block,
+            and GiB for KV and drafter after weights and reserve.
+        rows: the round log's rows (tuples appended).
+        template: a 29-field row (the log's column order) whose fields 2 (draft s), 22 (drafter
+            GiB), 24 (head load s) and 27 (host overhead s) the round also costs or holds.
+        times: float64 out, ``(max_rounds + 1,)`` or longer; durations, verify_s: float64 out and
+            blocks: int64 out, ``(max_rounds,)`` or longer (:func:`plain_plan`'s).
+        finished: int64 out, ``(R,)`` or longer: ids that finished, in ``dec`` order.
+        resume_rounds, resume_kv_read: 0 and 0 to plan; else the planned block's rounds and first
+            KV read, to apply it.
+
+    Returns:
+        ``(code, rounds, kv_read_tokens, blocks_added, num_finished)``; code 0: not even one round
+        fits the KV cache (nothing done); 1: planned, but a round check may fail (the engine runs
+        ``Engine._check_pass``, which raises); 2: planned, its last round reaches ``next_event``;
+        3: applied (the clock at its end is ``times[rounds]``), its rows written if ``rounds <=
+        max_rows``, the last with the KV after the block before finished requests free theirs.
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, tuples of the wrong
+            size, or bad ids.
+    """
+    if PyTuple_GET_SIZE(price) != 9 or PyTuple_GET_SIZE(checks) != 3 or PyTuple_GET_SIZE(template) != 29:
+        raise ValueError(f"price, checks, template: 9, 3 and 29 fields needed, got {PyTuple_GET_SIZE(price)}, "
+                         f"{PyTuple_GET_SIZE(checks)} and {PyTuple_GET_SIZE(template)}")
+    cdef i64* ids = _i64(dec, "dec")
+    cdef i64* tok = _i64(tokens, "tokens")
+    cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(tokens, 0), nf = 0
+    cdef i64* blk = _i64(kv_blocks, "kv_blocks", size)
+    cdef i64* out = _i64(output, "output", size)
+    cdef i64* gen = _i64(generated, "generated", size)
+    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
+    if num < 1 or max_rounds < 1 or block_tokens < 1 or resume_rounds < 0 or resume_rounds > max_rounds:
+        raise ValueError(f"plain_block: needs >= 1 request, round and block token, and 0 <= resume_rounds <= "
+                         f"max_rounds (got {num}, {max_rounds}, {block_tokens}, {resume_rounds})")
+    _check_ids(ids, num, size)
+    cdef double* t_out = _f64(times, "times", max_rounds + 1, False)
+    cdef double* d_out = _f64(durations, "durations", max_rounds, False)
+    cdef double* v_out = _f64(verify_s, "verify_s", max_rounds, False)
+    cdef i64* b_out = _i64(blocks, "blocks", max_rounds, False)
+    cdef i64* fin = _i64(finished, "finished", num, False)
+    cdef double draft_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 2))
+    cdef double held_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 22))
+    cdef double head_load_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 24))
+    cdef double overhead_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 27))
+    cdef i64 rounds = resume_rounds, kv_read = resume_kv_read, added, j
+    if not resume_rounds:
+        rounds = _plain_plan_core(
+            ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
+            0.0 + draft_s + overhead_s, <bint>price[0], PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 1)),
+            PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 2)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 3)),
+            PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 4)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 5)),
+            PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 6)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 7)),
+            t_out, d_out, v_out, b_out, &kv_read)
+        if rounds < 1:
+            return 0, 0, kv_read, 0, 0
+        # Engine._check_pass on the extremes (the KV peak is the last round's): any doubt, and
+        # that function decides (and raises) on the plan
+        if (num > PyLong_AsLongLong(<object>PyTuple_GET_ITEM(checks, 0))
+                or <double>b_out[rounds - 1] * PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 1)) + held_gib
+                > PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 2)) + 1e-9
+                or not (draft_s >= 0.0 and overhead_s >= 0.0 and head_load_s >= 0.0)):
+            return 1, rounds, kv_read, 0, 0
+        for j in range(rounds):
+            if not (v_out[j] > 0.0 and d_out[j] < INFINITY):
+                return 1, rounds, kv_read, 0, 0
+        if not (next_event > t_out[rounds]):
+            return 2, rounds, kv_read, 0, 0
+    added = _plain_apply_core(ids, num, rounds, gen, nr, tok, blk, out, block_tokens, fin, &nf)
+    if rounds <= max_rows:
+        _plain_rows_core(rows, template, t_out, d_out, v_out, b_out, rounds, blocks_used + added, kv_read, num)
+    return 3, rounds, kv_read, added, nf
 
 cdef inline bint _before(double x, i64 r1, double y, i64 r2) noexcept nogil:
     # candidate (x, row r1) comes before (y, row r2): larger joint survival, ties to the lower row

@@ -152,10 +152,14 @@ def _mirrored_replaced(engine: "Engine") -> bool:
             if getattr(owner, name) is not fn:
                 return True
             continue
-        for obj in objs:
-            if name in getattr(obj, "__dict__", ()) or getattr(type(obj), name, None) is not fn:
-                return True
+        if any(_replaced(obj, name, fn) for obj in objs):
+            return True
     return False
+
+
+def _replaced(obj: object, name: str, fn: object) -> bool:
+    """Whether ``obj``'s function ``name`` is not ``fn``: set on the instance, or another on its class."""
+    return name in getattr(obj, "__dict__", ()) or getattr(type(obj), name, None) is not fn
 
 
 def _same_numpy(kernels) -> bool:  # noqa: ANN001 - the kernels module
@@ -486,6 +490,7 @@ class Engine:
         self._kernels = _compiled.active()
         self.kv.kernels = self._kernels
         self._plain_prices: dict[int, tuple | None] = {}
+        self._plain_fused: tuple | None = None  # _plain_block_inputs, set as the rounds start
         self._scratch = None if self._kernels is None else (  # times, durations, verify_s, blocks, finished
             np.empty(_MAX_BLOCK_ROUNDS + 1), np.empty(_MAX_BLOCK_ROUNDS), np.empty(_MAX_BLOCK_ROUNDS),
             np.empty(_MAX_BLOCK_ROUNDS, dtype=np.int64), np.empty(n, dtype=np.int64))
@@ -701,11 +706,10 @@ class Engine:
 
     # ----------------------------------------------------------------- rounds
     def _engine(self):
-        env = self.env
-        drafter = self.drafter
+        env, drafter = self.env, self.drafter
         listens = self._listens()
         plain_ok = self._plain_blocks_possible()
-        block = self._drafted_block_inputs() if plain_ok else None
+        block, self._plain_fused = (self._drafted_block_inputs(), self._plain_block_inputs()) if plain_ok else (None, None)
         round_index = 0
         while self.num_done < self.n:
             busy = drafter.elastic and (self.running or self.waiting)
@@ -724,12 +728,11 @@ class Engine:
             self._tables = None
             if plain_ok and not pre.size and not num_preempted:
                 ahead = self.policy.plain_rounds_ahead(round_index) if gamma > 0 else _UNBOUNDED
-                plan = self._plan_plain_block(dec, ahead) if ahead >= 1 else None
-                if plan is not None:
-                    yield from self._plain_block(dec, plan, gamma, head_load_s, round_index)
+                rounds = (yield from self._plain_run(dec, ahead, gamma, head_load_s, round_index)) if ahead >= 1 else 0
+                if rounds:
                     if gamma > 0:
-                        self.policy.skip_plain_rounds(round_index, plan.rounds)
-                    round_index += plan.rounds
+                        self.policy.skip_plain_rounds(round_index, rounds)
+                    round_index += rounds
                     continue
             drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
             if block is not None and not num_preempted:  # DSpark's drafted rounds at once (exact)
@@ -805,6 +808,18 @@ class Engine:
         plain: all of them at depth 0, else those the policy announces
         (:meth:`~memtp_sim.policies.base.Policy.plain_rounds_ahead`)."""
         return self.PLAIN_BLOCKS and not self.drafter.elastic and not self.control.dynamic
+
+    def _plain_block_inputs(self) -> tuple | None:
+        """The run's fixed inputs of ``_kernels.plain_block`` in :meth:`_plain_run`: a plain
+        round's draft and host times, and the round checks' limits (``(max_batch_tokens,
+        block_gib, fixed_gib)``); None where plain blocks are planned and run apart: without the
+        kernels, or where :meth:`_check_pass` has been replaced (on a subclass or the instance)."""
+        if (self._kernels is None or _replaced(self, "_check_pass", _MIRRORED[Engine, "_check_pass"])
+                or _replaced(self.drafter, "prefill_time_s", _MIRRORED[Drafter, "prefill_time_s"])):
+            return None
+        # as _plan_plain_block prices them: fixed for a run whose rounds can run as plain blocks
+        return (0.0 + self.drafter.prefill_time_s(0), self._overhead_s(False),
+                (self.cfg.max_batch_tokens, self.block_gib, self.log.fixed_gib))
 
     def _plan_plain_block(self, dec: np.ndarray, ahead: int) -> _PlainBlock | None:
         """The plain rounds from now (all running requests decoding, nothing drafted) that can run as
@@ -902,19 +917,93 @@ class Engine:
         return _PlainBlock(rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds],
                            kv_read, draft_s, overhead_s, extrapolated)
 
+    def _plain_run(self, dec: np.ndarray, ahead: int, gamma: int, head_load_s: float, round_index: int):
+        """The plain rounds from now as one block (a generator; returns the rounds run, 0 where
+        none can): planned by :meth:`_plan_plain_block` and run by :meth:`_plain_block`, or with
+        the compiled kernels both in one call (``_kernels.plain_block``), and a second after the
+        wait where the block's last round runs across the next event: the same block, bit for bit.
+        The one call steps aside for :meth:`_plain_block` where a round check may fail (that
+        function raises) or where :meth:`_check_pass` has been replaced (it then runs)."""
+        fused, num_dec, price = self._plain_fused, dec.size, None
+        if fused is not None and len(self.running) == num_dec:
+            price = self._plain_prices.get(num_dec, False)
+            if price is False:
+                price = self._plain_prices[num_dec] = self._plain_price(num_dec)
+        if price is None:  # the planner and the block apart (the numpy engine, or numpy pricing)
+            plan = self._plan_plain_block(dec, ahead)
+            if plan is None:
+                return 0
+            yield from self._plain_block(dec, plan, gamma, head_load_s, round_index)
+            return plan.rounds
+        env, kv, log = self.env, self.kv, self.log
+        draft_s, overhead_s, checks = fused
+        times, durations, verify_s, blocks, finished = self._scratch
+        template = self._plain_template(num_dec, gamma, draft_s, overhead_s, head_load_s, price[8])
+        args = [dec, kv.tokens, kv.blocks, self.output, self.generated, self.num_rounds, kv.block_tokens, kv.capacity,
+                kv.blocks_used, env._now, env.peek(), ahead, _MAX_BLOCK_ROUNDS, log.SHORT_BLOCK, price, checks, log.rows,
+                template, times, durations, verify_s, blocks, finished, 0, 0]
+        code, rounds, kv_read, added, num_fin = self._kernels.plain_block(*args)
+        if code == 3:
+            env._now = float(times[rounds])  # no event falls inside the block (SimPy's clock, as the round path moves it)
+        elif code == 2:  # the last round's pass runs across the next event: wait for its end, then apply
+            env._now = float(times[rounds - 1])
+            yield env.timeout(float(durations[rounds - 1]))
+            args[8], args[-2:] = kv.blocks_used, (rounds, kv_read)
+            code, rounds, kv_read, added, num_fin = self._kernels.plain_block(*args)
+        elif code == 1:  # a round check may fail: _check_pass decides (and raises) on the plan
+            yield from self._plain_block(dec, _PlainBlock(
+                rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds], kv_read, draft_s,
+                overhead_s, price[8]), gamma, head_load_s, round_index)
+            return rounds
+        else:
+            return 0
+        kv.blocks_used += added  # KVCacheManager.append's bookkeeping, done in the kernel
+        if kv.blocks_used > kv.capacity:
+            kv.check("append")
+        self._spec_on = False
+        if num_fin:
+            self._finish(finished[:num_fin].tolist())
+        if rounds > log.SHORT_BLOCK:
+            self._plain_columns(template, times, durations, verify_s, blocks, rounds, kv_read)
+        elif num_fin:  # the last round's row: KV after its finished requests freed theirs
+            row = log.rows[-1]
+            log.rows[-1] = (*row[:15], kv.blocks_used, *row[16:])
+        log.flush_if_full()
+        return rounds
+
+    def _plain_template(self, num_dec: int, gamma: int, draft_s: float, overhead_s: float, head_load_s: float,
+                        extrapolated: int) -> tuple:
+        """A plain round's round-log row (``_LOGGED`` order) with its per-round fields (start,
+        duration, pass time, KV peak and after, KV read) zero: ``num_dec`` requests decode one
+        token each, nothing drafted; the queues as they stand at the block's start."""
+        return (0.0, 0.0, draft_s, 0.0, num_dec, 0, 0, num_dec, 0, 0, 0, num_dec, len(self.waiting), len(self.running),
+                0, 0, np.nan, np.nan, 0, 0, gamma, self.coherence.value, self.drafter.held_gib, self.kv.capacity,
+                head_load_s, self.num_remote_prefill, 0, overhead_s, extrapolated)
+
+    def _plain_columns(self, template: tuple, times: np.ndarray, durations: np.ndarray, verify_s: np.ndarray,
+                       blocks: np.ndarray, rounds: int, kv_read0: int) -> None:
+        """Log a long plain block's rounds as typed columns (:meth:`_RoundLog.append_block`): the
+        template's fields for every round, and each round's start, duration, pass time, KV peak
+        and after (after the last: KV once its finished requests freed theirs) and KV read."""
+        cols = dict(zip(_LOGGED, template))
+        after = blocks[:rounds].copy()
+        after[-1] = self.kv.blocks_used
+        cols.update(start_s=times[:rounds], duration_s=durations[:rounds], verify_s=verify_s[:rounds],
+                    kv_blocks_peak=blocks[:rounds], kv_blocks_after=after,
+                    kv_read_tokens=kv_read0 + template[4] * np.arange(rounds))
+        self.log.append_block(cols, rounds)
+
     def _plain_block(self, dec: np.ndarray, plan: _PlainBlock, gamma: int, head_load_s: float, round_index: int):
         """Run the plain rounds of ``plan`` at once (see :meth:`_plan_plain_block`): every request
         emits one token a round; the clock moves round by round (the same float additions), and
         the round log gets the same rows, as the round-by-round path."""
         env, kv = self.env, self.kv
         num_dec, rounds, times, durations, blocks = dec.size, plan.rounds, plan.times, plan.durations, plan.blocks
-        num_waiting, num_running, num_remote = len(self.waiting), len(self.running), self.num_remote_prefill
-        kv_read0 = plan.kv_read
+        template = self._plain_template(num_dec, gamma, plan.draft_s, plan.overhead_s, head_load_s, plan.extrapolated)
         # the round checks, on the block's extremes (its largest KV, shortest pass, longest round)
-        if rounds == 1:  # most blocks at high load: one round's values, without two reductions
-            verify0, duration0 = float(plan.verify_s[0]), float(durations[0])
-            self._check_pass(round_index, num_dec, int(blocks[0]), verify0, plan.draft_s, plan.overhead_s,
-                             head_load_s, duration0)
+        if rounds == 1:  # one round's values, without two reductions
+            self._check_pass(round_index, num_dec, int(blocks[0]), float(plan.verify_s[0]), plan.draft_s,
+                             plan.overhead_s, head_load_s, float(durations[0]))
         else:
             self._check_pass(round_index, num_dec, int(blocks[-1]), float(_min(plan.verify_s)), plan.draft_s,
                              plan.overhead_s, head_load_s, float(_max(durations)))
@@ -943,43 +1032,25 @@ class Engine:
             if _any(fin):
                 self._finish(dec[fin].tolist())
         log = self.log
-        if rounds <= log.SHORT_BLOCK:  # rows as tuples (_LOGGED order), as the round path writes them
-            nan, draft_s, overhead_s, extrapolated = np.nan, plan.draft_s, plan.overhead_s, plan.extrapolated
-            coherence, held_gib, capacity = self.coherence.value, self.drafter.held_gib, kv.capacity
-
-            def row(start: float, duration: float, verify: float, peak: int, after: int, kv_read: int) -> tuple:
-                return (start, duration, draft_s, verify, num_dec, 0, 0, num_dec, 0, 0, 0, num_dec, num_waiting,
-                        num_running, peak, after, nan, nan, 0, 0, gamma, coherence, held_gib, capacity, head_load_s,
-                        num_remote, kv_read, overhead_s, extrapolated)
-
-            # the last round's row is written after its finished requests free their KV
-            if rounds == 1:  # most blocks at high load: no per-round lists
-                log.extend([row(float(times[0]), duration0, verify0, int(blocks[0]), kv.blocks_used, kv_read0)])
-                return
-            if self._kernels is not None:  # the rows built in C (a Python row per round cost most of a short block)
-                self._kernels.plain_rows(log.rows, row(0.0, 0.0, 0.0, 0, 0, 0), times, durations, plan.verify_s, blocks,
-                                         rounds, kv.blocks_used, kv_read0, num_dec)
-                log.flush_if_full()
-                return
-            peak = blocks.tolist()
-            after = peak.copy()
-            after[-1] = kv.blocks_used
-            log.extend([row(start, duration, verify, p, a, kv_read0 + num_dec * j) for j, (start, duration, verify, p, a)
-                        in enumerate(zip(times[:-1].tolist(), durations.tolist(), plan.verify_s.tolist(), peak, after))])
+        if rounds > log.SHORT_BLOCK:
+            self._plain_columns(template, times, durations, plan.verify_s, blocks, rounds, plan.kv_read)
             return
-        after = blocks.copy()
-        after[-1] = kv.blocks_used
-        log.append_block({
-            "start_s": times[:-1], "duration_s": durations, "draft_s": plan.draft_s, "verify_s": plan.verify_s,
-            "num_decode": num_dec, "num_prefill": 0, "prefill_tokens": 0, "batch_tokens": num_dec, "gamma": 0,
-            "verify_tokens": 0, "accepted_tokens": 0, "emitted_tokens": num_dec, "num_waiting": num_waiting,
-            "num_running": num_running, "kv_blocks_peak": blocks, "kv_blocks_after": after, "theta": np.nan,
-            "theta_global": np.nan, "num_preempted": 0, "num_trimmed": 0, "depth": gamma,
-            "coherence": self.coherence.value, "heads_gib": self.drafter.held_gib, "kv_capacity_blocks": kv.capacity,
-            "head_load_s": head_load_s, "num_remote_prefill": num_remote,
-            "kv_read_tokens": kv_read0 + num_dec * np.arange(rounds), "overhead_s": plan.overhead_s,
-            "cost_extrapolated": plan.extrapolated,
-        }, rounds)
+        # rows as tuples (_LOGGED order), as the round path writes them; the last round's row is
+        # written after its finished requests free their KV
+        if self._kernels is not None:  # the rows built in C (a Python row per round cost most of a short block)
+            self._kernels.plain_rows(log.rows, template, times, durations, plan.verify_s, blocks, rounds,
+                                     kv.blocks_used, plan.kv_read, num_dec)
+            log.flush_if_full()
+            return
+        rows = []
+        for j, (start, duration, verify, peak) in enumerate(zip(times[:-1].tolist(), durations.tolist(),
+                                                                plan.verify_s.tolist(), blocks.tolist())):
+            row = list(template)
+            row[0], row[1], row[3], row[14] = start, duration, verify, peak
+            row[15] = kv.blocks_used if j == rounds - 1 else peak
+            row[26] = plan.kv_read + num_dec * j
+            rows.append(tuple(row))
+        log.extend(rows)
 
     # ----------------------------------------------------------------- drafted blocks
     #: run DSpark's drafted rounds in blocks (exact: see _drafted_block); tests switch it off to compare

@@ -108,6 +108,99 @@ def test_apply_stores_tokens_grows_blocks_and_lists_the_finished():
     assert num_fin == 2 and finished.tolist() == [2, 0]  # in dec order
 
 
+_TEMPLATE = (0.0, 0.0, 0.0005, 0.0, 2, 0, 0, 2, 0, 0, 0, 2, 1, 2, 0, 0, math.nan, math.nan, 0, 0, 0, 1.0, 0.25, 100,
+             0.0, 3, 0, 0.0005, 0)
+
+
+def _block(tokens, left, *, capacity=100, next_event=math.inf, checks=(8192, 0.01, 10.0), template=_TEMPLATE,
+           max_rows=64, max_rounds=16):
+    """plain_block on two requests' state (copies), planned and, where its last round reaches the
+    event, applied by the second call: (codes, rounds, kv_read, added, finished, rows, state)."""
+    n = len(tokens)
+    dec = np.arange(n, dtype=np.int64)
+    tok = np.array(tokens, dtype=np.int64)
+    state = (tok, -(-tok // 16), np.array(left, dtype=np.int64) + 5, np.full(n, 5, dtype=np.int64),
+             np.zeros(n, dtype=np.int64))
+    price = (False, 0.010, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0)
+    bufs, finished, rows = _buffers(max_rounds), np.zeros(n, dtype=np.int64), []
+    args = [dec, *state, 16, capacity, int(state[1].sum()), 0.0, next_event, 1 << 62, max_rounds, max_rows, price,
+            checks, rows, template, *bufs, finished, 0, 0]
+    codes = [kernels.plain_block(*args)]
+    if codes[0][0] == 2:
+        args[-2:] = codes[0][1], codes[0][2]
+        codes.append(kernels.plain_block(*args))
+    _, rounds, kv_read, added, num_fin = codes[-1]
+    return [c[0] for c in codes], rounds, kv_read, added, finished[:num_fin].tolist(), rows, state
+
+
+@needs_kernels
+def test_one_block_call_plans_applies_and_logs_as_the_separate_kernels_by_hand():
+    # the hand-derived block of test_a_block_runs_until_the_first_request_finishes (fixed 0.001 s:
+    # draft 0.0005 + host 0.0005), applied: 4 tokens each, the first request done, one block added
+    codes, rounds, kv_read, added, fin, rows, (tok, blk, out, gen, nr) = _block([15, 3], [4, 9])
+    assert codes == [3] and rounds == 4 and kv_read == 18
+    assert tok.tolist() == [19, 7] and blk.tolist() == [2, 1] and added == 1 and fin == [0]
+    assert gen.tolist() == [9, 9] and nr.tolist() == [4, 4]
+    assert [r[0] for r in rows] == [0.0, 0.011, 0.011 + 0.011, 0.011 + 0.011 + 0.011]
+    assert [(r[1], r[3]) for r in rows] == [(0.0005 + 0.0005 + 0.010, 0.010)] * 4
+    assert [r[14] for r in rows] == [2, 3, 3, 3] and [r[15] for r in rows] == [2, 3, 3, 3]  # after: 2 + 1
+    assert [r[26] for r in rows] == [18, 20, 22, 24]
+    assert all(r[:14] == (r[0], r[1], *_TEMPLATE[2:3], r[3], *_TEMPLATE[4:14]) for r in rows)
+    # the last round reaches the event: planned (nothing applied), then applied by the second call
+    codes, rounds, *_, rows, (tok, *_) = _block([15, 3], [4, 9], next_event=0.015)
+    assert codes == [2, 3] and rounds == 2 and tok.tolist() == [17, 5] and len(rows) == 2
+    # a block longer than max_rows is applied without rows (the engine logs it as columns)
+    codes, rounds, *_, rows, _ = _block([15, 3], [4, 9], max_rows=3)
+    assert codes == [3] and rounds == 4 and rows == []
+
+
+@needs_kernels
+@pytest.mark.parametrize("bad", ["batch", "memory", "draft", "overhead_nan", "head_load"])
+def test_a_round_check_that_may_fail_leaves_the_planned_block_to_the_engine(bad):
+    # Engine._check_pass's conditions on the block's extremes: where one may fail, nothing is
+    # applied or logged (the engine's own check then decides, and raises)
+    t = list(_TEMPLATE)
+    checks = {"batch": (1, 0.01, 10.0), "memory": (8192, 0.01, 0.25 + 0.01 * 3 - 1e-3)}.get(bad, (8192, 0.01, 10.0))
+    t[2], t[27], t[24] = {"draft": (-1e-3, t[27], 0.0), "overhead_nan": (t[2], math.nan, 0.0),
+                          "head_load": (t[2], t[27], -1.0)}.get(bad, (t[2], t[27], 0.0))
+    codes, rounds, _, added, fin, rows, (tok, *_) = _block([15, 3], [4, 9], checks=checks, template=tuple(t))
+    assert codes == [1] and rounds >= 1 and rows == [] and tok.tolist() == [15, 3] and added == 0 and fin == []
+    # the KV limit by hand: the peak of 3 blocks at 0.01 GiB and the drafter's 0.25 GiB fit 0.28 GiB
+    if bad == "memory":
+        assert _block([15, 3], [4, 9], checks=(8192, 0.01, 0.28))[0] == [3]
+
+
+@needs_kernels
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(1, 40)), min_size=1, max_size=12),
+       st.integers(1, 60), st.floats(0.005, 0.5), st.integers(1, 20))
+def test_one_block_call_is_the_separate_kernels(reqs, capacity, next_event, max_rows):
+    # oracle: plain_plan, plain_apply and plain_rows called one after the other on copies
+    tokens, left = [t for t, _ in reqs], [n for _, n in reqs]
+    codes, rounds, kv_read, added, fin, rows, state = _block(tokens, left, capacity=capacity,
+                                                             next_event=next_event, max_rows=max_rows)
+    n = len(reqs)
+    dec, tok = np.arange(n, dtype=np.int64), np.array(tokens, dtype=np.int64)
+    blk, out, gen, nr = -(-tok // 16), np.array(left, dtype=np.int64) + 5, np.full(n, 5, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    bufs = _buffers(16)
+    want_rounds, want_read = kernels.plain_plan(dec, tok, out, gen, 16, capacity, 0.0, next_event, 1 << 62, 16,
+                                                0.0 + 0.0005 + 0.0005, False, 0.010, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, *bufs)
+    assert rounds == want_rounds and kv_read == want_read
+    if want_rounds < 1:
+        assert codes == [0]
+        return
+    assert codes == ([3] if bufs[0][want_rounds] < next_event else [2, 3])
+    used = int(blk.sum())
+    want_fin = np.zeros(n, dtype=np.int64)
+    want_added, num_fin = kernels.plain_apply(dec, want_rounds, gen, nr, tok, blk, out, 16, want_fin)
+    want_rows = []
+    if want_rounds <= max_rows:
+        kernels.plain_rows(want_rows, _TEMPLATE, *bufs, want_rounds, used + want_added, want_read, n)
+    assert added == want_added and fin == want_fin[:num_fin].tolist()
+    assert all(np.array_equal(a, b) for a, b in zip(state, (tok, blk, out, gen, nr)))
+    assert rows == want_rows
+
+
 @needs_kernels
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 5000), min_size=1, max_size=80), st.integers(1, 64), st.data())
@@ -902,6 +995,9 @@ _ZERO_D_CALLS = {
                            f"(0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), {_I1}, {_I1}, np.empty((1, 2)), "
                            f"np.empty((1, 2)), np.empty((1, 2)), {_I1}, {{a}}, np.empty((1, 2)), "
                            f"np.empty((1, 2), bool), {_I1}, {_I1}, np.zeros(6), np.zeros(8, np.int64), False, None)"),
+    "plain_block": (f"K.plain_block({_I1}, {{i}}, {_I1}, {_I1}, {_I1}, {_I1}, 16, 8, 0, 0.0, 1.0, 1, 4, 64, "
+                    f"(False, 0.01, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0), (8, 0.0, 1.0), [], (0.0,) * 29, np.zeros(5), "
+                    f"np.zeros(4), np.zeros(4), np.zeros(4, np.int64), {_I1}, 0, 0)"),
     "positive_rank_sum": "K.positive_rank_sum({a}, np.array([True]))",
     "split_decoding": "K.split_decoding(np.zeros(2, np.int64), {i}, np.zeros(3, np.int64), np.zeros(3, np.int64), "
                       "16, np.zeros(2, np.int64), np.zeros(2, np.int64))",

@@ -20,20 +20,33 @@ from memtp_sim.engine import Engine
 from _sim_helpers import assert_same_state, flat_profile, grid_tie_workload, run_engine, scenario, workload
 
 
-@pytest.fixture(autouse=True, params=[True, False], ids=["compiled", "numpy"])
+@pytest.fixture(autouse=True, params=["compiled", "compiled-apart", "numpy"])
 def compiled(request, monkeypatch):
-    if request.param:
-        assert _compiled.kernels is not None, "memtp_sim._kernels is not built: run pip install -e ."
-        planned, ran = [], []
-        plan, block = Engine._plan_plain_block_compiled, Engine._plain_block
-        monkeypatch.setattr(Engine, "_plan_plain_block_compiled", lambda self, *a: planned.append(1) or plan(self, *a))
-        monkeypatch.setattr(Engine, "_plain_block", lambda self, *a: ran.append(1) or block(self, *a))
-        yield
-        # blocks ran, so the compiled planner must have planned (not the numpy code behind it)
-        assert planned or not ran, "blocks ran but none was planned by the compiled kernels"
-    else:
+    """The three ways a plain block runs: planned, checked, applied and logged in one kernel call
+    (``_kernels.plain_block``, the default), by the separate kernels with the checks in Python
+    (as where ``Engine._check_pass`` is replaced), and by the numpy code."""
+    if request.param == "numpy":
         monkeypatch.setattr(_compiled, "ENABLED", False)
         yield None
+        return
+    assert _compiled.kernels is not None, "memtp_sim._kernels is not built: run pip install -e ."
+    kernels, kernel_name = _compiled.kernels, "plain_block"
+    if request.param == "compiled-apart":
+        monkeypatch.setattr(Engine, "_plain_block_inputs", lambda self: None)
+        kernels, kernel_name = Engine, "_plan_plain_block_compiled"
+    planned, ran = [], []
+    plan, block = getattr(kernels, kernel_name), Engine._plain_run
+    monkeypatch.setattr(kernels, kernel_name, lambda *a: planned.append(1) or plan(*a))
+
+    def traced(self, *a):  # noqa: ANN001, ANN002, ANN202
+        rounds = yield from block(self, *a)
+        ran.append(rounds)
+        return rounds
+
+    monkeypatch.setattr(Engine, "_plain_run", traced)
+    yield
+    # blocks ran, so the compiled planner must have planned (not the numpy code behind it)
+    assert planned or not any(ran), "blocks ran but none was planned by the compiled kernels"
 
 
 def both_ways(monkeypatch, fn):
@@ -41,8 +54,15 @@ def both_ways(monkeypatch, fn):
     slow = fn()
     monkeypatch.setattr(Engine, "PLAIN_BLOCKS", True)
     calls = []
-    orig = Engine._plain_block
-    monkeypatch.setattr(Engine, "_plain_block", lambda self, *a: calls.append(a[1].rounds) or orig(self, *a))
+    orig = Engine._plain_run
+
+    def traced(self, *a):  # noqa: ANN001, ANN002, ANN202
+        rounds = yield from orig(self, *a)
+        if rounds:
+            calls.append(rounds)
+        return rounds
+
+    monkeypatch.setattr(Engine, "_plain_run", traced)
     fast = fn()
     return slow, fast, calls
 
@@ -162,3 +182,49 @@ def test_a_long_stretch_is_several_blocks(monkeypatch):
     slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl))
     assert max(calls) == 300 and sum(calls) >= 990
     assert_same_state(slow, fast)
+
+
+def test_a_block_whose_checks_may_fail_runs_through_the_engines_own_check(monkeypatch, compiled):
+    # the one-call kernel leaves a block to Engine._check_pass where a check may fail; here its
+    # memory limit is set below every block's need, so every block takes that way: the engine's
+    # check (with the true limit) passes, and the run is the round-by-round run
+    if _compiled.kernels is None or not _compiled.ENABLED:
+        pytest.skip("the one-call kernel runs only with the compiled kernels")
+    real, block = Engine._plain_block_inputs, Engine._plain_block
+    checked = []
+
+    def stricter(self):  # noqa: ANN001, ANN202
+        inputs = real(self)
+        return None if inputs is None else (*inputs[:2], (inputs[2][0], inputs[2][1], -1.0))
+
+    monkeypatch.setattr(Engine, "_plain_block_inputs", stricter)
+    monkeypatch.setattr(Engine, "_plain_block", lambda self, *a: checked.append(1) or block(self, *a))
+    scen = scenario(policy={"name": "no_spec"}, **SCENARIOS["closed-16-think"])
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=3).state)
+    assert calls and max(calls) > 1 and len(checked) == len(calls)  # every block through the engine's check
+    assert_same_state(slow, fast)
+
+
+def test_a_replaced_round_check_runs_for_every_plain_block(monkeypatch, compiled):
+    # an engine whose _check_pass is another function (a subclass's) runs it: the one-call kernel,
+    # which checks in C, steps aside
+    if _compiled.kernels is None or not _compiled.ENABLED:
+        pytest.skip("the one-call kernel runs only with the compiled kernels")
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.acceptance import AcceptanceModel
+    from memtp_sim.policies import make_policy
+
+    seen = []
+
+    class Traced(Engine):
+        def _check_pass(self, *a):  # noqa: ANN002, ANN202
+            seen.append(a[0])
+            return super()._check_pass(*a)
+
+    def build(cls):
+        return cls(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7), workload([8, 8, 8], [40, 30, 50]),
+                   make_policy("no_spec", {}), EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32,
+                                                             kv_watermark_frac=0.0), np.random.default_rng(0))
+
+    assert_same_state(build(Engine).run(), build(Traced).run())
+    assert len(seen) >= 3 and len(set(seen)) == len(seen)  # once per block (or round), each at its first round
