@@ -1295,13 +1295,9 @@ def binned_rows(cnp.ndarray probs not None, cnp.ndarray outcomes not None, i64 n
     for i in range(m * n):
         if not (0.0 <= p[i] <= 1.0):
             raise ValueError("probs: values must lie in [0, 1]")
-    cdef double nb = <double>n_bins, v
+    cdef double v
     cdef i64 idx, base
-    cdef double* edges = <double*>PyMem_Malloc((n_bins + 1) * sizeof(double))
-    if edges == NULL:
-        raise MemoryError()
-    for i in range(n_bins + 1):
-        edges[i] = <double>i / nb  # np.arange(n + 1) / n
+    cdef double* edges = _bin_edges(n_bins)
     with nogil:
         for i in range(m * n_bins):
             cnt[i] = 0
@@ -1311,19 +1307,108 @@ def binned_rows(cnp.ndarray probs not None, cnp.ndarray outcomes not None, i64 n
             base = r * n_bins
             for i in range(n):
                 v = p[r * n + i]
-                # a guess within one bin of the answer (v * n is off by at most an ulp), then one
-                # exact correction each way against the edges (as confidence._bin_index)
-                idx = <i64>(v * nb)  # floor: v >= 0
-                if idx > n_bins - 1:
-                    idx = n_bins - 1
-                if idx > 0 and v <= edges[idx]:
-                    idx -= 1
-                if idx < n_bins - 1 and v > edges[idx + 1]:
-                    idx += 1
-                cnt[base + idx] += 1
-                sp[base + idx] += v
-                sy[base + idx] += 1.0 if y[i if shared else r * n + i] else 0.0  # + 0.0: no branch to mispredict
+                idx = base + _bin_of(v, n_bins, edges)
+                cnt[idx] += 1
+                sp[idx] += v
+                sy[idx] += 1.0 if y[i if shared else r * n + i] else 0.0  # + 0.0: no branch to mispredict
     PyMem_Free(edges)
+
+
+cdef double* _bin_edges(i64 n_bins) except NULL:
+    # the bins' edges i / n_bins, i = 0..n_bins (np.arange(n + 1) / n), in memory the caller frees
+    cdef double* edges = <double*>PyMem_Malloc((n_bins + 1) * sizeof(double))
+    if edges == NULL:
+        raise MemoryError()
+    cdef i64 i
+    for i in range(n_bins + 1):
+        edges[i] = <double>i / <double>n_bins
+    return edges
+
+
+cdef inline i64 _bin_of(double v, i64 n_bins, double* edges) noexcept nogil:
+    # v's bin, v in [0, 1]: a guess within one bin of the answer (v * n is off by at most an ulp),
+    # then one exact correction each way against the edges (as confidence._bin_index)
+    cdef i64 idx = <i64>(v * <double>n_bins)  # floor: v >= 0
+    if idx > n_bins - 1:
+        idx = n_bins - 1
+    if idx > 0 and v <= edges[idx]:
+        idx -= 1
+    if idx < n_bins - 1 and v > edges[idx + 1]:
+        idx += 1
+    return idx
+
+
+def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, cnp.ndarray survival not None,
+                  i64 n_bins_a, cnp.ndarray counts_a not None, cnp.ndarray sum_prob_a not None,
+                  cnp.ndarray sum_pos_a not None, i64 n_bins_b, cnp.ndarray counts_b not None,
+                  cnp.ndarray sum_prob_b not None, cnp.ndarray sum_pos_b not None):
+    """The calibration sums of the joint survivals of ``conf`` at every position in one pass
+    (``confidence.survival_calibration``): the survivals ``a_k = prod_{j<=k} conf_j`` multiplied
+    left to right (``np.cumprod(conf, axis=1)``) and two equal-width binnings of them
+    (:func:`binned_rows`' bins and sums, each bin's sums added in row order), so every metric
+    built from them matches the numpy code bit for bit.
+
+    Args:
+        conf: ``(n, g)`` float64 C-contiguous conditional confidences in [0, 1].
+        outcomes: ``(n, g)`` bool C-contiguous outcomes.
+        survival: float64 out ``(n, g)``: the survivals.
+        n_bins_a, n_bins_b: the two binnings' bins on [0, 1], >= 1.
+        counts_a, sum_prob_a, sum_pos_a: out ``(g, n_bins_a)``, int64, float64, float64: per
+            position and bin, the count, the survivals' sum and the outcomes' sum; the same for b.
+
+    Raises:
+        TypeError, ValueError: arrays of the wrong type or shape, bins < 1, or a confidence
+            outside [0, 1] (NaN included).
+
+    Source:
+        Guo et al. (2017, ICML) section 2 (binned ECE); DSpark paper section 3.2
+        (joint survival of the drafted positions).
+    """
+    if n_bins_a < 1 or n_bins_b < 1:
+        raise ValueError(f"n_bins: must be >= 1, got {n_bins_a} and {n_bins_b}")
+    if cnp.PyArray_NDIM(conf) != 2:
+        raise TypeError(f"conf: a C-contiguous 2-D float64 array is required, got {_layout(conf)}")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(conf, 0), g = cnp.PyArray_DIM(conf, 1), i, k
+    cdef double* c = _f64_2d(conf, "conf", n, g)
+    cdef char* y = <char*>_data_2d(outcomes, "outcomes", cnp.NPY_BOOL, "bool", n, g)
+    cdef double* surv = _f64_2d(survival, "survival", n, g)
+    cdef i64* cnt_a = <i64*>_data_2d(counts_a, "counts_a", cnp.NPY_INT64, "int64", g, n_bins_a)
+    cdef double* sp_a = _f64_2d(sum_prob_a, "sum_prob_a", g, n_bins_a)
+    cdef double* sy_a = _f64_2d(sum_pos_a, "sum_pos_a", g, n_bins_a)
+    cdef i64* cnt_b = <i64*>_data_2d(counts_b, "counts_b", cnp.NPY_INT64, "int64", g, n_bins_b)
+    cdef double* sp_b = _f64_2d(sum_prob_b, "sum_prob_b", g, n_bins_b)
+    cdef double* sy_b = _f64_2d(sum_pos_b, "sum_pos_b", g, n_bins_b)
+    for i in range(n * g):
+        if not (0.0 <= c[i] <= 1.0):
+            raise ValueError("conf: values must lie in [0, 1]")
+    cdef double* edges_a = _bin_edges(n_bins_a)
+    cdef double* edges_b = _bin_edges(n_bins_b)
+    cdef double a, pos
+    cdef i64 ia, ib
+    with nogil:
+        for i in range(g * n_bins_a):
+            cnt_a[i] = 0
+            sp_a[i] = 0.0
+            sy_a[i] = 0.0
+        for i in range(g * n_bins_b):
+            cnt_b[i] = 0
+            sp_b[i] = 0.0
+            sy_b[i] = 0.0
+        for i in range(n):
+            for k in range(g):
+                a = c[i * g + k] if k == 0 else a * c[i * g + k]
+                surv[i * g + k] = a
+                pos = 1.0 if y[i * g + k] else 0.0
+                ia = k * n_bins_a + _bin_of(a, n_bins_a, edges_a)
+                ib = k * n_bins_b + _bin_of(a, n_bins_b, edges_b)
+                cnt_a[ia] += 1
+                sp_a[ia] += a
+                sy_a[ia] += pos
+                cnt_b[ib] += 1
+                sp_b[ib] += a
+                sy_b[ib] += pos
+    PyMem_Free(edges_a)
+    PyMem_Free(edges_b)
 
 
 def pack_rows(list rows not None, list cols not None):

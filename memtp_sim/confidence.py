@@ -222,13 +222,18 @@ def reliability_rows(probs: NDArray, outcomes: NDArray, *, n_bins: int = 15) -> 
         DeGroot and Fienberg (1983) reliability diagram; DSpark paper Fig. 6.
     """
     n_bins = _check_n_bins(n_bins)
-    num, sum_prob, sum_pos = _binned_rows(probs, outcomes, n_bins)
+    return _curves(*_binned_rows(probs, outcomes, n_bins))
+
+
+def _curves(num: NDArray[np.int64], sum_prob: NDArray[np.float64], sum_pos: NDArray[np.float64]) -> list[ReliabilityCurve]:
+    """One :class:`ReliabilityCurve` per row of binned counts and sums (``(m, n_bins)`` each)."""
+    n_bins = num.shape[1]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_prob = np.where(num > 0, sum_prob / num, np.nan)
         frac_pos = np.where(num > 0, sum_pos / num, np.nan)
     edges = np.arange(n_bins + 1) / n_bins
     centers = 0.5 * (edges[:-1] + edges[1:])
-    return [ReliabilityCurve(centers, mean_prob[k], frac_pos[k], num[k]) for k in range(probs.shape[0])]
+    return [ReliabilityCurve(centers, mean_prob[k], frac_pos[k], num[k]) for k in range(num.shape[0])]
 
 
 # ----------------------------------------------------------------------------------
@@ -578,13 +583,58 @@ def survival_metrics(survival: NDArray, accepted: NDArray, *, n_bins: int = 15, 
     gamma = survival.shape[1]
     a_rows, acc_rows = np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T)
     ece = _ece_rows(a_rows, acc_rows, n_bins)
-    auc_k = np.full(gamma, np.nan)
+    brier = np.mean((survival - accepted) ** 2, axis=0)
+    return PositionMetrics(ece=ece, auc=_auc_rows(a_rows, acc_rows) if auc else np.full(gamma, np.nan), brier=brier)
+
+
+def survival_calibration(confidences: NDArray, accepted: NDArray, *, n_bins: int = 15, curve_bins: int = 10,
+                         auc: bool = True) -> tuple[PositionMetrics, list[ReliabilityCurve]]:
+    """:func:`survival_metrics` and :func:`reliability_rows` (``curve_bins`` bins) of the joint
+    survivals of ``confidences`` (``np.cumprod(confidences, axis=1)``) at every position: with the
+    compiled kernels in one pass over the rounds (``_kernels.survival_bins``), the same values bit
+    for bit (the engine's diagnostics at the end of a run: 20,000 request-rounds at most).
+
+    Args:
+        confidences: ``(n_rounds, gamma)`` float64 C-contiguous conditional confidences in [0, 1]
+            (not checked beyond the range).
+        accepted: ``(n_rounds, gamma)`` bool C-contiguous prefix-shaped acceptance.
+        n_bins: ECE bins, >= 1; curve_bins: reliability-curve bins, >= 1.
+        auc: compute the AUC; False leaves it NaN.
+
+    Returns:
+        ``(metrics, curves)``: :class:`PositionMetrics` of ``(gamma,)`` arrays and one
+        :class:`ReliabilityCurve` per position.
+
+    Source:
+        DSpark paper section 3.2 and Fig. 6 (per-position ECE, AUC and reliability of joint survival).
+    """
+    n_bins, curve_bins = _check_n_bins(n_bins), _check_n_bins(curve_bins)
+    kernels = _compiled.active()
+    if kernels is None or confidences.dtype != np.float64 or accepted.dtype != np.bool_:
+        survival = np.cumprod(confidences, axis=1)
+        return (survival_metrics(survival, accepted, n_bins=n_bins, auc=auc),
+                reliability_rows(np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T), n_bins=curve_bins))
+    n, gamma = confidences.shape
+    survival = np.empty((n, gamma))
+    ece_sums = (np.empty((gamma, n_bins), dtype=np.int64), np.empty((gamma, n_bins)), np.empty((gamma, n_bins)))
+    curve_sums = (np.empty((gamma, curve_bins), dtype=np.int64), np.empty((gamma, curve_bins)), np.empty((gamma, curve_bins)))
+    kernels.survival_bins(np.ascontiguousarray(confidences), np.ascontiguousarray(accepted), survival, n_bins,
+                          *ece_sums, curve_bins, *curve_sums)
+    ece = np.abs(ece_sums[2] - ece_sums[1]).sum(axis=1) / n  # as _ece_rows reduces the same sums
+    brier = np.mean((survival - accepted) ** 2, axis=0)
+    auc_k = _auc_rows(np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T)) if auc else np.full(gamma, np.nan)
+    return PositionMetrics(ece=ece, auc=auc_k, brier=brier), _curves(*curve_sums)
+
+
+def _auc_rows(a_rows: NDArray, acc_rows: NDArray) -> NDArray[np.float64]:
+    """AUC of every row of scores ``a_rows`` ``(m, n)`` against ``acc_rows``; NaN where a row's
+    outcomes are all one value."""
+    auc_k = np.full(a_rows.shape[0], np.nan)
     n_pos = acc_rows.sum(axis=1)
-    for k in range(gamma if auc else 0):
+    for k in range(a_rows.shape[0]):
         if 0 < n_pos[k] < acc_rows.shape[1]:
             auc_k[k] = _auc_checked(a_rows[k], acc_rows[k], int(n_pos[k]))
-    brier = np.mean((survival - accepted) ** 2, axis=0)
-    return PositionMetrics(ece=ece, auc=auc_k, brier=brier)
+    return auc_k
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from .confidence import per_position_metrics, reliability_curve, reliability_rows, survival_metrics
+from .confidence import per_position_metrics, reliability_curve, survival_calibration
 from .engine import FINISHED, REJECTED, EngineState
 
 __all__ = ["RunResult", "compute_metrics", "METRIC_NAMES"]
@@ -314,12 +314,13 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
     ece_raw, ece, auc, brier_raw, brier, counts = [], [], [], [], [], []
     curves = {}
     full = bool((width == raw.shape[1]).all())
-    cum_raw, cum_used = np.cumprod(raw, axis=1), np.cumprod(used, axis=1)
     if full:  # every round drafted every position: one pass over all positions
         # the raw head's AUC is not reported (only its ECE and Brier score): not computed
-        m_raw_all, m_used_all = survival_metrics(cum_raw, ok, auc=False), survival_metrics(cum_used, ok)
-        curves_all = {name: reliability_rows(np.ascontiguousarray(c.T), np.ascontiguousarray(ok.T), n_bins=10)
-                      for name, c in (("raw", cum_raw), ("used", cum_used))}
+        (m_raw_all, curves_raw), (m_used_all, curves_used) = (survival_calibration(raw, ok, auc=False),
+                                                              survival_calibration(used, ok))
+        curves_all = {"raw": curves_raw, "used": curves_used}
+    else:
+        cum_raw, cum_used = np.cumprod(raw, axis=1), np.cumprod(used, axis=1)
     for k in range(1, raw.shape[1] + 1):
         rows = width >= k  # rounds that drafted position k (elastic depth varies)
         if rows.sum() < 50:
@@ -336,11 +337,12 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         brier_raw.append(m_raw.brier[j])
         brier.append(m_used.brier[j])
         counts.append(int(rows.sum()))
-        for name, c in (("raw", cum_raw), ("used", cum_used)):
+        for name in ("raw", "used"):
             if full:
                 rc = curves_all[name][k - 1]
             else:
-                a_k = c[rows, k - 1]  # = prod(conf[rows, :k]): the same left-to-right products
+                # = prod(conf[rows, :k]): the same left-to-right products
+                a_k = (cum_raw if name == "raw" else cum_used)[rows, k - 1]
                 rc = reliability_curve(a_k, ok[rows, k - 1], n_bins=10)
             curves[f"{name}_{k}"] = {"mean_prob": np.round(rc.mean_prob, 4).tolist(),
                                      "frac_positive": np.round(rc.frac_positive, 4).tolist(),

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtp_sim import _compiled, run
+from memtp_sim import _compiled, reliability_curve, run
 
 from _sim_helpers import REPO, assert_same_state, scenario
 
@@ -763,6 +763,42 @@ def test_binned_rows_match_numpy_binning_on_edges_and_between(m, n, n_bins, shar
 
 
 @needs_kernels
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 7), st.sampled_from([1, 4, 10, 15]), st.sampled_from([1, 10, 15]),
+       st.booleans(), st.data())
+def test_survival_calibration_in_one_pass_is_the_numpy_metrics(n, gamma, n_bins, curve_bins, auc, data):
+    # oracle: survival_metrics and reliability_rows on np.cumprod, run with the kernels off, and
+    # the public one-position functions (ECE, Brier, AUC, reliability curve) on each position;
+    # confidences on the bins' edges, 0 and 1 included, and all-accepted or all-rejected positions
+    from memtp_sim import auc_score, brier_score, expected_calibration_error
+    from memtp_sim.confidence import survival_calibration
+
+    conf = np.array(data.draw(st.lists(_EDGES, min_size=n * gamma, max_size=n * gamma))).reshape(n, gamma)
+    ok = np.logical_and.accumulate(np.array(data.draw(st.lists(st.booleans(), min_size=n * gamma,
+                                                               max_size=n * gamma))).reshape(n, gamma), axis=1)
+    got_m, got_c = survival_calibration(conf, ok, n_bins=n_bins, curve_bins=curve_bins, auc=auc)
+    try:
+        _compiled.ENABLED = False
+        want_m, want_c = survival_calibration(conf, ok, n_bins=n_bins, curve_bins=curve_bins, auc=auc)
+    finally:
+        _compiled.ENABLED = True
+    for f in ("ece", "auc", "brier"):
+        assert getattr(got_m, f).tobytes() == getattr(want_m, f).tobytes(), f
+    assert len(got_c) == len(want_c) == gamma
+    survival = np.cumprod(conf, axis=1)
+    for k, (g, w) in enumerate(zip(got_c, want_c)):
+        for got_a, want_a, one in zip(g, w, reliability_curve(survival[:, k], ok[:, k], n_bins=curve_bins)):
+            assert np.asarray(got_a).tobytes() == np.asarray(want_a).tobytes() == np.asarray(one).tobytes()
+        assert got_m.ece[k] == pytest.approx(expected_calibration_error(survival[:, k], ok[:, k], n_bins=n_bins),
+                                             abs=1e-12)
+        assert got_m.brier[k] == pytest.approx(brier_score(survival[:, k], ok[:, k]), abs=1e-12)
+        if auc and 0 < ok[:, k].sum() < n:
+            assert got_m.auc[k] == pytest.approx(auc_score(survival[:, k], ok[:, k]), abs=1e-12)
+        else:
+            assert np.isnan(got_m.auc[k])
+
+
+@needs_kernels
 def test_binned_rows_put_each_value_in_its_bin_by_hand():
     counts, sum_prob, sum_pos = (np.empty((1, 4), dtype=np.int64), np.empty((1, 4)), np.empty((1, 4)))
     probs = np.array([[0.0, 0.25, 0.2500001, 0.5, 0.75, 1.0, 0.9]])
@@ -1008,6 +1044,9 @@ _ZERO_D_CALLS = {
     "sum_within": "K.sum_within({i}, 3)",
     "binned_rows": "K.binned_rows({a}, np.zeros(3, bool), 2, np.zeros((1, 2), np.int64), np.zeros((1, 2)), "
                    "np.zeros((1, 2)))",
+    "survival_bins": "K.survival_bins({a}, np.zeros((1, 1), bool), np.zeros((1, 1)), 2, np.zeros((1, 2), np.int64), "
+                     "np.zeros((1, 2)), np.zeros((1, 2)), 2, np.zeros((1, 2), np.int64), np.zeros((1, 2)), "
+                     "np.zeros((1, 2)))",
 }
 
 
