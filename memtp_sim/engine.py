@@ -1530,11 +1530,14 @@ class Engine:
         """(raw confidences, confidences used, outcomes, widths) of the recorded request-rounds:
         ``(n_diag, width)`` each but the widths ``(n_diag,)``; a round that drafted fewer positions
         than the widest (elastic depth) is padded (0.5, 0.5, False) and keeps its width."""
-        n, width = self.diag_n, self._diag_width
+        n, width, parts = self.diag_n, self._diag_width, self._diag_parts
+        if parts and all(r.shape[1] == width for r, _, _ in parts):  # no padding: each array one copy
+            return (expit(np.concatenate([r for r, _, _ in parts])), np.concatenate([u for _, u, _ in parts]),
+                    np.concatenate([w for _, _, w in parts]), np.full(n, width, dtype=np.int64))
         raw, used = np.zeros((n, width)), np.full((n, width), 0.5)  # raw logit 0 is confidence 0.5
         ok, widths = np.zeros((n, width), dtype=bool), np.empty(n, dtype=np.int64)
         row = 0
-        for r, u, w in self._diag_parts:
+        for r, u, w in parts:
             k, cols = r.shape
             raw[row: row + k, :cols], used[row: row + k, :cols], ok[row: row + k, :cols] = r, u, w
             widths[row: row + k] = cols
