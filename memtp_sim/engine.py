@@ -478,6 +478,12 @@ class Engine:
         self._tables = self._run_ids = None  # caches: see _round_tables and _guarantee_anchors
         self._wake: simpy.Event | None = None
         self._done_events: dict[int, simpy.Event] = {}
+        # closed loop where a submission cannot join the queue at the instant it is made (it goes
+        # to a remote prefill GPU, or waits out a think time): each completion lets its user go on
+        # at once (_complete), without a SimPy event that would stop the engine's block there
+        self._resubmit_at_once = workload.closed_loop and (settings.prefill == "disaggregated"
+                                                           or workload.think_time_s > 0)
+        self._users_due, self._holding_users = 0, False
         self._next_request = 0
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
@@ -618,12 +624,13 @@ class Engine:
             return
         i = self._next_request
         self._next_request += 1
-        done = self.env.event()
-        self._done_events[i] = done
-        done.callbacks.append(self._user_done)
+        if not self._resubmit_at_once:
+            done = self.env.event()
+            self._done_events[i] = done
+            done.callbacks.append(self._user_done)
         self._submit(i)
 
-    def _user_done(self, _event: simpy.Event) -> None:
+    def _user_done(self, _event: simpy.Event | None) -> None:
         if self.wl.think_time_s > 0:
             self.env.timeout(self.wl.think_time_s).callbacks.append(self._user_next)
         else:
@@ -641,6 +648,21 @@ class Engine:
             self._wake.succeed()
         if self.progress is not None and (self.num_done % self._progress_step == 0 or self.num_done == self.n):
             self.progress(self.num_done, self.n)
+        if self._resubmit_at_once:
+            self._users_due += 1
+            if not self._holding_users:
+                self._release_users()
+
+    def _release_users(self) -> None:
+        """Let the users of completed requests go on: one loop, so that a submission rejected at
+        once (which completes, and frees its user, inside it) queues behind instead of recursing.
+        Requests are submitted in id order whichever user goes on first (users hold no state but
+        their next submission), so the order is the event path's."""
+        self._holding_users = True
+        while self._users_due:
+            self._users_due -= 1
+            self._user_done(None)
+        self._holding_users = False
 
     # ----------------------------------------------------------------- memory
     def _heads_free_gib(self) -> float:
@@ -683,6 +705,8 @@ class Engine:
         self.waiting.appendleft(i)
 
     def _admit(self) -> None:
+        if not self.waiting:  # most calls at high load: nothing arrived since the last round
+            return
         kv = self.kv
         # every running request may need one anchor token in a pass: never more than the pass holds
         limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)

@@ -132,9 +132,10 @@ def _undercount_bound_s(res) -> float:
     """Upper bound on request-seconds the round-start sampling misses.
 
     ``mean_in_system_sampled`` counts a request from the first round that *starts* after it arrived, so a
-    request arriving during round k is missed for at most that round's duration (a closed-loop
-    request submitted at the end of a round is missed for the next round, which starts at its
-    arrival). Summing the duration of the round in force at each arrival bounds the miss.
+    request arriving during round k is missed for at most that round's duration (a colocated
+    closed-loop request submitted at the end of a round without think time is missed for the next
+    round, which starts at its arrival). Summing the duration of the round in force at each
+    arrival bounds the miss.
     """
     r = res.state.rounds
     start, dur = r["start_s"], r["duration_s"]
