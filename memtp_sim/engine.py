@@ -477,18 +477,22 @@ class Engine:
         self.log = _RoundLog(self.block_gib, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib)
         self._tables = self._run_ids = None  # caches: see _round_tables and _guarantee_anchors
         self._wake: simpy.Event | None = None
-        self._done_events: dict[int, simpy.Event] = {}
-        # closed loop where a submission cannot join the queue at the instant it is made (it goes
-        # to a remote prefill GPU, or waits out a think time): each completion lets its user go on
-        # at once (_complete), without a SimPy event that would stop the engine's block there
-        self._resubmit_at_once = workload.closed_loop and (settings.prefill == "disaggregated"
-                                                           or workload.think_time_s > 0)
-        self._users_due, self._holding_users = 0, False
-        self._next_request = 0
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
         self._prefill_queue, self._prefill_memo = deque[int](), _remote_prefill_memo(profile, settings)  # FIFO
+        self._init_users(workload, settings)
         self._use_kernels(n)
+
+    def _init_users(self, workload: Workload, settings: EngineSettings) -> None:
+        # closed-loop users: the next request to submit, and each request's completion event; where
+        # a submission cannot join the queue at the instant it is made (it goes to a remote prefill
+        # GPU, or waits out a think time) each completion lets its user go on at once instead
+        # (_complete), without a SimPy event that would stop the engine's block of rounds there
+        self._next_request = 0
+        self._done_events: dict[int, simpy.Event] = {}
+        self._resubmit_at_once = workload.closed_loop and (settings.prefill == "disaggregated"
+                                                           or workload.think_time_s > 0)
+        self._users_due, self._holding_users = 0, False
 
     def _use_kernels(self, n: int) -> None:
         # the compiled kernels (memtp_sim/_kernels.pyx) or None: plain pricing per batch size, and
@@ -731,9 +735,9 @@ class Engine:
     # ----------------------------------------------------------------- rounds
     def _engine(self):
         env, drafter = self.env, self.drafter
-        listens = self._listens()
-        plain_ok = self._plain_blocks_possible()
-        block, self._plain_fused = (self._drafted_block_inputs(), self._plain_block_inputs()) if plain_ok else (None, None)
+        listens, plain_ok = self._listens(), self._plain_blocks_possible()
+        block = self._drafted_block_inputs() if plain_ok else None
+        self._plain_fused = self._plain_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
             busy = drafter.elastic and (self.running or self.waiting)
@@ -837,7 +841,8 @@ class Engine:
         """The run's fixed inputs of ``_kernels.plain_block`` in :meth:`_plain_run`: a plain
         round's draft and host times, and the round checks' limits (``(max_batch_tokens,
         block_gib, fixed_gib)``); None where plain blocks are planned and run apart: without the
-        kernels, or where :meth:`_check_pass` has been replaced (on a subclass or the instance)."""
+        kernels, or where :meth:`_check_pass` or the drafter's ``prefill_time_s`` has been replaced
+        (on a subclass or the instance: those run, once per block)."""
         if (self._kernels is None or _replaced(self, "_check_pass", _MIRRORED[Engine, "_check_pass"])
                 or _replaced(self.drafter, "prefill_time_s", _MIRRORED[Drafter, "prefill_time_s"])):
             return None

@@ -226,5 +226,12 @@ def test_a_replaced_round_check_runs_for_every_plain_block(monkeypatch, compiled
                    make_policy("no_spec", {}), EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32,
                                                              kv_watermark_frac=0.0), np.random.default_rng(0))
 
-    assert_same_state(build(Engine).run(), build(Traced).run())
+    want = build(Engine).run()
+    assert_same_state(want, build(Traced).run())
     assert len(seen) >= 3 and len(set(seen)) == len(seen)  # once per block (or round), each at its first round
+    # the same for the drafter's prefill time (a plain round's draft time), replaced on the instance
+    eng = build(Engine)
+    priced = []
+    eng.drafter.prefill_time_s = lambda tokens: priced.append(tokens) or 0.0
+    assert_same_state(want, eng.run())
+    assert len(priced) >= 3
