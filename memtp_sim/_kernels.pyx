@@ -1,9 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The engine's hot steps compiled, bit for bit the numpy code they replace (``memtp_sim.engine``,
-``memtp_sim.kv_cache``, ``policies.dspark._schedule``, ``hardware.cost.SPSTable``): plain blocks
-planned and applied, KV anchor and lookahead sums, a pass's context, the drafted positions'
-confidences, Algorithm 1's scan, acceptance, chunked prefill, context pass times, and DSpark's
-drafted rounds run as blocks between SimPy events. ``memtp_sim._compiled.ENABLED = False`` runs the numpy code instead;
+``memtp_sim.kv_cache``, ``policies.dspark._schedule``, ``hardware.cost.SPSTable``,
+``memtp_sim.confidence``): plain blocks planned, checked, applied and logged, KV anchor and
+lookahead sums, a pass's context, the drafted positions' confidences, Algorithm 1's scan,
+acceptance, chunked prefill, context pass times, DSpark's drafted rounds run as blocks between
+SimPy events, and the calibration bins of a run's diagnostics. ``memtp_sim._compiled.ENABLED = False`` runs the numpy code instead;
 tests/test_kernels.py and tests/test_plain_blocks.py compare both.
 
 At 64 decoding users a round's arrays hold ~64 elements, so a numpy call costs ~1 us of
