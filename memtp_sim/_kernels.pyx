@@ -27,6 +27,7 @@ from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from numpy.random cimport bitgen_t
 from numpy.random.c_distributions cimport random_normal, random_standard_uniform_fill
 from cpython.float cimport PyFloat_AsDouble
+from cpython.ref cimport PyObject
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLong
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
@@ -1412,6 +1413,16 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, cnp.
     PyMem_Free(edges_b)
 
 
+cdef extern from "Python.h":
+    # the macros on borrowed pointers (Cython's object-typed declarations count references)
+    PyObject* _list_item "PyList_GET_ITEM" (object, Py_ssize_t) nogil
+    PyObject* _tuple_item "PyTuple_GET_ITEM" (PyObject*, Py_ssize_t) nogil
+    bint _is_float "PyFloat_CheckExact" (PyObject*) nogil
+    double _float_value "PyFloat_AS_DOUBLE" (PyObject*) nogil
+    bint _is_int "PyLong_CheckExact" (PyObject*) nogil
+    long long _int_value "PyLong_AsLongLongAndOverflow" (PyObject*, int*) except? -1
+
+
 def pack_rows(list rows not None, list cols not None):
     """The engine's round-log rows, tuples of numbers, written into typed columns
     (``engine._RoundLog.flush``): element ``j`` of row ``i`` to ``cols[j][i]``, as
@@ -1435,7 +1446,11 @@ def pack_rows(list rows not None, list cols not None):
         raise MemoryError()
     cdef cnp.ndarray col
     cdef object row
+    cdef PyObject* item_p
     cdef double v, lo, hi
+    cdef Py_ssize_t i0, i1
+    cdef long long iv
+    cdef int overflow
     try:
         for j in range(m):
             col = <cnp.ndarray?>cols[j]
@@ -1445,22 +1460,34 @@ def pack_rows(list rows not None, list cols not None):
             if kind[j] < 0:
                 raise TypeError(f"cols[{j}]: float64, int32 or int8 required, got {col.dtype}")
             data[j] = <char*>cnp.PyArray_DATA(col)
-        for i in range(n):
-            row = rows[i]
-            if type(row) is not tuple or PyTuple_GET_SIZE(row) != m:
-                raise TypeError(f"rows[{i}]: a tuple of {m} numbers is required")
+        for i0 in range(0, n, 64):  # 64 rows at a time, a column at a time: one store stream per pass
+            i1 = i0 + 64 if i0 + 64 < n else n
+            for i in range(i0, i1):
+                row = rows[i]
+                if type(row) is not tuple or PyTuple_GET_SIZE(row) != m:
+                    raise TypeError(f"rows[{i}]: a tuple of {m} numbers is required")
             for j in range(m):
-                v = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(row, j))
-                if kind[j] == 0:
-                    (<double*>data[j])[i] = v
-                    continue
                 lo, hi = (-2147483648.0, 2147483647.0) if kind[j] == 1 else (-128.0, 127.0)
-                if not isfinite(v) or v <= lo - 1.0 or v >= hi + 1.0:
-                    raise ValueError(f"rows[{i}][{j}]: {v!r} does not fit an integer column")
-                if kind[j] == 1:
-                    (<int32_t*>data[j])[i] = <int32_t>v  # truncation toward zero, as numpy's cast
-                else:
-                    (<int8_t*>data[j])[i] = <int8_t>v
+                for i in range(i0, i1):
+                    # borrowed references (the list holds the rows, a row its items): no reference
+                    # counting per item
+                    item_p = _tuple_item(_list_item(rows, i), j)
+                    if _is_float(item_p):
+                        v = _float_value(item_p)
+                    elif _is_int(item_p):  # rounded to nearest, as PyLong_AsDouble, below 2**63
+                        iv = _int_value(item_p, &overflow)
+                        v = PyFloat_AsDouble(<object>item_p) if overflow else <double>iv
+                    else:
+                        v = PyFloat_AsDouble(<object>item_p)
+                    if kind[j] == 0:
+                        (<double*>data[j])[i] = v
+                        continue
+                    if not isfinite(v) or v <= lo - 1.0 or v >= hi + 1.0:
+                        raise ValueError(f"rows[{i}][{j}]: {v!r} does not fit an integer column")
+                    if kind[j] == 1:
+                        (<int32_t*>data[j])[i] = <int32_t>v  # truncation toward zero, as numpy's cast
+                    else:
+                        (<int8_t*>data[j])[i] = <int8_t>v
     finally:
         PyMem_Free(kind)
         PyMem_Free(data)

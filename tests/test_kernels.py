@@ -868,7 +868,8 @@ def test_split_decoding_keeps_running_order_and_counts_anchor_blocks(reqs, block
 
 
 _LOG_VALUE = (st.integers(-100, 100) | st.floats(-1e6, 1e6, allow_nan=False) | st.sampled_from([0.0, -0.0, 1.5, 99.99])
-              | st.just(float("nan")))
+              | st.just(float("nan")) | st.integers(-2**70, 2**70)  # beyond 2**53 and 2**63: rounded as numpy
+              | st.sampled_from([2**53 + 1, 2**62 + 1, 2**63, -2**63, -2**63 - 1, 2**64 + 1]))
 
 
 @needs_kernels
@@ -888,7 +889,7 @@ def test_pack_rows_writes_what_numpy_converts(rows):
 @needs_kernels
 def test_pack_rows_refuses_what_an_integer_column_cannot_hold():
     cols = [np.empty(1, dtype=np.int32), np.empty(1, dtype=np.int8)]
-    for bad in ((float("nan"), 1), (2**31, 1), (1, 128), (1, float("inf"))):
+    for bad in ((float("nan"), 1), (2**31, 1), (1, 128), (1, float("inf")), (2**70, 1), (1, -2**64)):
         with pytest.raises(ValueError, match="does not fit an integer column"):
             kernels.pack_rows([bad], cols)
     with pytest.raises(TypeError, match="a tuple of 2 numbers"):
