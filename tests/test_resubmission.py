@@ -14,11 +14,13 @@ round is now counted by the round that starts at that instant, where the event p
 one round later. Hand-derived: that count never falls below the event path's, and it is the
 users' count exactly where every user is in the system.
 
-The one change of answers, by design: a remote prefill that ends exactly at a round's end (its
-SimPy timeout now scheduled before the engine's) is admitted by the round that starts then, the
-rule open-loop arrivals at a round's end already kept (tests/test_plain_blocks.py); the event path
-admitted it a round later. Exact ties need pass times on a common grid (hand-made flat profiles):
-on the shipped profiles and traces no run changed (the 36-run state reference of issue 13).
+The one change of answers, by design: a request that joins the queue exactly at a round's end
+after a remote prefill or a think time (its SimPy timeout now scheduled before the engine's) is
+admitted by the round that starts then, the rule open-loop arrivals at a round's end already kept
+(tests/test_plain_blocks.py); the event path admitted it a round later. Exact ties need pass,
+prefill and think times on a common grid (hand-made flat profiles): on the shipped profiles and
+traces no request changed (the 36-run state reference of issue 13; a review's 80 random runs on
+the shipped trace).
 """
 
 from __future__ import annotations
@@ -139,3 +141,15 @@ def test_kv_arriving_exactly_at_a_round_end_is_admitted_by_the_next_round(monkey
     assert np.allclose(fast.first_token_at_s - fast.arrival_at_s, 0.01)  # one prefill pass each
     late = slow.admitted_at_s > slow.first_token_at_s
     assert late.any() and np.allclose(slow.admitted_at_s[late] - slow.first_token_at_s[late], 0.01)
+
+
+def test_a_request_after_a_think_time_ending_at_a_round_end_is_admitted_by_the_next_round(monkeypatch):
+    # hand-derived (a review's case): flat 250 ms passes, colocated, 2 users thinking 0.25 s: a
+    # request completing at a round's end t is followed by its user's next one at t + 0.25, the
+    # end of the next round, which joins the queue then and is admitted by the round that starts
+    # there; the event path admitted some of them 0.25 s later
+    wl = workload(np.full(6, 8), np.array([3, 40, 3, 40, 3, 40]), concurrency=2, think_time_s=0.25)
+    slow, fast = _both_ways(monkeypatch, lambda: run_engine(flat_profile(pass_ms=250.0), wl, prefill="colocated"))
+    assert np.array_equal(fast.admitted_at_s, fast.arrival_at_s)
+    late = slow.admitted_at_s > slow.arrival_at_s
+    assert late.any() and np.allclose(slow.admitted_at_s[late] - slow.arrival_at_s[late], 0.25)
