@@ -9,8 +9,9 @@ tests/test_kernels.py and tests/test_plain_blocks.py compare both.
 
 At 64 decoding users a round's arrays hold ~64 elements, so a numpy call costs ~1 us of
 interpreter and dispatch overhead around nanoseconds of arithmetic; here each step is one call.
-Arrays are checked (int64 or float64, C-contiguous, ids in range) on every call: the checks cost
-nanoseconds and a wrong array raises instead of reading memory it does not own.
+Arrays are checked (int64 or float64, C-contiguous, ids in range; writeable where the kernel writes
+into them, as numpy's assignment) on every call: the checks cost nanoseconds and a wrong array
+raises instead of reading memory it does not own or writing memory its owner made read-only.
 
 Float operations are the numpy code's, in the same order (IEEE double, no fused multiply-add: the
 extension is built with ``-ffp-contract=off``), so pass times and clocks match to the bit; random
@@ -83,6 +84,13 @@ cdef inline i64* _i64(cnp.ndarray a, str name, Py_ssize_t need=-1, bint exact=Tr
 cdef inline double* _f64(cnp.ndarray a, str name, Py_ssize_t need=-1, bint exact=True) except NULL:
     _check_1d(a, name, cnp.NPY_FLOAT64, "float64", need, exact)
     return <double*>cnp.PyArray_DATA(a)
+
+
+cdef inline cnp.ndarray _w(cnp.ndarray a, str name):
+    # an array the kernel writes into: refused where numpy would refuse the assignment
+    if not cnp.PyArray_ISWRITEABLE(a):
+        raise ValueError(f"{name}: the kernel writes into this array, and it is read-only")
+    return a
 
 
 cdef inline int _check_block_tokens(i64 block_tokens) except -1:
@@ -238,8 +246,8 @@ def split_decoding(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp
     cdef Py_ssize_t num = cnp.PyArray_DIM(run, 0), size = cnp.PyArray_DIM(prefilled, 0), k
     cdef i64* want = _i64(target, "target", size)
     cdef i64* tok = _i64(tokens, "tokens", size)
-    cdef i64* d = _i64(dec, "dec", num, False)
-    cdef i64* p = _i64(pre, "pre", num, False)
+    cdef i64* d = _i64(_w(dec, "dec"), "dec", num, False)
+    cdef i64* p = _i64(_w(pre, "pre"), "pre", num, False)
     _check_block_tokens(block_tokens)
     _check_ids(ids, num, size)
     cdef i64 more[2]
@@ -335,10 +343,10 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
         raise ValueError(f"plain_plan: needs >= 1 request, round and block token (got {num}, {max_rounds}, "
                          f"{block_tokens})")
     _check_ids(ids, num, size)
-    cdef double* t_out = _f64(times, "times", max_rounds + 1, False)
-    cdef double* d_out = _f64(durations, "durations", max_rounds, False)
-    cdef double* v_out = _f64(verify_s, "verify_s", max_rounds, False)
-    cdef i64* b_out = _i64(blocks, "blocks", max_rounds, False)
+    cdef double* t_out = _f64(_w(times, "times"), "times", max_rounds + 1, False)
+    cdef double* d_out = _f64(_w(durations, "durations"), "durations", max_rounds, False)
+    cdef double* v_out = _f64(_w(verify_s, "verify_s"), "verify_s", max_rounds, False)
+    cdef i64* b_out = _i64(_w(blocks, "blocks"), "blocks", max_rounds, False)
     cdef i64 kv_read, rounds
     rounds = _plain_plan_core(ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
                               fixed_s, context, first_s, zero_ms, factor, a_slope, q, b_ms_per_kv_token,
@@ -471,13 +479,13 @@ def plain_apply(cnp.ndarray dec not None, i64 rounds, cnp.ndarray generated not 
         TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
     """
     cdef i64* ids = _i64(dec, "dec")
-    cdef i64* gen = _i64(generated, "generated")
+    cdef i64* gen = _i64(_w(generated, "generated"), "generated")
     cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0)
-    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
-    cdef i64* tok = _i64(tokens, "tokens", size)
-    cdef i64* blk = _i64(blocks, "blocks", size)
+    cdef i64* nr = _i64(_w(num_rounds, "num_rounds"), "num_rounds", size)
+    cdef i64* tok = _i64(_w(tokens, "tokens"), "tokens", size)
+    cdef i64* blk = _i64(_w(blocks, "blocks"), "blocks", size)
     cdef i64* out = _i64(output, "output", size)
-    cdef i64* fin = _i64(finished, "finished", num, False)
+    cdef i64* fin = _i64(_w(finished, "finished"), "finished", num, False)
     _check_block_tokens(block_tokens)
     _check_ids(ids, num, size)
     cdef Py_ssize_t nf = 0
@@ -551,28 +559,29 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
         max_rows``, the last with the KV after the block before finished requests free theirs.
 
     Raises:
-        TypeError, ValueError, IndexError: arrays of the wrong type or length, tuples of the wrong
-            size, or bad ids.
+        TypeError, ValueError, IndexError: arrays of the wrong type or length (or read-only where
+            written), tuples of the wrong size, or bad ids.
+        OverflowError: a pass size limit (the first of ``checks``) beyond a 64-bit integer.
     """
     if PyTuple_GET_SIZE(price) != 9 or PyTuple_GET_SIZE(checks) != 3 or PyTuple_GET_SIZE(template) != 29:
         raise ValueError(f"price, checks, template: 9, 3 and 29 fields needed, got {PyTuple_GET_SIZE(price)}, "
                          f"{PyTuple_GET_SIZE(checks)} and {PyTuple_GET_SIZE(template)}")
     cdef i64* ids = _i64(dec, "dec")
-    cdef i64* tok = _i64(tokens, "tokens")
+    cdef i64* tok = _i64(_w(tokens, "tokens"), "tokens")
     cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(tokens, 0), nf = 0
-    cdef i64* blk = _i64(kv_blocks, "kv_blocks", size)
+    cdef i64* blk = _i64(_w(kv_blocks, "kv_blocks"), "kv_blocks", size)
     cdef i64* out = _i64(output, "output", size)
-    cdef i64* gen = _i64(generated, "generated", size)
-    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
+    cdef i64* gen = _i64(_w(generated, "generated"), "generated", size)
+    cdef i64* nr = _i64(_w(num_rounds, "num_rounds"), "num_rounds", size)
     if num < 1 or max_rounds < 1 or block_tokens < 1 or resume_rounds < 0 or resume_rounds > max_rounds:
         raise ValueError(f"plain_block: needs >= 1 request, round and block token, and 0 <= resume_rounds <= "
                          f"max_rounds (got {num}, {max_rounds}, {block_tokens}, {resume_rounds})")
     _check_ids(ids, num, size)
-    cdef double* t_out = _f64(times, "times", max_rounds + 1, False)
-    cdef double* d_out = _f64(durations, "durations", max_rounds, False)
-    cdef double* v_out = _f64(verify_s, "verify_s", max_rounds, False)
-    cdef i64* b_out = _i64(blocks, "blocks", max_rounds, False)
-    cdef i64* fin = _i64(finished, "finished", num, False)
+    cdef double* t_out = _f64(_w(times, "times"), "times", max_rounds + 1, False)
+    cdef double* d_out = _f64(_w(durations, "durations"), "durations", max_rounds, False)
+    cdef double* v_out = _f64(_w(verify_s, "verify_s"), "verify_s", max_rounds, False)
+    cdef i64* b_out = _i64(_w(blocks, "blocks"), "blocks", max_rounds, False)
+    cdef i64* fin = _i64(_w(finished, "finished"), "finished", num, False)
     cdef double draft_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 2))
     cdef double held_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 22))
     cdef double head_load_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 24))
@@ -759,7 +768,7 @@ def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double ov
         raise ValueError(f"n_cov_limit: must be >= 0, got {n_cov_limit}")
     cdef double* v = <double*>cnp.PyArray_DATA(vals)
     cdef double* t = _f64(times, "times", n_cov_limit + 1, False)
-    cdef i64* out = _i64(lengths, "lengths", num_req)
+    cdef i64* out = _i64(_w(lengths, "lengths"), "lengths", num_req)
 
     # scratch: the survivals (R*L), and the rows picked in rank order, each row's next position
     # and the merge's heap
@@ -878,9 +887,9 @@ def draft_confidences(cnp.ndarray dec not None, cnp.ndarray domain not None, cnp
     if cnp.PyArray_NDIM(probs) != 2:
         raise TypeError(f"probs: a C-contiguous 2-D float64 array is required, got {_layout(probs)}")
     cdef Py_ssize_t width = cnp.PyArray_DIM(probs, 1)
-    cdef double* p = _f64_2d(probs, "probs", num, width)
-    cdef double* rw = _f64_2d(raw, "raw", num, width)
-    cdef double* c = _f64_2d(conf, "conf", num, width)
+    cdef double* p = _f64_2d(_w(probs, "probs"), "probs", num, width)
+    cdef double* rw = _f64_2d(_w(raw, "raw"), "raw", num, width)
+    cdef double* c = _f64_2d(_w(conf, "conf"), "conf", num, width)
     cdef double* diff = _f64(difficulty, "difficulty", size)
     cdef double* sl = _f64(slope, "slope", num_dom)
     cdef double* t = _f64(temps, "temps", width, False)
@@ -975,7 +984,7 @@ def accept_apply(cnp.ndarray dec not None, cnp.ndarray u not None, cnp.ndarray p
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids.
     """
     cdef i64* ids = _i64(dec, "dec")
-    cdef i64* gen = _i64(generated, "generated")
+    cdef i64* gen = _i64(_w(generated, "generated"), "generated")
     cdef Py_ssize_t num = cnp.PyArray_DIM(dec, 0), size = cnp.PyArray_DIM(generated, 0), k, j
     if cnp.PyArray_NDIM(u) != 2:
         raise TypeError(f"u: a C-contiguous 2-D float64 array is required, got {_layout(u)}")
@@ -984,17 +993,17 @@ def accept_apply(cnp.ndarray dec not None, cnp.ndarray u not None, cnp.ndarray p
     cdef double* p = _f64_2d(probs, "probs", num, width)
     cdef i64* lens = _i64(lengths, "lengths", num)
     cdef i64* out = _i64(output, "output", size)
-    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
-    cdef i64* ver = _i64(verified, "verified", size)
-    cdef i64* acd = _i64(accepted, "accepted", size)
-    cdef i64* tok = _i64(tokens, "tokens", size)
-    cdef i64* blk = _i64(blocks, "blocks", size)
-    cdef i64* a_out = _i64(acc, "acc", num)
-    cdef i64* fin = _i64(finished, "finished", num, False)
+    cdef i64* nr = _i64(_w(num_rounds, "num_rounds"), "num_rounds", size)
+    cdef i64* ver = _i64(_w(verified, "verified"), "verified", size)
+    cdef i64* acd = _i64(_w(accepted, "accepted"), "accepted", size)
+    cdef i64* tok = _i64(_w(tokens, "tokens"), "tokens", size)
+    cdef i64* blk = _i64(_w(blocks, "blocks"), "blocks", size)
+    cdef i64* a_out = _i64(_w(acc, "acc"), "acc", num)
+    cdef i64* fin = _i64(_w(finished, "finished"), "finished", num, False)
     _check_block_tokens(block_tokens)
     cdef char* w = NULL
     if would is not None:
-        w = <char*>_data_2d(<cnp.ndarray?>would, "would", cnp.NPY_BOOL, "bool", num, width)
+        w = <char*>_data_2d(_w(<cnp.ndarray?>would, "would"), "would", cnp.NPY_BOOL, "bool", num, width)
     _check_ids(ids, num, size)
     for k in range(num):
         if lens[k] < 0 or lens[k] > width:
@@ -1077,7 +1086,7 @@ def place_prefill(cnp.ndarray pre not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* done = _i64(prefilled, "prefilled")
     cdef Py_ssize_t n = cnp.PyArray_DIM(pre, 0), size = cnp.PyArray_DIM(prefilled, 0), k
     cdef i64* want = _i64(target, "target", size)
-    cdef i64* out = _i64(chunks, "chunks", n)
+    cdef i64* out = _i64(_w(chunks, "chunks"), "chunks", n)
     _check_ids(ids, n, size)
     return _place_core(ids, n, done, want, limit, out)
 
@@ -1133,15 +1142,15 @@ def prefill_apply(cnp.ndarray pre not None, cnp.ndarray chunks not None, cnp.nda
         TypeError, ValueError, IndexError: arrays of the wrong type or length, or bad ids.
     """
     cdef i64* ids = _i64(pre, "pre")
-    cdef i64* done = _i64(prefilled, "prefilled")
+    cdef i64* done = _i64(_w(prefilled, "prefilled"), "prefilled")
     cdef Py_ssize_t n = cnp.PyArray_DIM(pre, 0), size = cnp.PyArray_DIM(prefilled, 0), k
     cdef i64* ch = _i64(chunks, "chunks", n)
     cdef i64* want = _i64(target, "target", size)
-    cdef i64* tok = _i64(tokens, "tokens", size)
-    cdef i64* gen = _i64(generated, "generated", size)
+    cdef i64* tok = _i64(_w(tokens, "tokens"), "tokens", size)
+    cdef i64* gen = _i64(_w(generated, "generated"), "generated", size)
     cdef i64* out = _i64(output, "output", size)
-    cdef double* first = _f64(first_token_at, "first_token_at", size)
-    cdef i64* fin = _i64(finished, "finished", n, False)
+    cdef double* first = _f64(_w(first_token_at, "first_token_at"), "first_token_at", size)
+    cdef i64* fin = _i64(_w(finished, "finished"), "finished", n, False)
     _check_ids(ids, n, size)
     cdef i64 counts[2]
     cdef Py_ssize_t nf
@@ -1291,9 +1300,9 @@ def binned_rows(cnp.ndarray probs not None, cnp.ndarray outcomes not None, i64 n
         _check_1d(outcomes, "outcomes", cnp.NPY_BOOL, "bool", n, True)
     cdef char* y = <char*>(cnp.PyArray_DATA(outcomes) if shared else
                            _data_2d(outcomes, "outcomes", cnp.NPY_BOOL, "bool", m, n))
-    cdef double* sp = _f64_2d(sum_prob, "sum_prob", m, n_bins)
-    cdef double* sy = _f64_2d(sum_pos, "sum_pos", m, n_bins)
-    cdef i64* cnt = <i64*>_data_2d(counts, "counts", cnp.NPY_INT64, "int64", m, n_bins)
+    cdef double* sp = _f64_2d(_w(sum_prob, "sum_prob"), "sum_prob", m, n_bins)
+    cdef double* sy = _f64_2d(_w(sum_pos, "sum_pos"), "sum_pos", m, n_bins)
+    cdef i64* cnt = <i64*>_data_2d(_w(counts, "counts"), "counts", cnp.NPY_INT64, "int64", m, n_bins)
     for i in range(m * n):
         if not (0.0 <= p[i] <= 1.0):
             raise ValueError("probs: values must lie in [0, 1]")
@@ -1373,13 +1382,13 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, cnp.
     cdef Py_ssize_t n = cnp.PyArray_DIM(conf, 0), g = cnp.PyArray_DIM(conf, 1), i, k
     cdef double* c = _f64_2d(conf, "conf", n, g)
     cdef char* y = <char*>_data_2d(outcomes, "outcomes", cnp.NPY_BOOL, "bool", n, g)
-    cdef double* surv = _f64_2d(survival, "survival", n, g)
-    cdef i64* cnt_a = <i64*>_data_2d(counts_a, "counts_a", cnp.NPY_INT64, "int64", g, n_bins_a)
-    cdef double* sp_a = _f64_2d(sum_prob_a, "sum_prob_a", g, n_bins_a)
-    cdef double* sy_a = _f64_2d(sum_pos_a, "sum_pos_a", g, n_bins_a)
-    cdef i64* cnt_b = <i64*>_data_2d(counts_b, "counts_b", cnp.NPY_INT64, "int64", g, n_bins_b)
-    cdef double* sp_b = _f64_2d(sum_prob_b, "sum_prob_b", g, n_bins_b)
-    cdef double* sy_b = _f64_2d(sum_pos_b, "sum_pos_b", g, n_bins_b)
+    cdef double* surv = _f64_2d(_w(survival, "survival"), "survival", n, g)
+    cdef i64* cnt_a = <i64*>_data_2d(_w(counts_a, "counts_a"), "counts_a", cnp.NPY_INT64, "int64", g, n_bins_a)
+    cdef double* sp_a = _f64_2d(_w(sum_prob_a, "sum_prob_a"), "sum_prob_a", g, n_bins_a)
+    cdef double* sy_a = _f64_2d(_w(sum_pos_a, "sum_pos_a"), "sum_pos_a", g, n_bins_a)
+    cdef i64* cnt_b = <i64*>_data_2d(_w(counts_b, "counts_b"), "counts_b", cnp.NPY_INT64, "int64", g, n_bins_b)
+    cdef double* sp_b = _f64_2d(_w(sum_prob_b, "sum_prob_b"), "sum_prob_b", g, n_bins_b)
+    cdef double* sy_b = _f64_2d(_w(sum_pos_b, "sum_pos_b"), "sum_pos_b", g, n_bins_b)
     for i in range(n * g):
         if not (0.0 <= c[i] <= 1.0):
             raise ValueError("conf: values must lie in [0, 1]")
@@ -1453,7 +1462,7 @@ def pack_rows(list rows not None, list cols not None):
     cdef int overflow
     try:
         for j in range(m):
-            col = <cnp.ndarray?>cols[j]
+            col = _w(<cnp.ndarray?>cols[j], f"cols[{j}]")
             if cnp.PyArray_NDIM(col) != 1 or not cnp.PyArray_IS_C_CONTIGUOUS(col) or cnp.PyArray_DIM(col, 0) != n:
                 raise ValueError(f"cols[{j}]: a C-contiguous 1-D array of {n} elements is required")
             kind[j] = {cnp.NPY_FLOAT64: 0, cnp.NPY_INT32: 1, cnp.NPY_INT8: 2}.get(cnp.PyArray_TYPE(col), -1)
@@ -1647,23 +1656,23 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids.
     """
     cdef i64* ids = _i64(run, "run")
-    cdef i64* gen = _i64(generated, "generated")
+    cdef i64* gen = _i64(_w(generated, "generated"), "generated")
     cdef Py_ssize_t num_run = cnp.PyArray_DIM(run, 0), size = cnp.PyArray_DIM(generated, 0), k
     if num_run < 1 or gamma < 1 or block_tokens < 1:
         raise ValueError(f"drafted_block: needs >= 1 request, position and block token (got {num_run}, {gamma}, "
                          f"{block_tokens})")
     cdef Py_ssize_t width = gamma
-    cdef i64* done = _i64(prefilled, "prefilled", size)
+    cdef i64* done = _i64(_w(prefilled, "prefilled"), "prefilled", size)
     cdef i64* want = _i64(target, "target", size)
     cdef i64* dom = _i64(domain, "domain", size)
     cdef double* diff = _f64(difficulty, "difficulty", size)
     cdef i64* out = _i64(output, "output", size)
-    cdef i64* nr = _i64(num_rounds, "num_rounds", size)
-    cdef i64* ver = _i64(verified, "verified", size)
-    cdef i64* acd = _i64(accepted, "accepted", size)
-    cdef i64* tok = _i64(tokens, "tokens", size)
-    cdef i64* blk = _i64(blocks, "blocks", size)
-    cdef double* first = _f64(first_token_at, "first_token_at", size)
+    cdef i64* nr = _i64(_w(num_rounds, "num_rounds"), "num_rounds", size)
+    cdef i64* ver = _i64(_w(verified, "verified"), "verified", size)
+    cdef i64* acd = _i64(_w(accepted, "accepted"), "accepted", size)
+    cdef i64* tok = _i64(_w(tokens, "tokens"), "tokens", size)
+    cdef i64* blk = _i64(_w(blocks, "blocks"), "blocks", size)
+    cdef double* first = _f64(_w(first_token_at, "first_token_at"), "first_token_at", size)
     cdef double* m = _f64(mu, "mu")
     cdef Py_ssize_t num_dom = cnp.PyArray_DIM(mu, 0)
     cdef double* sl = _f64(slope, "slope", num_dom)
@@ -1672,16 +1681,16 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         bs = _f64_2d(<cnp.ndarray?>base, "base", num_dom, width)
     cdef double* t = _f64(temps, "temps", width, False)
     cdef double* dts = _f64(draft_times, "draft_times", num_run + 1, False)
-    cdef i64* dec = _i64(dec_out, "dec_out", num_run)
-    cdef i64* pre = _i64(pre_out, "pre_out", num_run)
-    cdef double* p = _f64_2d(probs, "probs", num_run, width)
-    cdef double* rw = _f64_2d(raw, "raw", num_run, width)
-    cdef double* c = _f64_2d(conf, "conf", num_run, width)
-    cdef i64* fin = _i64(finished, "finished", num_run, False)
-    cdef i64* lengths = _i64(lengths_out, "lengths_out", num_run)
-    cdef i64* chunks = _i64(chunks_out, "chunks_out", num_run)
-    cdef double* pf = _f64(pending_f, "pending_f", 6)
-    cdef i64* pi = _i64(pending_i, "pending_i", 8)
+    cdef i64* dec = _i64(_w(dec_out, "dec_out"), "dec_out", num_run)
+    cdef i64* pre = _i64(_w(pre_out, "pre_out"), "pre_out", num_run)
+    cdef double* p = _f64_2d(_w(probs, "probs"), "probs", num_run, width)
+    cdef double* rw = _f64_2d(_w(raw, "raw"), "raw", num_run, width)
+    cdef double* c = _f64_2d(_w(conf, "conf"), "conf", num_run, width)
+    cdef i64* fin = _i64(_w(finished, "finished"), "finished", num_run, False)
+    cdef i64* lengths = _i64(_w(lengths_out, "lengths_out"), "lengths_out", num_run)
+    cdef i64* chunks = _i64(_w(chunks_out, "chunks_out"), "chunks_out", num_run)
+    cdef double* pf = _f64(_w(pending_f, "pending_f"), "pending_f", 6)
+    cdef i64* pi = _i64(_w(pending_i, "pending_i"), "pending_i", 8)
     cdef object consts = row_consts
     _check_fields(gate, "gate", 6)
     _check_fields(coherence, "coherence", 4)
@@ -1706,9 +1715,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         if cnp.PyArray_NDIM(<cnp.ndarray?>diag_raw) != 2:
             raise TypeError(f"diag_raw: a C-contiguous 2-D float64 array is required, got {_layout(diag_raw)}")
         diag_left = cnp.PyArray_DIM(<cnp.ndarray>diag_raw, 0)
-        dg_raw = _f64_2d(<cnp.ndarray?>diag_raw, "diag_raw", diag_left, width)
-        dg_conf = _f64_2d(<cnp.ndarray?>diag_conf, "diag_conf", diag_left, width)
-        dg_would = <char*>_data_2d(<cnp.ndarray?>diag_would, "diag_would", cnp.NPY_BOOL, "bool", diag_left, width)
+        dg_raw = _f64_2d(_w(<cnp.ndarray?>diag_raw, "diag_raw"), "diag_raw", diag_left, width)
+        dg_conf = _f64_2d(_w(<cnp.ndarray?>diag_conf, "diag_conf"), "diag_conf", diag_left, width)
+        dg_would = <char*>_data_2d(_w(<cnp.ndarray?>diag_would, "diag_would"), "diag_would", cnp.NPY_BOOL, "bool", diag_left, width)
     _check_ids(ids, num_run, size)
     for k in range(num_run):
         if dom[ids[k]] < 0 or dom[ids[k]] >= num_dom:

@@ -1005,6 +1005,7 @@ def test_every_kernel_checks_an_array_before_it_reads_its_shape():
         public = {n for n in dir(kernels) if not n.startswith("_") and callable(getattr(kernels, n))}
         assert {name for name, _, _ in sigs} == public
     for name, params, body in sigs:
+        body = body.replace("_w(", "")  # _i64(_w(a, ...), ...): the writeable check, then _i64's
         for p, not_none in params:
             assert not_none, f"{name}: ndarray parameter {p!r} must be declared `not None`"
             first_dim = body.find(f"PyArray_DIM({p},")
@@ -1122,3 +1123,91 @@ def test_every_list_or_tuple_parameter_refuses_none_and_every_tuple_read_by_posi
                 sized = [f"_check_fields({p},", f"_read_pricer({p},", f"PyTuple_GET_SIZE({p})"]
                 first = re.search(rf"\b{p}\[\d", body).start()
                 assert any(0 <= body.find(c) < first for c in sized), f"{name}: reads {p}[...] before sizing it"
+
+
+def _positional_names() -> dict[str, list[str]]:
+    """Every public kernel's parameter names in order, read from the source."""
+    import re
+
+    src = (REPO / "memtp_sim" / "_kernels.pyx").read_text()
+    out = {}
+    for m in re.finditer(r"^def (\w+)\(((?:[^()]|\n)*?)\):", src, flags=re.M):
+        parts = [p.split("=")[0].replace("not None", "").split() for p in m.group(2).split(",") if p.strip()]
+        out[m.group(1)] = [p[-1] for p in parts]
+    return out
+
+
+@needs_kernels
+def test_no_kernel_writes_into_an_array_it_was_given_read_only(monkeypatch):
+    # the kind of a review's fault (plain_block, and the older kernels, wrote into a read-only
+    # tokens array, where numpy's assignment raises): whole runs with every array any kernel gets
+    # handed to it read-only. A kernel must refuse an array it writes ("NAME: the kernel writes
+    # into this array, and it is read-only"), before any work; the wrapper then hands that one
+    # over writeable and calls again. Every array still read-only must come back unchanged, and
+    # the runs must equal runs without the wrapper.
+    import re
+
+    from memtp_sim.engine import Engine
+
+    names = _positional_names()
+    seen: dict[str, set[str]] = {}
+
+    def strict(name, fn):  # noqa: ANN001, ANN202
+        def call(*args):  # noqa: ANN002, ANN202
+            args = list(args)
+            params = names[name]
+            ro = {}  # (argument, item of a list argument or None) -> (the view, the array, its bytes)
+
+            def read_only(a, key):  # noqa: ANN001, ANN202
+                view = a.view()
+                view.flags.writeable = False
+                ro[key] = (view, a, a.tobytes())
+                return view
+
+            for k, a in enumerate(args):
+                if isinstance(a, np.ndarray):
+                    args[k] = read_only(a, (k, None))
+                elif isinstance(a, list) and a and all(isinstance(x, np.ndarray) for x in a):
+                    args[k] = [read_only(x, (k, j)) for j, x in enumerate(a)]  # pack_rows' columns
+            while True:
+                try:
+                    out = fn(*args)
+                    break
+                except ValueError as e:
+                    m = re.match(r"(\w+)(?:\[(\d+)\])?: the kernel writes into this array, and it is read-only",
+                                 str(e))
+                    if m is None:
+                        raise
+                    key = (params.index(m.group(1)), None if m.group(2) is None else int(m.group(2)))
+                    assert key in ro, f"{name} refused {m.group(0)} twice"
+                    base = ro.pop(key)[1]
+                    if key[1] is None:
+                        args[key[0]] = base
+                    else:
+                        args[key[0]][key[1]] = base
+                    seen.setdefault(name, set()).add(m.group(1))
+            for (k, _), (_, base, before) in ro.items():
+                assert base.tobytes() == before, f"{name} wrote into read-only {params[k]}"
+            return out
+        return call
+
+    scenarios = [
+        scenario(policy={"name": p}, workload={"concurrency": c, "num_requests": 40},
+                 engine={"prefill": pre, "prefill_gpus": 2})
+        for p, c, pre in (("dspark", 8, "disaggregated"), ("no_spec", 6, "colocated"), ("static", 4, "colocated"),
+                          ("mtp1", 4, "disaggregated"))
+    ] + [scenario(policy={"name": "dspark"}, hardware={"profile": "h200-llama31-8b-bf16"},
+                  workload={"concurrency": 6, "num_requests": 30}, engine={"prefill": "colocated"})]
+    for blocks in (True, False):  # drafted blocks, and the round path's kernels
+        monkeypatch.setattr(Engine, "DRAFT_BLOCKS", blocks)
+        want = [run(sc, seed=1).state for sc in scenarios]
+        with monkeypatch.context() as mp:
+            for name in names:
+                mp.setattr(kernels, name, strict(name, getattr(kernels, name)))
+            got = [run(sc, seed=1).state for sc in scenarios]
+        for g, w in zip(got, want):
+            assert_same_state(g, w)
+    # the runs reached the kernels that write into arrays
+    for name in ("split_decoding", "plain_block", "prefix_scan", "draft_confidences", "accept_apply",
+                 "place_prefill", "prefill_apply", "survival_bins", "pack_rows", "drafted_block"):
+        assert name in seen, f"no run reached {name}"
