@@ -605,6 +605,10 @@ def survival_calibration(confidences: NDArray, accepted: NDArray, *, n_bins: int
         ``(metrics, curves)``: :class:`PositionMetrics` of ``(gamma,)`` arrays and one
         :class:`ReliabilityCurve` per position.
 
+    Raises:
+        InvalidArgumentError: ``n_bins`` or ``curve_bins`` < 1.
+        ValueError: with the compiled kernels, a confidence outside [0, 1] (NaN included).
+
     Source:
         DSpark paper section 3.2 and Fig. 6 (per-position ECE, AUC and reliability of joint survival).
     """
