@@ -126,7 +126,10 @@ def simpy_floor_us(rounds: int = 20000) -> float:
 
 
 def subprocess_s(code: str, repeat: int) -> float:
-    """Best wall time of a fresh ``python -c code`` in the repository root (interpreter start included)."""
+    """Best wall time of a fresh ``python -c code`` in the repository root (interpreter start
+    included), after one untimed run: the first start reads files from disk that later ones find
+    in the page cache, which made a single cold baseline slower than the run measured against it."""
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
