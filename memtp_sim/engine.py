@@ -986,12 +986,7 @@ class Engine:
             return rounds
         else:
             return 0
-        kv.blocks_used += added  # KVCacheManager.append's bookkeeping, done in the kernel
-        if kv.blocks_used > kv.capacity:
-            kv.check("append")
-        self._spec_on = False
-        if num_fin:
-            self._finish(finished[:num_fin].tolist())
+        self._plain_applied(added, finished[:num_fin])
         if rounds > log.SHORT_BLOCK:
             self._plain_columns(template, times, durations, verify_s, blocks, rounds, kv_read)
         elif num_fin:  # the last round's row: KV after its finished requests freed theirs
@@ -999,6 +994,17 @@ class Engine:
             log.rows[-1] = (*row[:15], kv.blocks_used, *row[16:])
         log.flush_if_full()
         return rounds
+
+    def _plain_applied(self, added: int, finished: np.ndarray) -> None:
+        """After a kernel applied a plain block: KVCacheManager.append's bookkeeping (``added``
+        blocks) and the ids that finished."""
+        kv = self.kv
+        kv.blocks_used += added
+        if kv.blocks_used > kv.capacity:
+            kv.check("append")
+        self._spec_on = False
+        if finished.size:
+            self._finish(finished.tolist())
 
     def _plain_template(self, num_dec: int, gamma: int, draft_s: float, overhead_s: float, head_load_s: float,
                         extrapolated: int) -> tuple:
@@ -1045,12 +1051,7 @@ class Engine:
             finished = self._scratch[4]
             added, num_fin = self._kernels.plain_apply(dec, rounds, self.generated, self.num_rounds, kv.tokens,
                                                        kv.blocks, self.output, kv.block_tokens, finished)
-            kv.blocks_used += added  # KVCacheManager.append's bookkeeping, done in the kernel
-            if kv.blocks_used > kv.capacity:
-                kv.check("append")
-            self._spec_on = False
-            if num_fin:
-                self._finish(finished[:num_fin].tolist())
+            self._plain_applied(added, finished[:num_fin])
         else:
             gen = self.generated[dec] + rounds
             self.generated[dec] = gen
