@@ -294,6 +294,25 @@ def all_prefilled(cnp.ndarray reqs not None, cnp.ndarray prefilled not None, cnp
     return True
 
 
+cdef struct _PlanBuffers:
+    double* times
+    double* durations
+    double* verify_s
+    i64* blocks
+
+
+cdef _PlanBuffers _plan_buffers(cnp.ndarray times, cnp.ndarray durations, cnp.ndarray verify_s, cnp.ndarray blocks,
+                                i64 max_rounds) except *:
+    # a plan's out arrays (plain_plan, plain_block): writeable, float64 round starts (max_rounds + 1),
+    # round and pass times and int64 KV blocks (max_rounds each), or longer
+    cdef _PlanBuffers buf
+    buf.times = _f64(_w(times, "times"), "times", max_rounds + 1, False)
+    buf.durations = _f64(_w(durations, "durations"), "durations", max_rounds, False)
+    buf.verify_s = _f64(_w(verify_s, "verify_s"), "verify_s", max_rounds, False)
+    buf.blocks = _i64(_w(blocks, "blocks"), "blocks", max_rounds, False)
+    return buf
+
+
 def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarray output not None,
                cnp.ndarray generated not None, i64 block_tokens, i64 capacity, double now, double next_event, i64 ahead,
                i64 max_rounds, double fixed_s, bint context, double first_s, double zero_ms, double factor,
@@ -343,10 +362,11 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
         raise ValueError(f"plain_plan: needs >= 1 request, round and block token (got {num}, {max_rounds}, "
                          f"{block_tokens})")
     _check_ids(ids, num, size)
-    cdef double* t_out = _f64(_w(times, "times"), "times", max_rounds + 1, False)
-    cdef double* d_out = _f64(_w(durations, "durations"), "durations", max_rounds, False)
-    cdef double* v_out = _f64(_w(verify_s, "verify_s"), "verify_s", max_rounds, False)
-    cdef i64* b_out = _i64(_w(blocks, "blocks"), "blocks", max_rounds, False)
+    cdef _PlanBuffers buf = _plan_buffers(times, durations, verify_s, blocks, max_rounds)
+    cdef double* t_out = buf.times
+    cdef double* d_out = buf.durations
+    cdef double* v_out = buf.verify_s
+    cdef i64* b_out = buf.blocks
     cdef i64 kv_read, rounds
     rounds = _plain_plan_core(ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
                               fixed_s, context, first_s, zero_ms, factor, a_slope, q, b_ms_per_kv_token,
@@ -577,10 +597,11 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
         raise ValueError(f"plain_block: needs >= 1 request, round and block token, and 0 <= resume_rounds <= "
                          f"max_rounds (got {num}, {max_rounds}, {block_tokens}, {resume_rounds})")
     _check_ids(ids, num, size)
-    cdef double* t_out = _f64(_w(times, "times"), "times", max_rounds + 1, False)
-    cdef double* d_out = _f64(_w(durations, "durations"), "durations", max_rounds, False)
-    cdef double* v_out = _f64(_w(verify_s, "verify_s"), "verify_s", max_rounds, False)
-    cdef i64* b_out = _i64(_w(blocks, "blocks"), "blocks", max_rounds, False)
+    cdef _PlanBuffers buf = _plan_buffers(times, durations, verify_s, blocks, max_rounds)
+    cdef double* t_out = buf.times
+    cdef double* d_out = buf.durations
+    cdef double* v_out = buf.verify_s
+    cdef i64* b_out = buf.blocks
     cdef i64* fin = _i64(_w(finished, "finished"), "finished", num, False)
     cdef double draft_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 2))
     cdef double held_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 22))
