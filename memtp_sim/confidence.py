@@ -350,9 +350,13 @@ def auc_score(scores: ArrayLike, labels: ArrayLike) -> float:
 
 def _auc_checked(s: NDArray, y: NDArray, n_pos: int) -> float:
     """:func:`auc_score` of checked scores and labels with ``0 < n_pos < len(y)`` positives."""
-    n_neg = y.size - n_pos
-    u_stat = _positive_rank_sum(s, y) - n_pos * (n_pos + 1) / 2.0
-    return float(u_stat / (n_pos * n_neg))
+    return _auc_of_rank_sum(_positive_rank_sum(s, y), n_pos, y.size)
+
+
+def _auc_of_rank_sum(rank_sum: float, n_pos: int, n: int) -> float:
+    """The AUC from the positives' rank sum: the Mann-Whitney U over ``n_pos * (n - n_pos)``."""
+    u_stat = rank_sum - n_pos * (n_pos + 1) / 2.0
+    return float(u_stat / (n_pos * (n - n_pos)))
 
 
 def _positive_rank_sum(s: NDArray, y: NDArray) -> float:
@@ -619,14 +623,22 @@ def survival_calibration(confidences: NDArray, accepted: NDArray, *, n_bins: int
         return (survival_metrics(survival, accepted, n_bins=n_bins, auc=auc),
                 reliability_rows(np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T), n_bins=curve_bins))
     n, gamma = confidences.shape
-    survival = np.empty((n, gamma))
+    keys, sq_err_sums = np.empty((gamma, n), dtype=np.uint64), np.empty(gamma)
     ece_sums = (np.empty((gamma, n_bins), dtype=np.int64), np.empty((gamma, n_bins)), np.empty((gamma, n_bins)))
     curve_sums = (np.empty((gamma, curve_bins), dtype=np.int64), np.empty((gamma, curve_bins)), np.empty((gamma, curve_bins)))
-    kernels.survival_bins(np.ascontiguousarray(confidences), np.ascontiguousarray(accepted), survival, n_bins,
-                          *ece_sums, curve_bins, *curve_sums)
+    confidences, accepted = np.ascontiguousarray(confidences), np.ascontiguousarray(accepted)
+    kernels.survival_bins(confidences, accepted, keys, sq_err_sums, n_bins, *ece_sums, curve_bins, *curve_sums)
     ece = np.abs(ece_sums[2] - ece_sums[1]).sum(axis=1) / n  # as _ece_rows reduces the same sums
-    brier = np.mean((survival - accepted) ** 2, axis=0)
-    auc_k = _auc_rows(np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T)) if auc else np.full(gamma, np.nan)
+    # numpy sums one column pairwise, several in row order (the kernel's order): one column stays numpy's
+    brier = sq_err_sums / n if gamma > 1 else np.mean((confidences - accepted) ** 2, axis=0)
+    auc_k = np.full(gamma, np.nan)
+    if auc:
+        keys.sort(axis=1)
+        rank_sums, num_pos = np.empty(gamma), np.empty(gamma, dtype=np.int64)
+        kernels.positive_rank_sums(keys, rank_sums, num_pos)
+        for k in range(gamma):
+            if 0 < num_pos[k] < n:
+                auc_k[k] = _auc_of_rank_sum(float(rank_sums[k]), int(num_pos[k]), n)
     return PositionMetrics(ece=ece, auc=auc_k, brier=brier), _curves(*curve_sums)
 
 

@@ -737,6 +737,7 @@ def test_a_policy_that_plans_lengths_outside_its_drafts_stops_the_run(bad, compi
 
 
 _EDGES = st.sampled_from([0.0, 1.0, 1 / 15, 2 / 15, 0.1, 0.2, 0.3, 14 / 15, 0.5, 7 / 15]) | st.floats(0.0, 1.0)
+_SIGNED_EDGES = _EDGES | st.just(-0.0)  # -0.0 passes the [0, 1] check and ties 0.0
 
 
 @needs_kernels
@@ -773,7 +774,7 @@ def test_survival_calibration_in_one_pass_is_the_numpy_metrics(n, gamma, n_bins,
     from memtp_sim import auc_score, brier_score, expected_calibration_error
     from memtp_sim.confidence import survival_calibration
 
-    conf = np.array(data.draw(st.lists(_EDGES, min_size=n * gamma, max_size=n * gamma))).reshape(n, gamma)
+    conf = np.array(data.draw(st.lists(_SIGNED_EDGES, min_size=n * gamma, max_size=n * gamma))).reshape(n, gamma)
     ok = np.logical_and.accumulate(np.array(data.draw(st.lists(st.booleans(), min_size=n * gamma,
                                                                max_size=n * gamma))).reshape(n, gamma), axis=1)
     got_m, got_c = survival_calibration(conf, ok, n_bins=n_bins, curve_bins=curve_bins, auc=auc)
@@ -924,6 +925,49 @@ def test_positive_rank_sum_is_the_tie_averaged_rank_sum(pairs):
 
 
 @needs_kernels
+def test_positive_rank_sums_by_hand():
+    # scores 0.2 (positive), 0.2 (negative), 0.5 (positive): ranks 1.5, 1.5 and 3, so the
+    # positives sum to 4.5; a second row with no positive sums to 0
+    def key(score, positive):
+        return (int(np.float64(score).view(np.uint64)) << 1) | int(positive)
+
+    keys = np.array(sorted([key(0.2, True), key(0.2, False), key(0.5, True)])
+                    + [key(0.1, False), key(0.1, False), key(0.9, False)], dtype=np.uint64).reshape(2, 3)
+    rank_sums, num_pos = np.empty(2), np.empty(2, dtype=np.int64)
+    kernels.positive_rank_sums(keys, rank_sums, num_pos)
+    assert rank_sums.tolist() == [4.5, 0.0] and num_pos.tolist() == [2, 0]
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 7), st.data())
+def test_survival_bins_keys_and_squared_errors(n, gamma, data):
+    # oracles: np.cumprod for the survivals the keys carry; the outcomes in the low bit; the
+    # squared errors added in row order; scipy.stats.rankdata's average ranks (-0.0 ties 0.0)
+    # summed over each position's positives, after np.sort of the keys
+    from scipy.stats import rankdata
+
+    conf = np.array(data.draw(st.lists(_SIGNED_EDGES, min_size=n * gamma, max_size=n * gamma))).reshape(n, gamma)
+    ok = np.array(data.draw(st.lists(st.booleans(), min_size=n * gamma, max_size=n * gamma))).reshape(n, gamma)
+    keys, sq = np.empty((gamma, n), dtype=np.uint64), np.empty(gamma)
+    sums = [np.empty((gamma, 3), dtype=np.int64), np.empty((gamma, 3)), np.empty((gamma, 3))]
+    kernels.survival_bins(conf, ok, keys, sq, 3, *sums, 3, *[a.copy() for a in sums])
+    survival = np.cumprod(conf, axis=1) + 0.0  # + 0.0: -0.0 as 0.0
+    assert (keys >> np.uint64(1)).tobytes() == survival.T.copy().view(np.uint64).tobytes()
+    assert ((keys & np.uint64(1)) == 1).tolist() == ok.T.tolist()
+    want_sq = np.zeros(gamma)
+    for i in range(n):
+        want_sq = want_sq + (survival[i] - ok[i]) ** 2
+    assert sq.tobytes() == want_sq.tobytes()
+    keys.sort(axis=1)
+    rank_sums, num_pos = np.empty(gamma), np.empty(gamma, dtype=np.int64)
+    kernels.positive_rank_sums(keys, rank_sums, num_pos)
+    for k in range(gamma):
+        assert num_pos[k] == ok[:, k].sum()
+        assert rank_sums[k] == float(rankdata(survival[:, k])[ok[:, k]].sum())
+
+
+@needs_kernels
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), min_size=0, max_size=40),
        st.sampled_from(["1d", "2d", "strided"]))
@@ -1046,9 +1090,10 @@ _ZERO_D_CALLS = {
     "sum_within": "K.sum_within({i}, 3)",
     "binned_rows": "K.binned_rows({a}, np.zeros(3, bool), 2, np.zeros((1, 2), np.int64), np.zeros((1, 2)), "
                    "np.zeros((1, 2)))",
-    "survival_bins": "K.survival_bins({a}, np.zeros((1, 1), bool), np.zeros((1, 1)), 2, np.zeros((1, 2), np.int64), "
-                     "np.zeros((1, 2)), np.zeros((1, 2)), 2, np.zeros((1, 2), np.int64), np.zeros((1, 2)), "
-                     "np.zeros((1, 2)))",
+    "survival_bins": "K.survival_bins({a}, np.zeros((1, 1), bool), np.zeros((1, 1), np.uint64), np.zeros(1), 2, "
+                     "np.zeros((1, 2), np.int64), np.zeros((1, 2)), np.zeros((1, 2)), 2, np.zeros((1, 2), np.int64), "
+                     "np.zeros((1, 2)), np.zeros((1, 2)))",
+    "positive_rank_sums": "K.positive_rank_sums(np.zeros((1, 1), np.uint64), {a}, np.zeros(1, np.int64))",
 }
 
 
