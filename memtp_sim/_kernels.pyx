@@ -636,31 +636,58 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
         _plain_rows_core(rows, template, t_out, d_out, v_out, b_out, rounds, blocks_used + added, kv_read, num)
     return 3, rounds, kv_read, added, nf
 
-cdef inline bint _before(double x, i64 r1, double y, i64 r2) noexcept nogil:
-    # candidate (x, row r1) comes before (y, row r2): larger joint survival, ties to the lower row
-    # (a stable sort of -a in row-major order; within a row survivals never rise, so rows stay in order)
-    return x > y or (x == y and r1 < r2)
-
-
-cdef void _sift_down(double* key, i64* row, Py_ssize_t size, Py_ssize_t i) noexcept nogil:
-    # the heap holds each row's next candidate as (key, row) side by side: a comparison reads two
-    # numbers, not a row's position and then its survival
-    cdef Py_ssize_t child
-    cdef double k = key[i]
-    cdef i64 r = row[i]
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _before(key[child + 1], row[child + 1], key[child], row[child]):
-            child += 1
-        if not _before(key[child], row[child], k, r):
-            break
-        key[i] = key[child]
-        row[i] = row[child]
-        i = child
-    key[i] = k
-    row[i] = r
+cdef Py_ssize_t _merge_runs(double* val, i64* row, double* val2, i64* row2, i64* bounds, Py_ssize_t runs,
+                            Py_ssize_t need) noexcept nogil:
+    # Sort the candidates val[0:bounds[runs]] (with their rows) by descending value, ties to the
+    # earlier candidate, given runs that each descend: bottom-up merges of neighbouring runs, the
+    # left run first on ties, so the order is a stable sort of -val (candidates are in row-major
+    # order, so ties go to the lower row, and within a row to the lower position). The last merge
+    # stops after ``need`` candidates. Returns 0 if the result is in val/row, 1 if in val2/row2.
+    cdef Py_ssize_t k, i, ie, j, je, o, m, out_runs, lim
+    cdef int where = 0
+    cdef double* sv
+    cdef i64* sr
+    cdef double* dv
+    cdef i64* dr
+    cdef Py_ssize_t right
+    while runs > 1:
+        sv, sr = (val, row) if where == 0 else (val2, row2)
+        dv, dr = (val2, row2) if where == 0 else (val, row)
+        out_runs = 0
+        lim = need if runs <= 2 else bounds[runs]
+        k = 0
+        while k < runs:
+            i, ie = bounds[k], bounds[k + 1]
+            o = i
+            if k + 1 < runs:
+                j, je = ie, bounds[k + 2]
+                while i < ie and j < je and o < lim:
+                    # branch-free (an index select, not a jump: the order is data, so jumps mispredict);
+                    # strictly larger: ties keep the left (earlier) run first
+                    right = sv[j] > sv[i]
+                    m = j if right else i
+                    dv[o] = sv[m]
+                    dr[o] = sr[m]
+                    j += right
+                    i += 1 - right
+                    o += 1
+                while j < je and o < lim:
+                    dv[o] = sv[j]
+                    dr[o] = sr[j]
+                    j += 1
+                    o += 1
+            while i < ie and o < lim:
+                dv[o] = sv[i]
+                dr[o] = sr[i]
+                i += 1
+                o += 1
+            bounds[out_runs] = bounds[k]
+            out_runs += 1
+            k += 2
+        bounds[out_runs] = bounds[runs]
+        runs = out_runs
+        where = 1 - where
+    return where
 
 
 cdef struct _Scan:
@@ -673,36 +700,35 @@ cdef struct _Scan:
 cdef _Scan _scan_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double* t, double overhead_s,
                       bint has_no_draft_pass, double no_draft_pass_s, i64 n_limit, i64 n_cov_limit, bint early_stop,
                       i64* out, double* a, i64* picked) noexcept nogil:
-    # prefix_scan's work on checked pointers; a: R*L + R doubles, picked: R*L + 2R int64 scratch
+    # prefix_scan's work on checked pointers; a: 2*R*L doubles, picked: 2*R*L + R + 1 int64 scratch
     cdef _Scan res
     cdef Py_ssize_t total = num_req * width
-    cdef Py_ssize_t r, j, n, size, n_max = 0, n_cov, n_star, best
+    cdef Py_ssize_t r, j, n, n_max = 0, n_cov, n_star, best
     cdef double s, tau, theta, prev, theta_best, tau_best, theta_star, tau_star
     cdef bint found = False, nan_best, in_range = True
-    cdef i64* pos = picked + total
-    cdef i64* heap = pos + num_req  # the rows in heap order
-    cdef double* head = a + total  # heap[i]'s next survival
+    cdef double* cand = a  # the positive survivals in row-major order, then merged (two buffers)
+    cdef i64* rows = picked
+    cdef i64* bounds = picked + 2 * total  # each row's run of candidates: [bounds[r], bounds[r + 1])
     for r in range(num_req):  # joint survivals: each row's running product, left to right
         s = 1.0
+        bounds[r] = n_max
         for j in range(width):
             in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
             s = s * v[r * width + j]
-            a[r * width + j] = s
-            if s > 0.0:
-                n_max += 1  # only drafts with positive probability are candidates
-        pos[r] = 0
-        heap[r] = r
-        head[r] = a[r * width]
+            if s > 0.0:  # only drafts with positive probability are candidates (a row's prefix)
+                cand[n_max] = s
+                rows[n_max] = r
+                n_max += 1
         out[r] = 0
+    bounds[num_req] = n_max
     res.in_range = in_range
     if not in_range:
         return res
     if n_max > n_limit:
         n_max = n_limit
     n_cov = n_max if n_max < n_cov_limit else n_cov_limit
-    size = num_req
-    for r in range(num_req // 2 - 1, -1, -1):
-        _sift_down(head, heap, size, r)
+    if _merge_runs(cand, rows, cand + total, rows + total, bounds, num_req, n_cov) == 1:
+        cand, rows = cand + total, rows + total
     # the scan; n = 0 is the anchors alone
     tau = <double>num_req
     theta = tau / (overhead_s + (no_draft_pass_s if has_no_draft_pass else t[0]))
@@ -711,18 +737,7 @@ cdef _Scan _scan_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double* t
     prev = theta
     s = 0.0
     for n in range(1, n_cov + 1):
-        r = heap[0]
-        picked[n - 1] = r
-        s = s + head[0]
-        pos[r] += 1
-        if pos[r] == width:  # the row is used up: the heap's last entry takes the top
-            size -= 1
-            heap[0] = heap[size]
-            head[0] = head[size]
-        else:
-            head[0] = a[r * width + pos[r]]
-        if size > 0:
-            _sift_down(head, heap, size, 0)
+        s = s + cand[n - 1]
         tau = s + <double>num_req
         theta = tau / (overhead_s + t[n])
         if not nan_best:  # np.argmax: the first maximum, or the first NaN
@@ -741,7 +756,7 @@ cdef _Scan _scan_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double* t
     elif not found:
         n_star = n_cov  # no candidate among those priced failed to raise theta
     for n in range(n_star):
-        out[picked[n]] += 1
+        out[rows[n]] += 1
     res.n_star, res.n_cov, res.n_max, res.best = n_star, n_cov, n_max, best
     res.theta_star, res.tau_star, res.theta_best = theta_star, tau_star, theta_best
     return res
@@ -753,8 +768,8 @@ def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double ov
     the engine's path of ``policies.dspark._schedule`` bit for bit.
 
     Candidates (r, j) are ranked by joint survival ``a[r, j] = prod(vals[r, :j+1])`` (descending,
-    ties in row-major order) with a merge of the rows (each is non-increasing) that stops after
-    the candidates the scan reads. Admitting the first n gives ``tau_n = R + sum of their a`` and
+    ties in row-major order) by branch-free bottom-up merges of the rows (each is non-increasing),
+    the last of which stops after the candidates the scan reads. Admitting the first n gives ``tau_n = R + sum of their a`` and
     ``theta_n = tau_n / (overhead_s + times[n])``.
 
     Args:
@@ -792,10 +807,9 @@ def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double ov
     cdef double* t = _f64(times, "times", n_cov_limit + 1, False)
     cdef i64* out = _i64(_w(lengths, "lengths"), "lengths", num_req)
 
-    # scratch: the survivals (R*L), and the rows picked in rank order, each row's next position
-    # and the merge's heap
-    cdef double* a = <double*>PyMem_Malloc((total + num_req) * sizeof(double))
-    cdef i64* picked = <i64*>PyMem_Malloc((total + 2 * num_req) * sizeof(i64))
+    # scratch: the candidates' survivals and rows, twice (the merge's two buffers), and the runs' bounds
+    cdef double* a = <double*>PyMem_Malloc(2 * total * sizeof(double))
+    cdef i64* picked = <i64*>PyMem_Malloc((2 * total + num_req + 1) * sizeof(i64))
     if a == NULL or picked == NULL:
         PyMem_Free(a)
         PyMem_Free(picked)
@@ -1814,11 +1828,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef bint per_tested = coherence[3]
     cdef object py_overhead_s = overhead_s, py_held_gib = held_gib, py_gamma = gamma, py_capacity = capacity
 
-    # scratch: offsets (N), noise and draws (N*L each), scan survivals (N*L + N), times (N*L + 1);
-    # lengths, accepted, chunks (N each), picked rows (N*L + 2N); would (N*L)
+    # scratch: offsets (N), noise and draws (N*L each), scan candidates (2*N*L), times (N*L + 1);
+    # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L)
     cdef Py_ssize_t most = num_run * width
-    cdef double* fbuf = <double*>PyMem_Malloc((4 * most + 2 * num_run + 1) * sizeof(double))
-    cdef i64* ibuf = <i64*>PyMem_Malloc((most + 3 * num_run) * sizeof(i64))
+    cdef double* fbuf = <double*>PyMem_Malloc((5 * most + num_run + 1) * sizeof(double))
+    cdef i64* ibuf = <i64*>PyMem_Malloc((2 * most + 2 * num_run + 1) * sizeof(i64))
     cdef char* would = <char*>PyMem_Malloc(most) if dg_would != NULL else NULL
     if fbuf == NULL or ibuf == NULL or (dg_would != NULL and would == NULL):
         PyMem_Free(fbuf)
@@ -1829,7 +1843,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double* noise = offsets + num_run
     cdef double* draws = noise + most
     cdef double* surv = draws + most
-    cdef double* times = surv + most + num_run
+    cdef double* times = surv + 2 * most
     cdef i64* acc = ibuf
     cdef i64* picked = acc + num_run
 
