@@ -636,6 +636,75 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
         _plain_rows_core(rows, template, t_out, d_out, v_out, b_out, rounds, blocks_used + added, kv_read, num)
     return 3, rounds, kv_read, added, nf
 
+cdef inline void _merge_front(double* sv, i64* sr, double* dv, i64* dr, Py_ssize_t i, Py_ssize_t ie,
+                              Py_ssize_t j, Py_ssize_t je, Py_ssize_t o, Py_ssize_t stop) noexcept nogil:
+    # the first outputs o..stop-1 of the stable descending merge of sv[i:ie] and sv[j:je]
+    cdef Py_ssize_t m, right
+    while i < ie and j < je and o < stop:
+        # branch-free (an index select, not a jump: the order is data, so jumps mispredict);
+        # strictly larger: ties keep the left (earlier) run first
+        right = sv[j] > sv[i]
+        m = j if right else i
+        dv[o] = sv[m]
+        dr[o] = sr[m]
+        j += right
+        i += 1 - right
+        o += 1
+    while i < ie and o < stop:
+        dv[o] = sv[i]
+        dr[o] = sr[i]
+        i += 1
+        o += 1
+    while j < je and o < stop:
+        dv[o] = sv[j]
+        dr[o] = sr[j]
+        j += 1
+        o += 1
+
+
+cdef inline void _merge_pair(double* sv, i64* sr, double* dv, i64* dr, Py_ssize_t i0, Py_ssize_t ie,
+                             Py_ssize_t je) noexcept nogil:
+    # the stable descending merge of sv[i0:ie] and sv[ie:je] into dv[i0:je], from both ends at once
+    # (two independent chains of loads and selects): the front takes the larger, the left on ties;
+    # the back takes the smaller, the right on ties (it comes later); each writes its own half
+    cdef Py_ssize_t half = i0 + (je - i0) // 2, i = i0, j = ie, o = i0
+    cdef Py_ssize_t a = ie - 1, b = je - 1, p = je - 1, m, right, left
+    while i < ie and j < je and o < half and a >= i0 and b >= ie and p >= half:
+        right = sv[j] > sv[i]
+        m = j if right else i
+        dv[o] = sv[m]
+        dr[o] = sr[m]
+        j += right
+        i += 1 - right
+        o += 1
+        left = sv[a] < sv[b]  # strictly smaller: ties put the right run's last first
+        m = a if left else b
+        dv[p] = sv[m]
+        dr[p] = sr[m]
+        a -= left
+        b -= 1 - left
+        p -= 1
+    _merge_front(sv, sr, dv, dr, i, ie, j, je, o, half)
+    while a >= i0 and b >= ie and p >= half:
+        left = sv[a] < sv[b]
+        m = a if left else b
+        dv[p] = sv[m]
+        dr[p] = sr[m]
+        a -= left
+        b -= 1 - left
+        p -= 1
+    while a >= i0 and p >= half:
+        dv[p] = sv[a]
+        dr[p] = sr[a]
+        a -= 1
+        p -= 1
+    while b >= ie and p >= half:
+        dv[p] = sv[b]
+        dr[p] = sr[b]
+        b -= 1
+        p -= 1
+
+
 cdef Py_ssize_t _merge_runs(double* val, i64* row, double* val2, i64* row2, i64* bounds, Py_ssize_t runs,
                             Py_ssize_t need) noexcept nogil:
     # Sort the candidates val[0:bounds[runs]] (with their rows) by descending value, ties to the
@@ -643,44 +712,24 @@ cdef Py_ssize_t _merge_runs(double* val, i64* row, double* val2, i64* row2, i64*
     # left run first on ties, so the order is a stable sort of -val (candidates are in row-major
     # order, so ties go to the lower row, and within a row to the lower position). The last merge
     # stops after ``need`` candidates. Returns 0 if the result is in val/row, 1 if in val2/row2.
-    cdef Py_ssize_t k, i, ie, j, je, o, m, out_runs, lim
+    cdef Py_ssize_t k, i, ie, je, out_runs
     cdef int where = 0
     cdef double* sv
     cdef i64* sr
     cdef double* dv
     cdef i64* dr
-    cdef Py_ssize_t right
     while runs > 1:
         sv, sr = (val, row) if where == 0 else (val2, row2)
         dv, dr = (val2, row2) if where == 0 else (val, row)
         out_runs = 0
-        lim = need if runs <= 2 else bounds[runs]
         k = 0
         while k < runs:
             i, ie = bounds[k], bounds[k + 1]
-            o = i
-            if k + 1 < runs:
-                j, je = ie, bounds[k + 2]
-                while i < ie and j < je and o < lim:
-                    # branch-free (an index select, not a jump: the order is data, so jumps mispredict);
-                    # strictly larger: ties keep the left (earlier) run first
-                    right = sv[j] > sv[i]
-                    m = j if right else i
-                    dv[o] = sv[m]
-                    dr[o] = sr[m]
-                    j += right
-                    i += 1 - right
-                    o += 1
-                while j < je and o < lim:
-                    dv[o] = sv[j]
-                    dr[o] = sr[j]
-                    j += 1
-                    o += 1
-            while i < ie and o < lim:
-                dv[o] = sv[i]
-                dr[o] = sr[i]
-                i += 1
-                o += 1
+            je = bounds[k + 2] if k + 1 < runs else ie
+            if runs <= 2 and need < je:  # the last merge: only the candidates the scan reads
+                _merge_front(sv, sr, dv, dr, i, ie, ie, je, i, need)
+            else:
+                _merge_pair(sv, sr, dv, dr, i, ie, je)
             bounds[out_runs] = bounds[k]
             out_runs += 1
             k += 2

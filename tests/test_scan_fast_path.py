@@ -47,8 +47,8 @@ def numpy_scan(vals, mask, times, n_cap, overhead_s, no_draft_pass_s, early_stop
     return lengths, theta[n_star], tau[n_star], n_star, g_star, theta[g_star]
 
 
-def random_round(rng):
-    num_req, width = int(rng.integers(1, 12)), int(rng.integers(1, 9))
+def random_round(rng, max_req=12):
+    num_req, width = int(rng.integers(1, max_req)), int(rng.integers(1, 9))
     if rng.random() < 0.5:  # coarse values: many exact ties across and within requests
         vals = rng.integers(0, 5, size=(num_req, width)) / 4.0
     else:
@@ -69,10 +69,11 @@ def random_round(rng):
 
 
 @pytest.mark.parametrize("early_stop", [True, False])
-def test_fast_scan_matches_the_numpy_algorithm_on_random_rounds(early_stop):
-    rng = np.random.default_rng(13)
-    for _ in range(400):
-        vals, mask, times, n_cap, overhead_s, no_draft = random_round(rng)
+@pytest.mark.parametrize("max_req", [12, 140])  # 140: merges of many rows, odd counts at every level
+def test_fast_scan_matches_the_numpy_algorithm_on_random_rounds(early_stop, max_req):
+    rng = np.random.default_rng(13 + max_req)
+    for _ in range(400 if max_req == 12 else 100):
+        vals, mask, times, n_cap, overhead_s, no_draft = random_round(rng, max_req)
         num_req = vals.shape[0]
         # a table whose pass time at B = num_req + i is times[i] (B below num_req: the first value)
         table = SPSTable.from_mapping({b: 1.0 / times[max(0, b - num_req)] for b in range(1, num_req + times.size)})
