@@ -1434,7 +1434,7 @@ cdef inline i64 _bin_of(double v, i64 n_bins, double* edges) noexcept nogil:
     return idx
 
 
-def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, cnp.ndarray keys not None,
+def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, object keys,
                   cnp.ndarray sq_err_sums not None, i64 n_bins_a, cnp.ndarray counts_a not None,
                   cnp.ndarray sum_prob_a not None, cnp.ndarray sum_pos_a not None, i64 n_bins_b,
                   cnp.ndarray counts_b not None, cnp.ndarray sum_prob_b not None, cnp.ndarray sum_pos_b not None):
@@ -1448,9 +1448,9 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, cnp.
     Args:
         conf: ``(n, g)`` float64 C-contiguous conditional confidences in [0, 1].
         outcomes: ``(n, g)`` bool C-contiguous outcomes.
-        keys: uint64 out ``(g, n)``, transposed: each survival's bits shifted left by one with its
-            outcome in the low bit (``-0.0`` as ``0.0``), so that sorting a row of keys sorts the
-            survivals and carries their outcomes along (:func:`positive_rank_sums`).
+        keys: None, or uint64 out ``(g, n)``, transposed: each survival's bits shifted left by one
+            with its outcome in the low bit (``-0.0`` as ``0.0``), so that sorting a row of keys
+            sorts the survivals and carries their outcomes along (:func:`positive_rank_sums`).
         sq_err_sums: float64 out ``(g,)``: per position, the sum of ``(a - outcome)**2``.
         n_bins_a, n_bins_b: the two binnings' bins on [0, 1], >= 1.
         counts_a, sum_prob_a, sum_pos_a: out ``(g, n_bins_a)``, int64, float64, float64: per
@@ -1471,7 +1471,7 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, cnp.
     cdef Py_ssize_t n = cnp.PyArray_DIM(conf, 0), g = cnp.PyArray_DIM(conf, 1), i, k
     cdef double* c = _f64_2d(conf, "conf", n, g)
     cdef char* y = <char*>_data_2d(outcomes, "outcomes", cnp.NPY_BOOL, "bool", n, g)
-    cdef u64* key = <u64*>_data_2d(_w(keys, "keys"), "keys", cnp.NPY_UINT64, "uint64", g, n)
+    cdef u64* key = NULL if keys is None else <u64*>_data_2d(_w(keys, "keys"), "keys", cnp.NPY_UINT64, "uint64", g, n)
     cdef double* sq = _f64(_w(sq_err_sums, "sq_err_sums"), "sq_err_sums", g)
     cdef i64* cnt_a = <i64*>_data_2d(_w(counts_a, "counts_a"), "counts_a", cnp.NPY_INT64, "int64", g, n_bins_a)
     cdef double* sp_a = _f64_2d(_w(sum_prob_a, "sum_prob_a"), "sum_prob_a", g, n_bins_a)
@@ -1501,7 +1501,8 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, cnp.
             for k in range(g):
                 a = c[i * g + k] if k == 0 else a * c[i * g + k]
                 pos = 1.0 if y[i * g + k] else 0.0
-                key[k * n + i] = ((_bits(a) if a != 0.0 else 0) << 1) | (1 if y[i * g + k] else 0)
+                if key != NULL:
+                    key[k * n + i] = ((_bits(a) if a != 0.0 else 0) << 1) | (1 if y[i * g + k] else 0)
                 d = a - pos
                 sq[k] += d * d
                 ia = k * n_bins_a + _bin_of(a, n_bins_a, edges_a)
