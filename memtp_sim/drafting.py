@@ -210,7 +210,9 @@ class Drafter:
             return 0.0
         t = self._uniform.get((num_requests, k))
         if t is None:  # a pure function of (R, k): priced once per run, not every round
-            t = self._uniform[num_requests, k] = self._cost(np.full(num_requests, k, dtype=np.int64), k)
+            uniform = getattr(self._cost, "uniform", None)  # the same float without building the lengths
+            t = self._uniform[num_requests, k] = uniform(num_requests, k) if uniform is not None else \
+                self._cost(np.full(num_requests, k, dtype=np.int64), k)
         return t
 
     def ragged_time_s(self, lengths: np.ndarray, k: int) -> float:
@@ -260,6 +262,10 @@ def _cost_model(kind: str, profile: HardwareProfile, spec: DraftSpec):  # noqa: 
     if kind == "dspark_block":
         def block_time(lengths: np.ndarray, k: int) -> float:
             return _pass_ms(block, lengths.size * k) / 1000.0 + int(lengths.max()) * t_seq
+
+        def uniform_time(num_requests: int, k: int) -> float:  # block_time of num_requests lengths k, no arrays
+            return _pass_ms(block, num_requests * k) / 1000.0 + k * t_seq
+        block_time.uniform = uniform_time
         return block_time, getattr(block, "weights_gib", profile.memory.drafter_weights_gib), 0, block.source
     if kind == "draft_model" and measured is None:  # stated: the profile's measured small model, one step per token
         small = profile.drafter

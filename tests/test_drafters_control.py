@@ -51,6 +51,20 @@ def test_chained_steps_cost_the_requests_still_drafting():
     assert d.round_time_s(4, 2) == pytest.approx(0.004)
 
 
+@pytest.mark.parametrize("profile", ["gfx1151-llama31-8b-q4km-vulkan", "h200-llama31-8b-bf16"])
+@pytest.mark.parametrize("kind", ["dspark_block", "mtp", "per_sequence", "ngram"])
+def test_a_uniform_round_costs_what_its_lengths_cost(profile, kind):
+    # oracle: the ragged cost of R lengths all k (the array path); the uniform round's price (a
+    # shortcut for the block drafter) must be the same float
+    from memtp_sim.hardware import load_profile
+
+    prof = load_profile(profile)
+    for r in (1, 2, 7, 64, 129):
+        for k in (1, 3, 7):
+            d = Drafter(DraftSpec.resolve("static", {"k": k}, None, kind=kind), prof)
+            assert d.round_time_s(r, k) == d.ragged_time_s(np.full(r, k, dtype=np.int64), k), (r, k)
+
+
 def test_per_sequence_drafter_cost_grows_with_concurrency_block_does_not():
     # a block drafter pass of n tokens: 1 ms up to 8 tokens, then 1 ms + (n - 8) * 0.1 ms
     blk = MeasuredDrafterCost("block", [1, 8, 64], [1.0, 1.0, 6.6])
