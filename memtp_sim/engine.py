@@ -1117,8 +1117,15 @@ class Engine:
         # drafts, the ids, lengths and chunks of a round, a pending round's fields (by requests, views)
         buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64),
                    (np.empty(6), np.empty(8, dtype=np.int64)))
-        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers]
-        return prices, separate, base, per_tested, self._overhead_s(True), diag, state
+        # ... and where the diagnostics' last part starts in their buffers, when it is this block's
+        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, None]
+        head, kv = self.head, self.kv
+        # the kernel's arguments that stay the same objects for the whole run (none is rebound)
+        fixed = (self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
+                 self.num_rounds, self.verified, self.accepted, kv.tokens, kv.blocks, self.first_token_at, acc.mu,
+                 acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence),
+                 self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
+        return fixed, per_tested, self._overhead_s(True), diag, state
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
                        resume: bool = False) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
@@ -1136,9 +1143,8 @@ class Engine:
             that raises), else None; and, when > 0, the seconds its pass runs across the next event
             (the caller waits them, then calls again with ``resume``).
         """
-        (verify_price, decode_price), separate, base, per_tested, overhead_s, diag, state = inputs
-        kv, acc, head, gate, coh, drafter, log = self.kv, self.acc, self.head, self.policy._gate, self.coherence, \
-            self.drafter, self.log
+        fixed, per_tested, overhead_s, diag, state = inputs
+        kv, gate, coh, drafter, log = self.kv, self.policy._gate, self.coherence, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
         if resume:  # the pending round's requests, and its row's fields as they were before its pass
             run, pending_consts = state[3]
@@ -1162,10 +1168,7 @@ class Engine:
         cfg = self.cfg
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
          num_pre, had_prefill) = self._kernels.drafted_block(
-            run, self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
-            self.num_rounds, self.verified, self.accepted, kv.tokens, kv.blocks, self.first_token_at, acc.mu,
-            acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence), self.temps,
-            self.rng, self.head_rng, verify_price, decode_price, separate, draft_times, gamma, cfg.max_batch_tokens,
+            run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, self.policy.params.early_stop, self.block_gib, drafter.held_gib, log.fixed_gib,
             (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped, gate.probe_every),
@@ -1174,7 +1177,14 @@ class Engine:
             pending_i, resume, pending_consts)
         gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
         if diag_rows:
-            self._diag_parts.append((d_raw[:diag_rows], d_conf[:diag_rows], d_would[:diag_rows]))
+            parts, first = self._diag_parts, state[6]
+            if first is not None and parts and parts[-1][0].base is diag[0] and len(parts[-1][0]) == at - first:
+                # the last part is this buffer's and ends here: one longer part (fewer to lay out)
+                parts[-1] = (diag[0][first: at + diag_rows], diag[1][first: at + diag_rows],
+                             diag[2][first: at + diag_rows])
+            else:
+                state[6] = at
+                parts.append((d_raw[:diag_rows], d_conf[:diag_rows], d_would[:diag_rows]))
             self.diag_n += diag_rows
             state[2] = at + diag_rows
         if rounds:
