@@ -667,6 +667,8 @@ cdef inline void _merge_pair(double* sv, i64* sr, double* dv, i64* dr, Py_ssize_
     # the stable descending merge of sv[i0:ie] and sv[ie:je] into dv[i0:je], from both ends at once
     # (two independent chains of loads and selects): the front takes the larger, the left on ties;
     # the back takes the smaller, the right on ties (it comes later); each writes its own half
+    # front: cursors i (left run), j (right run), output o; back: cursors a (left), b (right),
+    # output p; right / left: whether the front takes from the right run / the back from the left
     cdef Py_ssize_t half = i0 + (je - i0) // 2, i = i0, j = ie, o = i0
     cdef Py_ssize_t a = ie - 1, b = je - 1, p = je - 1, m, right, left
     while i < ie and j < je and o < half and a >= i0 and b >= ie and p >= half:
@@ -818,8 +820,8 @@ def prefix_scan(cnp.ndarray vals not None, cnp.ndarray times not None, double ov
 
     Candidates (r, j) are ranked by joint survival ``a[r, j] = prod(vals[r, :j+1])`` (descending,
     ties in row-major order) by branch-free bottom-up merges of the rows (each is non-increasing),
-    the last of which stops after the candidates the scan reads. Admitting the first n gives ``tau_n = R + sum of their a`` and
-    ``theta_n = tau_n / (overhead_s + times[n])``.
+    the last of which stops after the candidates the scan reads. Admitting the first n gives
+    ``tau_n = R + sum of their a`` and ``theta_n = tau_n / (overhead_s + times[n])``.
 
     Args:
         vals: ``(R, L)`` float64 C-contiguous confidences in [0, 1] (R >= 1, L >= 1; checked).
@@ -1528,7 +1530,7 @@ def positive_rank_sums(cnp.ndarray keys not None, cnp.ndarray rank_sums not None
     the 1-based ranks of the positive entries, ties (equal scores, whatever their outcomes) sharing
     their average rank, and the number of positives: :func:`positive_rank_sum` of every row
     without an argsort (numpy sorts uint64 keys about 3x faster than it argsorts the floats).
-    Ranks are half-integers, so each sum is exact below 2**53.
+    Ranks are half-integers, so each sum is exact below 2**52.
 
     Args:
         keys: ``(m, n)`` uint64 C-contiguous, each row ascending: ``score_bits << 1 | outcome``.
@@ -1648,7 +1650,7 @@ def positive_rank_sum(cnp.ndarray scores not None, cnp.ndarray labels not None):
     """Sum of the 1-based ranks of the positive entries, ties sharing their average rank, given
     the scores in ascending order and their labels in the same order (``confidence._positive_rank_sum``
     after its sort: the Mann-Whitney statistic of the AUC). Ranks are half-integers, so the sum
-    is exact in any order below 2**53.
+    is exact in any order below 2**52.
 
     Args:
         scores: ``(n,)`` float64, ascending.

@@ -623,7 +623,8 @@ def survival_calibration(confidences: NDArray, accepted: NDArray, *, n_bins: int
         return (survival_metrics(survival, accepted, n_bins=n_bins, auc=auc),
                 reliability_rows(np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T), n_bins=curve_bins))
     n, gamma = confidences.shape
-    keys, sq_err_sums = np.empty((gamma, n), dtype=np.uint64) if auc else None, np.empty(gamma)
+    keys = np.empty((gamma, n), dtype=np.uint64) if auc else None  # the AUC's sort keys
+    sq_err_sums = np.empty(gamma)
     ece_sums = (np.empty((gamma, n_bins), dtype=np.int64), np.empty((gamma, n_bins)), np.empty((gamma, n_bins)))
     curve_sums = (np.empty((gamma, curve_bins), dtype=np.int64), np.empty((gamma, curve_bins)), np.empty((gamma, curve_bins)))
     confidences, accepted = np.ascontiguousarray(confidences), np.ascontiguousarray(accepted)

@@ -387,3 +387,28 @@ def test_a_kernel_built_against_another_numpy_runs_round_by_round(monkeypatch):
     assert calls == []
     monkeypatch.undo()
     assert_same_state(state, run(scen, seed=0).state)
+
+
+def test_the_run_long_arguments_are_still_the_engines_own_at_the_end(monkeypatch):
+    # the kernel's run-long arguments are gathered once per run (Engine._drafted_block_inputs):
+    # correct only while none of those objects is rebound during the run. The guard: every call
+    # got the very arrays and generators the engine (and its KV manager and acceptance model) holds at the end
+    from memtp_sim._compiled import kernels
+
+    calls, engines = [], []
+    real_kernel, real_init = kernels.drafted_block, Engine.__init__
+    monkeypatch.setattr(kernels, "drafted_block", lambda *a: calls.append(a[1:27]) or real_kernel(*a))
+    monkeypatch.setattr(Engine, "__init__", lambda self, *a, **k: engines.append(self) or real_init(self, *a, **k))
+    for name in ("disaggregated", "closed-8-chunked", "h200-context"):
+        calls.clear()
+        engines.clear()
+        run(scenario(**SCENARIOS[name]), seed=2)
+        eng = engines[-1]
+        kv, acc = eng.kv, eng.acc
+        want = (eng.prefilled, eng.prefill_target, eng.domain, eng.difficulty, eng.generated, eng.output,
+                eng.num_rounds, eng.verified, eng.accepted, kv.tokens, kv.blocks, eng.first_token_at, acc.mu,
+                acc.slope)
+        assert calls, f"{name}: no drafted block ran"
+        for args in calls:
+            assert all(a is b for a, b in zip(args, want)), name
+            assert args[19] is eng.temps and args[20] is eng.rng and args[21] is eng.head_rng, name

@@ -1254,5 +1254,5 @@ def test_no_kernel_writes_into_an_array_it_was_given_read_only(monkeypatch):
             assert_same_state(g, w)
     # the runs reached the kernels that write into arrays
     for name in ("split_decoding", "plain_block", "prefix_scan", "draft_confidences", "accept_apply",
-                 "place_prefill", "prefill_apply", "survival_bins", "pack_rows", "drafted_block"):
+                 "place_prefill", "prefill_apply", "survival_bins", "positive_rank_sums", "pack_rows", "drafted_block"):
         assert name in seen, f"no run reached {name}"
