@@ -149,7 +149,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         parts = ([f"{out.num_ran} ran now", f"{out.num_reused} reused from an earlier run"] if out.num_reused else []) \
             + ([f"{len(out.failed)} failed"] if out.failed else [])
         ran = f" ({', '.join(parts)})" if parts else ""
-        print(f"\n{n_runs} runs{ran} in {elapsed:.1f} s; results in {root}/ (every metric: runs.csv); report: {report}")
+        print(f"\n{n_runs} run{'' if n_runs == 1 else 's'}{ran} in {elapsed:.1f} s; results in {root}/ (every metric: "
+              f"runs.csv); report: {report}")
     if out.failed:
         _print_failed(out.failed, n_runs, "run the same command again")
         return 1

@@ -162,10 +162,12 @@ def _parse_trace(p: Path, path: str) -> dict[str, np.ndarray]:
         if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= set(head):
             df = _rows(p, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], path)
             ts = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f", errors="coerce")
+            if ts.isna().any():  # whole seconds, as a user's own trace may write them
+                ts = ts.fillna(pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S", errors="coerce"))
             if ts.isna().any():
                 i = int(ts.isna().to_numpy().argmax())
                 raise ConfigError(f"{path}: row {i + 2}, column TIMESTAMP: {df['TIMESTAMP'].iloc[i]!r} is not a "
-                                  "time like 2023-11-16 18:15:46.6805900")
+                                  "time like 2023-11-16 18:15:46.6805900 (the fraction of a second optional)")
             arr = (ts - ts.min()).dt.total_seconds().to_numpy()
             cols, fmt = ("ContextTokens", "GeneratedTokens"), "azure2023"
         elif {"timestamp", "input_length", "output_length"} <= set(head):

@@ -92,6 +92,14 @@ def test_hardware_accepts_a_profile_name_shorthand(tmp_path, capsys):
     assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet"]) == 0
 
 
+def test_a_one_run_study_says_one_run(tmp_path, capsys):
+    # BASE is one policy, one seed, no sweep: the summary line counts "1 run", not "1 runs"
+    f = tmp_path / "study.yaml"
+    f.write_text(BASE)
+    assert main(["run", str(f), "--out", str(tmp_path / "out")]) == 0
+    assert "\n1 run in " in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("content, needle", [
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no rows"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,\n", "row 2"),

@@ -104,6 +104,20 @@ def test_mooncake_trace_format(tmp_path):
     assert tr.output_tokens.tolist() == [5, 6, 7]
 
 
+def test_azure_timestamps_with_and_without_fractions_of_a_second(tmp_path):
+    # a fresh user's trace wrote whole seconds (refused before); hand-derived offsets from the
+    # earliest request: 0, 0.68059, 1 and 61.5 s
+    p = tmp_path / "az.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n"
+                 "2023-11-16 18:15:46.6805900,20,6\n2023-11-16 18:15:47,30,7\n2023-11-16 18:16:47.5,40,8\n")
+    tr = load_trace(p)
+    assert tr.arrival_s.tolist() == pytest.approx([0.0, 0.68059, 1.0, 61.5], abs=1e-9)
+    assert tr.prompt_tokens.tolist() == [10, 20, 30, 40]
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15,10,5\n")
+    with pytest.raises(ConfigError, match="row 2, column TIMESTAMP: '2023-11-16 18:15' is not a time"):
+        load_trace(p)
+
+
 def test_unknown_trace_columns_are_a_config_error(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("a,b\n1,2\n")
