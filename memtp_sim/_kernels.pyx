@@ -364,14 +364,10 @@ def plain_plan(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarra
                          f"{block_tokens})")
     _check_ids(ids, num, size)
     cdef _PlanBuffers buf = _plan_buffers(times, durations, verify_s, blocks, max_rounds)
-    cdef double* t_out = buf.times
-    cdef double* d_out = buf.durations
-    cdef double* v_out = buf.verify_s
-    cdef i64* b_out = buf.blocks
     cdef i64 kv_read, rounds
     rounds = _plain_plan_core(ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
                               fixed_s, context, first_s, zero_ms, factor, a_slope, q, b_ms_per_kv_token,
-                              c_ms_per_pair, t_out, d_out, v_out, b_out, &kv_read)
+                              c_ms_per_pair, buf.times, buf.durations, buf.verify_s, buf.blocks, &kv_read)
     return rounds, kv_read
 
 
@@ -599,10 +595,6 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
                          f"max_rounds (got {num}, {max_rounds}, {block_tokens}, {resume_rounds})")
     _check_ids(ids, num, size)
     cdef _PlanBuffers buf = _plan_buffers(times, durations, verify_s, blocks, max_rounds)
-    cdef double* t_out = buf.times
-    cdef double* d_out = buf.durations
-    cdef double* v_out = buf.verify_s
-    cdef i64* b_out = buf.blocks
     cdef i64* fin = _i64(_w(finished, "finished"), "finished", num, False)
     cdef double draft_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 2))
     cdef double held_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 22))
@@ -616,25 +608,28 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
             PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 2)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 3)),
             PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 4)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 5)),
             PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 6)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 7)),
-            t_out, d_out, v_out, b_out, &kv_read)
+            buf.times, buf.durations, buf.verify_s, buf.blocks, &kv_read)
         if rounds < 1:
             return 0, 0, kv_read, 0, 0
         # Engine._check_pass on the extremes (the KV peak is the last round's): any doubt, and
         # that function decides (and raises) on the plan
         if (num > PyLong_AsLongLong(<object>PyTuple_GET_ITEM(checks, 0))
-                or <double>b_out[rounds - 1] * PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 1)) + held_gib
+                or <double>buf.blocks[rounds - 1] * PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 1))
+                + held_gib
                 > PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 2)) + 1e-9
                 or not (draft_s >= 0.0 and overhead_s >= 0.0 and head_load_s >= 0.0)):
             return 1, rounds, kv_read, 0, 0
         for j in range(rounds):
-            if not (v_out[j] > 0.0 and d_out[j] < INFINITY):
+            if not (buf.verify_s[j] > 0.0 and buf.durations[j] < INFINITY):
                 return 1, rounds, kv_read, 0, 0
-        if not (next_event > t_out[rounds]):
+        if not (next_event > buf.times[rounds]):
             return 2, rounds, kv_read, 0, 0
     added = _plain_apply_core(ids, num, rounds, gen, nr, tok, blk, out, block_tokens, fin, &nf)
     if rounds <= max_rows:
-        _plain_rows_core(rows, template, t_out, d_out, v_out, b_out, rounds, blocks_used + added, kv_read, num)
+        _plain_rows_core(rows, template, buf.times, buf.durations, buf.verify_s, buf.blocks, rounds,
+                         blocks_used + added, kv_read, num)
     return 3, rounds, kv_read, added, nf
+
 
 cdef inline void _merge_front(double* sv, i64* sr, double* dv, i64* dr, Py_ssize_t i, Py_ssize_t ie,
                               Py_ssize_t j, Py_ssize_t je, Py_ssize_t o, Py_ssize_t stop) noexcept nogil:
