@@ -259,6 +259,7 @@ ROUND_DTYPES: dict[str, type] = {f: np.int32 for f in ROUND_FIELDS} | {
 } | {"gamma": np.int8, "depth": np.int8, "cost_extrapolated": np.int8}
 # kv_gib and free_gib follow from other columns and the run's constants: computed once at the end
 _LOGGED = tuple(f for f in ROUND_FIELDS if f not in ("kv_gib", "free_gib"))
+_KV_AFTER = _LOGGED.index("kv_blocks_after")  # its field in a row tuple
 
 
 class _RoundLog:
@@ -289,6 +290,12 @@ class _RoundLog:
             self.cols[f].append(v.astype(ROUND_DTYPES[f]) if isinstance(v, np.ndarray)
                                 else np.full(num_rows, v, dtype=ROUND_DTYPES[f]))
         self._added_piece()
+
+    def set_last_kv_after(self, blocks: int) -> None:
+        """Set the last tuple row's KV after its round (``kv_blocks_after``): a block's last round,
+        once its finished requests freed their blocks."""
+        row, k = self.rows[-1], _KV_AFTER
+        self.rows[-1] = (*row[:k], blocks, *row[k + 1:])
 
     def extend(self, rows: list[tuple]) -> None:
         """Append whole rows, tuples in ``_LOGGED`` order (after those appended so far)."""
@@ -989,9 +996,8 @@ class Engine:
         self._plain_applied(added, finished[:num_fin])
         if rounds > log.SHORT_BLOCK:
             self._plain_columns(template, times, durations, verify_s, blocks, rounds, kv_read)
-        elif num_fin:  # the last round's row: KV after its finished requests freed theirs
-            row = log.rows[-1]
-            log.rows[-1] = (*row[:15], kv.blocks_used, *row[16:])
+        elif num_fin:
+            log.set_last_kv_after(kv.blocks_used)
         log.flush_if_full()
         return rounds
 
@@ -1198,8 +1204,7 @@ class Engine:
                 kv.check("append")
             if num_fin:
                 self._finish(finished[:num_fin].tolist())
-                row = log.rows[-1]  # the last round's row: KV after its finished requests freed theirs
-                log.rows[-1] = (*row[:15], kv.blocks_used, *row[16:])
+                log.set_last_kv_after(kv.blocks_used)
             log.flush_if_full()
         if code == 3:  # the next round's pass runs across an event: wait for its end, then resume
             state[3] = (run, consts)
