@@ -1720,7 +1720,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray temps not None, object rng, object head_rng, tuple verify_price not None,
                   tuple decode_price not None, bint separate_decode, cnp.ndarray draft_times not None, i64 gamma,
                   i64 max_batch_tokens, i64 prefill_chunk_tokens, i64 block_tokens, i64 capacity, i64 blocks_used,
-                  double now, double next_event, double overhead_s, bint early_stop, double block_gib,
+                  double now, double next_event, double overhead_s, bint early_stop, i64 fixed_k, double block_gib,
                   double held_gib, double fixed_gib, tuple gate not None, tuple coherence not None, i64 round_index,
                   i64 max_rounds, list rows not None, tuple row_consts not None, cnp.ndarray dec_out not None,
                   cnp.ndarray pre_out not None, cnp.ndarray probs not None, cnp.ndarray raw not None,
@@ -1734,14 +1734,20 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     state and round-log rows as round by round (docs/model.md section 1 steps 2-7; DSpark paper
     Algorithm 1).
 
+    With ``fixed_k`` >= 1 the rounds are those of ``policies.static.StaticPolicy`` (``Mtp1Policy``:
+    ``fixed_k`` 1) instead: every decoding request verifies ``fixed_k`` of its ``gamma`` drafted
+    positions, and there is neither a scan nor a gate.
+
     Each round, before it draws: the running requests split into decoding (at least one) and
     prefilling ones, the decoding ones' anchors and ``1 + gamma`` lookahead slots fit the KV cache,
     chunked prefill takes the budget left, the cost tables price the round from their arrays, and
-    the fallback gate drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
-    round offsets; ``head_rng``: the head noise) and plans (Algorithm 1), and keeps the round only
-    if nothing is trimmed, the pass passes ``Engine._check_pass`` and it ends before
-    ``next_event``: it then reports to the gate, moves the clock, draws acceptance (``rng``),
-    applies it and the prefill chunks, updates the coherence and appends the round's row.
+    the fallback gate drafts (its ``draft_lengths`` answers ``gamma``; no gate with ``fixed_k``).
+    Then it drafts (``rng``: the
+    round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, or ``fixed_k`` each), and
+    keeps the round only if nothing is trimmed, the pass passes ``Engine._check_pass`` and it ends
+    before ``next_event``: it then reports to the gate (not with ``fixed_k``), moves the clock,
+    draws acceptance (``rng``), applies it and the prefill chunks, updates the coherence and
+    appends the round's row.
 
     Args:
         run: ``(N,)`` int64 ids of the running requests, in admission order (N >= 1).
@@ -1760,6 +1766,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         now, next_event: the clock and SimPy's next event, s.
         overhead_s: a drafted round's host overhead, s.
         early_stop: Algorithm 1's early stop.
+        fixed_k: 0 for DSpark's rounds; ``k`` in ``1..gamma`` for a static policy's (the gate unread).
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
         gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``.
@@ -1800,6 +1807,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     if num_run < 1 or gamma < 1 or block_tokens < 1:
         raise ValueError(f"drafted_block: needs >= 1 request, position and block token (got {num_run}, {gamma}, "
                          f"{block_tokens})")
+    if fixed_k < 0 or fixed_k > gamma:
+        raise ValueError(f"drafted_block: fixed_k {fixed_k} outside 0..{gamma}")
     cdef Py_ssize_t width = gamma
     cdef i64* done = _i64(_w(prefilled, "prefilled"), "prefilled", size)
     cdef i64* want = _i64(target, "target", size)
@@ -1953,7 +1962,13 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 req = <double>num_req if <double>num_req > 1.0 else 1.0
                 d_l_max = <double>l_max
                 d_kv = <double>kv_read
-                if separate_decode:  # the plan's no-draft pass
+                if fixed_k:  # policies.static._every_request (no view checks, no gate)
+                    if separate_decode:  # Engine._draft_and_plan prices the no-draft pass (unread by the plan)
+                        nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
+                        if not (0.0 < nd < INFINITY):
+                            break
+                    n_limit = n_cov_limit = 0
+                elif separate_decode:  # the plan's no-draft pass
                     nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
                     if not (0.0 < nd < INFINITY):
                         break
@@ -1964,24 +1979,26 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         break
                 else:
                     plain_t = NAN  # plain_rate_of: no value at this B
-                if not _covers(&vp, base_b):
-                    break
-                n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
-                n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
-                if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv, times):
-                    break
-                # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
-                t_gain, t_last, t_skipped = gain, last_round, skipped
-                if ri < t_last:  # a new run
-                    t_gain, t_last, t_skipped = 0.0, -1, 0
-                if not enabled or t_gain > 0.0 or t_last < 0:
-                    t_skipped = 0
-                else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
-                    t_skipped += 1
-                    if t_skipped < probe_every:
+                if not fixed_k:
+                    if not _covers(&vp, base_b):
                         break
-                    t_skipped = 0
-                gain, last_round, skipped = t_gain, t_last, t_skipped
+                    n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
+                    n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
+                    if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
+                                                           times):
+                        break
+                    # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
+                    t_gain, t_last, t_skipped = gain, last_round, skipped
+                    if ri < t_last:  # a new run
+                        t_gain, t_last, t_skipped = 0.0, -1, 0
+                    if not enabled or t_gain > 0.0 or t_last < 0:
+                        t_skipped = 0
+                    else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
+                        t_skipped += 1
+                        if t_skipped < probe_every:
+                            break
+                        t_skipped = 0
+                    gain, last_round, skipped = t_gain, t_last, t_skipped
                 # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
                 if sigma_round > 0.0:
                     for k in range(num):
@@ -1992,13 +2009,19 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
                                   noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
                 code = 1  # drafted: from here on a round not kept goes on in Python from its plan
-                res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
-                                 early_stop, lengths, surv, picked)
-                if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
-                    break
-                theta = res.theta_star
-                theta_g = res.theta_best if res.n_cov == res.n_max else NAN
-                verify_tokens = res.n_star
+                if fixed_k:  # k each; where they overfill the pass the check below stops (fit_to_budget trims)
+                    for k in range(num):
+                        lengths[k] = fixed_k
+                    theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
+                    verify_tokens = num * fixed_k
+                else:
+                    res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                                     early_stop, lengths, surv, picked)
+                    if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
+                        break
+                    theta = res.theta_star
+                    theta_g = res.theta_best if res.n_cov == res.n_max else NAN
+                    verify_tokens = res.n_star
                 peak = blocks_used
                 for k in range(num):
                     peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
@@ -2019,14 +2042,14 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
                         or not (vs > 0.0 and duration < INFINITY and low >= 0.0)):
                     break  # Engine._check_pass raises
-                # planned: FallbackGate.report (DSparkPolicy.plan_round reports before the pass)
-                best_rate = theta_g if isfinite(theta_g) else theta
-                plain_rate = <double>num / plain_t
-                if ri < last_round:  # a new run
-                    gain, skipped = 0.0, 0
-                last_round = ri
-                if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
-                    gain = gain + alpha * (log(best_rate / plain_rate) - gain)
+                if not fixed_k:  # planned: FallbackGate.report (DSparkPolicy.plan_round reports before the pass)
+                    best_rate = theta_g if isfinite(theta_g) else theta
+                    plain_rate = <double>num / plain_t
+                    if ri < last_round:  # a new run
+                        gain, skipped = 0.0, 0
+                    last_round = ri
+                    if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
+                        gain = gain + alpha * (log(best_rate / plain_rate) - gain)
                 if not (next_event > end):  # an event falls inside the pass: the caller waits for its end
                     pi[0], pi[1], pi[2], pi[3] = num, num_pre, chunk_total, verify_tokens
                     pi[4], pi[5], pi[6] = b, peak, kv_read

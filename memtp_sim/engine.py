@@ -76,6 +76,8 @@ from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
 from .policies import dspark as _dspark_module
 from .policies.dspark import DSparkPolicy
+from .policies import static as _static_module
+from .policies.static import Mtp1Policy, StaticPolicy
 from .workload import Workload
 
 __all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
@@ -125,6 +127,9 @@ def _mirrored() -> dict[tuple[object, str], object]:
     # a run where one of them is another function (a subclass's, one set on an instance, a patch)
     # runs its rounds one by one, through that function
     names = {DSparkPolicy: ("plan_round", "plan", "_report", "draft_lengths", "plain_rounds_ahead"),
+             StaticPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
+             Mtp1Policy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
+             _static_module: ("_every_request",),
              FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead"), AlwaysDraft: ("cap",),
              CoherenceEWMA: ("update",), KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks"),
              SPSTable: ("at_context", "covers", "is_measured", "pass_time_s", "pass_time_range_s", "_context_one_s",
@@ -142,10 +147,13 @@ def _mirrored_replaced(engine: "Engine") -> bool:
     on the engine, its KV manager, policy, gate, controller, coherence, drafter or cost tables (whose
     classes may be subclasses, whose instances may carry their own functions), or in the module."""
     pol = engine.policy
-    owners = {Engine: (engine,), KVCacheManager: (engine.kv,), DSparkPolicy: (pol,),
-              FallbackGate: (getattr(pol, "_gate", None),), AlwaysDraft: (engine.control,),
+    owners = {DSparkPolicy: (), StaticPolicy: (), Mtp1Policy: (), FallbackGate: (),
+              type(pol): (pol,),  # the policy's own class only: the others' functions are not its
+              Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (engine.control,),
               CoherenceEWMA: (engine.coherence,), Drafter: (engine.drafter,),
               SPSTable: (engine.profile.sps, engine.profile.decode_table)}
+    if type(pol) is DSparkPolicy:  # static policies have no gate
+        owners[FallbackGate] = (getattr(pol, "_gate", None),)
     for (owner, name), fn in _MIRRORED.items():
         objs = owners.get(owner)
         if objs is None:  # a module's function
@@ -179,6 +187,8 @@ def _same_numpy(kernels) -> bool:  # noqa: ANN001 - the kernels module
 
 
 _numpy_warned = False
+#: the drafted-block kernel's gate fields for a static policy (it reads none of them)
+_NO_GATE = (False, 0.0, 0.0, -1, 0, 1)
 
 
 def _block_pricer(table: SPSTable) -> tuple | None:
@@ -1089,19 +1099,27 @@ class Engine:
         log.extend(rows)
 
     # ----------------------------------------------------------------- drafted blocks
-    #: run DSpark's drafted rounds in blocks (exact: see _drafted_block); tests switch it off to compare
+    #: run drafted rounds (DSpark's, static k's and MTP-1's) in blocks (exact: see _drafted_block);
+    #: tests switch it off to compare
     DRAFT_BLOCKS = True
 
     def _drafted_block_inputs(self) -> tuple | None:
         """The run's fixed inputs of :meth:`_drafted_block` (the cost tables' pricing, whether the
-        decode table is priced apart, the head's base logits), or None where drafted rounds run one
-        by one: without the kernels, or unless the policy is ``dspark`` itself with its fallback
-        gate, the controller ``always``, the coherence the EWMA, and nothing else decides or learns
-        per round (no elastic depth, p_min, drift or observers) and both tables price from arrays."""
+        decode table is priced apart, the head's base logits, the gate, the static k), or None where
+        drafted rounds run one by one: without the kernels, or unless the policy is ``dspark``
+        itself with its fallback gate, or ``static`` or ``mtp1`` themselves, the controller
+        ``always``, the coherence the EWMA, and nothing else decides or learns per round (no
+        elastic depth, p_min, drift or observers) and both tables price from arrays."""
         pol, drafter = self.policy, self.drafter
+        if type(pol) is DSparkPolicy:
+            gate, fixed_k = pol._gate, 0
+        elif type(pol) in (StaticPolicy, Mtp1Policy):  # their plan: min(k, drafted) each (_every_request)
+            gate, fixed_k = None, min(1 if type(pol) is Mtp1Policy else pol.params.k, drafter.depth)
+        else:
+            return None
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
-                or type(pol) is not DSparkPolicy or _mirrored_replaced(self)
-                or type(getattr(pol, "_gate", None)) is not FallbackGate or type(self.control) is not AlwaysDraft
+                or _mirrored_replaced(self)
+                or (gate is not None and type(gate) is not FallbackGate) or type(self.control) is not AlwaysDraft
                 or drafter.elastic or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
                 or drafter.kind == "draft_model"
                 or self._listens() or type(self.coherence) is not CoherenceEWMA):
@@ -1131,7 +1149,8 @@ class Engine:
                  self.num_rounds, self.verified, self.accepted, kv.tokens, kv.blocks, self.first_token_at, acc.mu,
                  acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence),
                  self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
-        return fixed, per_tested, self._overhead_s(True), diag, state
+        early_stop = bool(pol.params.early_stop) if gate is not None else False
+        return fixed, per_tested, self._overhead_s(True), diag, state, gate, fixed_k, early_stop
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
                        resume: bool = False) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
@@ -1149,8 +1168,8 @@ class Engine:
             that raises), else None; and, when > 0, the seconds its pass runs across the next event
             (the caller waits them, then calls again with ``resume``).
         """
-        fixed, per_tested, overhead_s, diag, state = inputs
-        kv, gate, coh, drafter, log = self.kv, self.policy._gate, self.coherence, self.drafter, self.log
+        fixed, per_tested, overhead_s, diag, state, gate, fixed_k, early_stop = inputs
+        kv, coh, drafter, log = self.kv, self.coherence, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
         if resume:  # the pending round's requests, and its row's fields as they were before its pass
             run, pending_consts = state[3]
@@ -1176,12 +1195,14 @@ class Engine:
          num_pre, had_prefill) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
-            overhead_s, self.policy.params.early_stop, self.block_gib, drafter.held_gib, log.fixed_gib,
-            (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped, gate.probe_every),
+            overhead_s, early_stop, fixed_k, self.block_gib, drafter.held_gib, log.fixed_gib,
+            _NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
+                                           gate.probe_every),
             (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, max_rounds, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
             pending_i, resume, pending_consts)
-        gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
+        if gate is not None:
+            gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
         if diag_rows:
             parts, first = self._diag_parts, state[6]
             if first is not None and parts and parts[-1][0].base is diag[0] and len(parts[-1][0]) == at - first:

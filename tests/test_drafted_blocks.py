@@ -1,5 +1,5 @@
-"""DSpark's drafted rounds run as blocks (engine ``_drafted_block``, compiled kernel
-``_kernels.drafted_block``, issue 13): an exact shortcut, so every run must match the round-by-round
+"""Drafted rounds (DSpark's, static k's and MTP-1's) run as blocks (engine ``_drafted_block``, compiled
+kernel ``_kernels.drafted_block``, issue 13): an exact shortcut, so every run must match the round-by-round
 engine (``Engine.DRAFT_BLOCKS = False``) to the last bit: the random streams, per-request times and
 counters, the calibration diagnostics, and every column of every round of the round log.
 
@@ -76,6 +76,40 @@ def test_drafted_blocks_match_round_by_round_on_scenarios(name, monkeypatch):
     assert_same_state(slow, fast)
 
 
+STATIC = {"static-5": {"name": "static", "k": 5}, "static-9": {"name": "static", "k": 9}, "mtp1": {"name": "mtp1"}}
+
+
+@pytest.mark.parametrize("policy", sorted(STATIC))
+@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "closed-8-chunked", "disaggregated", "h200-context",
+                                  "per-position-acceptance", "memtp-fixed-per-tested", "kv-pressure"])
+def test_static_policies_drafted_blocks_match_round_by_round(name, policy, monkeypatch):
+    # static k and MTP-1 verify k drafts of every request (no scan, no gate): their blocks must be
+    # the rounds one by one too, bit for bit, through prefill chunks, KV trims and preemptions
+    scen = scenario(**(SCENARIOS[name] | {"policy": STATIC[policy]}))  # a fixed MEMTP depth caps k
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=3).state)
+    assert calls and max(calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+    verified = fast.rounds["verify_tokens"][fast.rounds["verify_tokens"] > 0]
+    k = {"static-5": 5, "static-9": 9, "mtp1": 1}[policy]
+    num_dec = fast.rounds["num_decode"][fast.rounds["verify_tokens"] > 0]
+    assert np.all(verified <= num_dec * k) and np.any(verified == num_dec * min(k, int(fast.rounds["gamma"].max())))
+
+
+def test_a_static_plan_trimmed_to_the_budget_goes_on_in_python(monkeypatch):
+    # 16 users drafting 5 each do not fit a 64-token pass: fit_to_budget trims those rounds (the
+    # round path), the rounds that fit run in blocks, and both ways agree
+    scen = scenario(policy={"name": "static", "k": 5}, workload={"concurrency": 16, "num_requests": 48},
+                    engine={"max_batch_tokens": 64, "prefill_chunk_tokens": 32, "prefill": "disaggregated",
+                            "prefill_gpus": 4})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=1).state)
+    assert calls and max(calls) > 1
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    drafted = r["verify_tokens"] > 0
+    assert np.any(r["verify_tokens"][drafted] < 5 * r["num_decode"][drafted])  # trimmed rounds
+    assert np.any(r["verify_tokens"][drafted] == 5 * r["num_decode"][drafted])  # whole ones
+
+
 @pytest.mark.parametrize("name", ["closed-4", "h200-poisson", "kv-pressure"])
 def test_drafted_blocks_match_the_numpy_engine(name, monkeypatch):
     # an oracle with no kernel at all: numpy draws, numpy scan, numpy acceptance
@@ -136,8 +170,11 @@ def random_case(seed, monkeypatch):
                 "max_batch_tokens": int(rng.choice([32, 64])), "prefill_chunk_tokens": int(rng.choice([8, 32]))}
     params = {"gamma": int(rng.integers(1, 8)), "early_stop": bool(rng.random() < 0.5),
               "fallback": bool(rng.random() < 0.5)}
+    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1"]))  # static k: budget trims at 32 tokens
+    if policy != "dspark":
+        params = {"k": params["gamma"]} if policy == "static" else {}
     slow, fast, calls = both_ways(
-        monkeypatch, lambda: run_engine(prof, wl, "dspark", params, seed=seed, **settings))
+        monkeypatch, lambda: run_engine(prof, wl, policy, params, seed=seed, **settings))
     assert calls
     assert_same_state(slow, fast)
     return fast
@@ -154,12 +191,46 @@ def test_the_random_workloads_reach_the_measured_range_s_last_point_and_beyond(m
     assert extrapolated > 0 and at_top > 0
 
 
-def test_a_policy_other_than_dspark_takes_no_drafted_block(monkeypatch):
-    for policy in ({"name": "static", "k": 3}, {"name": "goodput"}, {"name": "dspark_async"}):
+def test_a_policy_other_than_dspark_static_or_mtp1_takes_no_drafted_block(monkeypatch):
+    for policy in ({"name": "goodput"}, {"name": "dspark_async"}, {"name": "threshold"}):
         scen = scenario(policy=policy, workload={"concurrency": 2, "num_requests": 6})
         slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
         assert calls == []
         assert_same_state(slow, fast)
+
+
+def test_a_static_policy_whose_plan_is_replaced_runs_round_by_round(monkeypatch):
+    # the kernel verifies k of every request in the static policies' place: a subclass's plan,
+    # or a patch of the module's _every_request, must run instead, round by round
+    import memtp_sim.policies.static as static_mod
+    from memtp_sim.engine import EngineSettings
+
+    class Halved(static_mod.StaticPolicy):
+        def plan(self, view):  # noqa: ANN001, ANN202
+            return static_mod.RoundPlan(np.full(view.num_requests, max(1, self.params.k // 2), dtype=np.int64))
+
+    def build(policy) -> Engine:  # noqa: ANN001
+        return Engine(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7),
+                      workload([8, 8, 8], [40, 40, 30]), policy,
+                      EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                      np.random.default_rng(0))
+
+    def per_request(state) -> set:  # noqa: ANN001 - the drafts each decoding request verified
+        r = state.rounds
+        return set((r["verify_tokens"][r["num_decode"] > 0] / r["num_decode"][r["num_decode"] > 0]).tolist())
+
+    calls = []
+    orig = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block", lambda self, *a: calls.append(1) or orig(self, *a))
+    halved = build(Halved(Halved.Params(k=4))).run()
+    assert calls == [] and per_request(halved) == {2}
+    orig_every = static_mod._every_request
+    monkeypatch.setattr(static_mod, "_every_request", lambda view, k: orig_every(view, 1))
+    patched = build(static_mod.StaticPolicy(static_mod.StaticParams(k=4))).run()
+    assert calls == [] and per_request(patched) == {1}
+    monkeypatch.setattr(static_mod, "_every_request", orig_every)
+    whole = build(static_mod.StaticPolicy(static_mod.StaticParams(k=4))).run()
+    assert calls and per_request(whole) == {4}
 
 
 @pytest.mark.parametrize("offset", [0, 1, 2])
@@ -281,7 +352,7 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
             rng=np.random.default_rng(), head_rng=np.random.default_rng(), verify_price=price,
             decode_price=price, separate_decode=False, draft_times=np.zeros(2), gamma=2, max_batch_tokens=8,
             prefill_chunk_tokens=8, block_tokens=16, capacity=8, blocks_used=0, now=0.0, next_event=100.0,
-            overhead_s=0.0, early_stop=False, block_gib=0.0, held_gib=0.0, fixed_gib=1.0,
+            overhead_s=0.0, early_stop=False, fixed_k=0, block_gib=0.0, held_gib=0.0, fixed_gib=1.0,
             gate=(True, 0.1, 0.0, -1, 0, 16), coherence=(0.1, 1.0, 0, False), round_index=0, max_rounds=4,
             rows=[], row_consts=(0, 1, 0), dec_out=ints(0), pre_out=ints(0), probs=np.empty((1, 2)),
             raw=np.empty((1, 2)), conf=np.empty((1, 2)), finished=ints(0), diag_raw=None, diag_conf=None,
@@ -291,7 +362,7 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
 
 
 @pytest.mark.parametrize("bad", [
-    "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()",
+    "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()", "fixed_k=3", "fixed_k=-1",
     # a resume whose pending fields are not a round of these requests
     "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), dec_out=ints(10**12)",
     "resume=True, pending_consts=[], pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
