@@ -17,7 +17,9 @@ Sections:
    printed with its value, ratio to target and ratio to the numpy engine, twice: on the table's
    short runs (``--requests``: a run's set-up, metrics and the drain of the last requests
    included) and on long ones (``--steady-requests``, about an hour of simulated traffic: the
-   rate a sweep of long runs sees).
+   rate a sweep of long runs sees). Then the main study's baselines at one user, MTP-1 and
+   static 5 (``--requests`` / 4 requests), against the same runs with drafted rounds one by one
+   (``Engine.DRAFT_BLOCKS = False``; the same answers): what the drafted blocks buy them.
 3. Scaling: fitted exponent of wall time vs requests (concurrency 16) and of time a round vs
    batch (concurrency 1..64); 1.0 is linear.
 4. Start-up: ``import memtp_sim`` and a cold what-if point (a fresh ``python -c`` that loads
@@ -72,12 +74,14 @@ def scenario(policy: dict, concurrency: int, requests: int) -> Scenario:
     })
 
 
-def best_of(scen: Scenario, repeat: int, blocks: bool = True, compiled: bool = True) -> tuple[float, dict]:
+def best_of(scen: Scenario, repeat: int, blocks: bool = True, compiled: bool = True,
+            drafted: bool = True) -> tuple[float, dict]:
     """Best wall time of ``repeat`` runs (seed 0) and that run's metrics; ``blocks=False`` runs
-    plain rounds one by one (the engine's exact shortcut off), ``compiled=False`` on the numpy
-    engine (the compiled kernels off)."""
+    plain rounds one by one (the engine's exact shortcut off), ``drafted=False`` drafted rounds
+    one by one (the drafted-block kernel off), ``compiled=False`` on the numpy engine (the
+    compiled kernels off)."""
     best, metrics = float("inf"), {}
-    Engine.PLAIN_BLOCKS, _compiled.ENABLED = blocks, compiled
+    Engine.PLAIN_BLOCKS, Engine.DRAFT_BLOCKS, _compiled.ENABLED = blocks, drafted, compiled
     try:
         for _ in range(repeat):
             t0 = time.perf_counter()
@@ -86,7 +90,7 @@ def best_of(scen: Scenario, repeat: int, blocks: bool = True, compiled: bool = T
             if wall < best:
                 best, metrics = wall, res.metrics
     finally:
-        Engine.PLAIN_BLOCKS = _compiled.ENABLED = True
+        Engine.PLAIN_BLOCKS = Engine.DRAFT_BLOCKS = _compiled.ENABLED = True
     return best, metrics
 
 
@@ -219,6 +223,14 @@ def main() -> None:
     for conc in (1, 16):
         line(f"no_spec {conc} user{'s' if conc > 1 else ''}, simulated out tok/s", tok_s["no_spec", conc], "tok/s",
              baseline=("round by round", tok_s["no_spec rbr", conc]))
+    # the main study's baselines: static k and MTP-1 draft every round (drafted blocks since this version)
+    n_base = max(25, args.requests // 4)
+    for pol in ({"name": "mtp1"}, {"name": "static", "k": 5}):
+        (w, mm), (w_rbr, mm_rbr) = best_of_each(scenario(pol, 1, n_base), args.repeat, [{}, {"drafted": False}])
+        same_answers(mm_rbr, mm, "drafted blocks")
+        label = "mtp1" if pol["name"] == "mtp1" else "static 5"
+        line(f"{label} 1 user ({n_base} req), simulated out tok/s", mm["output_tokens_total"] / w, "tok/s",
+             baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
 
     sizes = [100, 200, 400] if args.quick else [100, 200, 400, 800]
     walls = [best_of(scenario({"name": "dspark"}, 16, n), 1)[0] for n in sizes]

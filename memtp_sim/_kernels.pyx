@@ -1703,6 +1703,83 @@ def expit(cnp.ndarray x not None):
 
 
 # ------------------------------------------------------------------------------ drafted blocks
+# the plans drafted_block makes (its plan_kind)
+cdef enum:
+    _PLAN_DSPARK = 0
+    _PLAN_STATIC = 1
+    _PLAN_THRESHOLD = 2
+
+
+cdef double _pairwise_sum(double* a, Py_ssize_t n) noexcept nogil:
+    # numpy's sum of a contiguous float64 array (np.add.reduce: pairwise summation, blocks of 128
+    # summed with 8 accumulators), the same additions in the same order; -0.0 for n = 0
+    cdef double r0, r1, r2, r3, r4, r5, r6, r7, res
+    cdef Py_ssize_t i, n2
+    if n < 8:
+        res = -0.0
+        for i in range(n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+        i = 8
+        while i < n - (n % 8):
+            r0 += a[i]
+            r1 += a[i + 1]
+            r2 += a[i + 2]
+            r3 += a[i + 3]
+            r4 += a[i + 4]
+            r5 += a[i + 5]
+            r6 += a[i + 6]
+            r7 += a[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += a[i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise_sum(a, n2) + _pairwise_sum(a + n2, n - n2)
+
+
+cdef i64 _threshold_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double t, i64 budget, i64* out,
+                         double* a, i64* picked, double* sum_a) noexcept nogil:
+    # ThresholdPolicy.plan's lengths on checked pointers: the drafts whose joint survival is
+    # positive and >= t, at most budget of them, the lowest dropped first (take_top: the first of
+    # the stable order of -survival); *sum_a: their survivals' sum as float(vals[:n].sum()) adds
+    # them. Returns the drafts verified, or -1 for a confidence outside [0, 1] (nothing planned).
+    # a: 2*R*L doubles, picked: 2*R*L + R + 1 int64 scratch (as _scan_core's)
+    cdef Py_ssize_t total = num_req * width, r, j, n_pos = 0, n, selected = 0
+    cdef double s
+    cdef bint in_range = True
+    cdef double* cand = a
+    cdef i64* rows = picked
+    cdef i64* bounds = picked + 2 * total
+    for r in range(num_req):  # np.cumprod's running products, left to right
+        s = 1.0
+        bounds[r] = n_pos
+        for j in range(width):
+            in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
+            s = s * v[r * width + j]
+            if s > 0.0:  # a zero-survival draft is never a candidate
+                cand[n_pos] = s
+                rows[n_pos] = r
+                n_pos += 1
+                selected += s >= t
+        out[r] = 0
+    bounds[num_req] = n_pos
+    if not in_range:
+        return -1
+    n = selected if selected < budget else budget
+    if _merge_runs(cand, rows, cand + total, rows + total, bounds, num_req, n) == 1:
+        cand, rows = cand + total, rows + total
+    for j in range(n):
+        out[rows[j]] += 1
+    sum_a[0] = 0.0 + _pairwise_sum(cand, n)
+    return n
+
+
 cdef bitgen_t* _bitgen(object generator) except NULL:
     # the C state of a numpy Generator's bit generator (numpy's "extending via Cython" route)
     capsule = generator.bit_generator.capsule
@@ -1720,7 +1797,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray temps not None, object rng, object head_rng, tuple verify_price not None,
                   tuple decode_price not None, bint separate_decode, cnp.ndarray draft_times not None, i64 gamma,
                   i64 max_batch_tokens, i64 prefill_chunk_tokens, i64 block_tokens, i64 capacity, i64 blocks_used,
-                  double now, double next_event, double overhead_s, bint early_stop, i64 fixed_k, double block_gib,
+                  double now, double next_event, double overhead_s, bint early_stop, i64 plan_kind, i64 fixed_k,
+                  double threshold, double block_gib,
                   double held_gib, double fixed_gib, tuple gate not None, tuple coherence not None, i64 round_index,
                   i64 max_rounds, list rows not None, tuple row_consts not None, cnp.ndarray dec_out not None,
                   cnp.ndarray pre_out not None, cnp.ndarray probs not None, cnp.ndarray raw not None,
@@ -1734,18 +1812,19 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     state and round-log rows as round by round (docs/model.md section 1 steps 2-7; DSpark paper
     Algorithm 1).
 
-    With ``fixed_k`` >= 1 the rounds are those of ``policies.static.StaticPolicy`` (``Mtp1Policy``:
+    With ``plan_kind`` 1 the rounds are those of ``policies.static.StaticPolicy`` (``Mtp1Policy``:
     ``fixed_k`` 1) instead: every decoding request verifies ``fixed_k`` of its ``gamma`` drafted
-    positions, and there is neither a scan nor a gate.
+    positions; with 2, those of ``policies.threshold.ThresholdPolicy``: each request verifies its
+    drafts whose joint survival is positive and at least ``threshold``, the lowest dropped first
+    where they overfill the pass (``take_top``). Neither has a gate.
 
     Each round, before it draws: the running requests split into decoding (at least one) and
     prefilling ones, the decoding ones' anchors and ``1 + gamma`` lookahead slots fit the KV cache,
     chunked prefill takes the budget left, the cost tables price the round from their arrays, and
-    the fallback gate drafts (its ``draft_lengths`` answers ``gamma``; no gate with ``fixed_k``).
-    Then it drafts (``rng``: the
-    round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, or ``fixed_k`` each), and
-    keeps the round only if nothing is trimmed, the pass passes ``Engine._check_pass`` and it ends
-    before ``next_event``: it then reports to the gate (not with ``fixed_k``), moves the clock,
+    the fallback gate drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
+    round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, ``fixed_k`` each, or the
+    threshold), and keeps the round only if nothing is trimmed, the pass passes
+    ``Engine._check_pass`` and it ends before ``next_event``: it then reports to the gate, moves the clock,
     draws acceptance (``rng``), applies it and the prefill chunks, updates the coherence and
     appends the round's row.
 
@@ -1766,7 +1845,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         now, next_event: the clock and SimPy's next event, s.
         overhead_s: a drafted round's host overhead, s.
         early_stop: Algorithm 1's early stop.
-        fixed_k: 0 for DSpark's rounds; ``k`` in ``1..gamma`` for a static policy's (the gate unread).
+        plan_kind, fixed_k, threshold: 0 for DSpark's plan; 1 for static k's (``fixed_k`` in
+            ``1..gamma``); 2 for the threshold policy's (``threshold`` in [0, 1]). The gate is read
+            only for DSpark's.
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
         gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``.
@@ -1807,8 +1888,10 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     if num_run < 1 or gamma < 1 or block_tokens < 1:
         raise ValueError(f"drafted_block: needs >= 1 request, position and block token (got {num_run}, {gamma}, "
                          f"{block_tokens})")
-    if fixed_k < 0 or fixed_k > gamma:
-        raise ValueError(f"drafted_block: fixed_k {fixed_k} outside 0..{gamma}")
+    if not (plan_kind == _PLAN_DSPARK or (plan_kind == _PLAN_STATIC and 1 <= fixed_k <= gamma)
+            or (plan_kind == _PLAN_THRESHOLD and 0.0 <= threshold <= 1.0)):
+        raise ValueError(f"drafted_block: plan {plan_kind} with k {fixed_k} and threshold {threshold}: needs 0, "
+                         f"1 with k in 1..{gamma}, or 2 with a threshold in [0, 1]")
     cdef Py_ssize_t width = gamma
     cdef i64* done = _i64(_w(prefilled, "prefilled"), "prefilled", size)
     cdef i64* want = _i64(target, "target", size)
@@ -1911,7 +1994,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64 more[2]
     totals[3] = 0
     cdef double req, d_l_max, d_kv, nd = 0.0, plain_t, vs, duration, end, start, low, plan_draft_s, draft_s
-    cdef double theta, theta_g, best_rate, plain_rate, t_gain, new
+    cdef double theta, theta_g, best_rate, plain_rate, t_gain, new, sum_a
     cdef i64 t_last
     cdef _Scan res
     cdef _Pricer* table
@@ -1962,7 +2045,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 req = <double>num_req if <double>num_req > 1.0 else 1.0
                 d_l_max = <double>l_max
                 d_kv = <double>kv_read
-                if fixed_k:  # policies.static._every_request (no view checks, no gate)
+                if plan_kind != _PLAN_DSPARK:  # static k, threshold: no view checks, no gate
                     if separate_decode:  # Engine._draft_and_plan prices the no-draft pass (unread by the plan)
                         nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
                         if not (0.0 < nd < INFINITY):
@@ -1979,7 +2062,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         break
                 else:
                     plain_t = NAN  # plain_rate_of: no value at this B
-                if not fixed_k:
+                if plan_kind == _PLAN_DSPARK:
                     if not _covers(&vp, base_b):
                         break
                     n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
@@ -2009,11 +2092,25 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
                                   noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
                 code = 1  # drafted: from here on a round not kept goes on in Python from its plan
-                if fixed_k:  # k each; where they overfill the pass the check below stops (fit_to_budget trims)
-                    for k in range(num):
+                if plan_kind == _PLAN_STATIC:  # k each; where they overfill the pass the check below stops
+                    for k in range(num):  # (fit_to_budget trims)
                         lengths[k] = fixed_k
                     theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
                     verify_tokens = num * fixed_k
+                elif plan_kind == _PLAN_THRESHOLD:  # ThresholdPolicy.plan
+                    verify_tokens = _threshold_core(c, num, width, threshold, max_batch_tokens - base_b, lengths,
+                                                    surv, picked, &sum_a)
+                    if verify_tokens < 0:
+                        break  # a confidence outside [0, 1]: survival() raises
+                    theta_g = NAN
+                    b = num + verify_tokens + chunk_total
+                    if not _covers(&vp, b):  # expected_rate
+                        theta = NAN
+                    else:
+                        vs = nd if verify_tokens == 0 and separate_decode else _price_one(&vp, b, req, d_l_max, d_kv)
+                        if vs != vs:
+                            break  # the table's other rules price it: the round path
+                        theta = (<double>num + sum_a) / (plan_draft_s + vs)
                 else:
                     res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
                                      early_stop, lengths, surv, picked)
@@ -2042,7 +2139,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
                         or not (vs > 0.0 and duration < INFINITY and low >= 0.0)):
                     break  # Engine._check_pass raises
-                if not fixed_k:  # planned: FallbackGate.report (DSparkPolicy.plan_round reports before the pass)
+                if plan_kind == _PLAN_DSPARK:  # planned: FallbackGate.report (DSparkPolicy.plan_round reports before the pass)
                     best_rate = theta_g if isfinite(theta_g) else theta
                     plain_rate = <double>num / plain_t
                     if ri < last_round:  # a new run

@@ -76,8 +76,11 @@ from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
 from .policies import dspark as _dspark_module
 from .policies.dspark import DSparkPolicy
+from .policies import _candidates as _candidates_module
 from .policies import static as _static_module
+from .policies import threshold as _threshold_module
 from .policies.static import Mtp1Policy, StaticPolicy
+from .policies.threshold import ThresholdPolicy
 from .workload import Workload
 
 __all__ = ["EngineSettings", "EngineState", "Engine", "REJECT_REASONS"]
@@ -129,7 +132,11 @@ def _mirrored() -> dict[tuple[object, str], object]:
     names = {DSparkPolicy: ("plan_round", "plan", "_report", "draft_lengths", "plain_rounds_ahead"),
              StaticPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
              Mtp1Policy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
+             ThresholdPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
              _static_module: ("_every_request",),
+             _threshold_module: ("survival", "draft_budget", "take_top", "expected_rate"),
+             _candidates_module: ("survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate",
+                                  "pass_time_s"),
              FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead"), AlwaysDraft: ("cap",),
              CoherenceEWMA: ("update",), KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks"),
              SPSTable: ("at_context", "covers", "is_measured", "pass_time_s", "pass_time_range_s", "_context_one_s",
@@ -147,7 +154,7 @@ def _mirrored_replaced(engine: "Engine") -> bool:
     on the engine, its KV manager, policy, gate, controller, coherence, drafter or cost tables (whose
     classes may be subclasses, whose instances may carry their own functions), or in the module."""
     pol = engine.policy
-    owners = {DSparkPolicy: (), StaticPolicy: (), Mtp1Policy: (), FallbackGate: (),
+    owners = {DSparkPolicy: (), StaticPolicy: (), Mtp1Policy: (), ThresholdPolicy: (), FallbackGate: (),
               type(pol): (pol,),  # the policy's own class only: the others' functions are not its
               Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (engine.control,),
               CoherenceEWMA: (engine.coherence,), Drafter: (engine.drafter,),
@@ -1099,22 +1106,25 @@ class Engine:
         log.extend(rows)
 
     # ----------------------------------------------------------------- drafted blocks
-    #: run drafted rounds (DSpark's, static k's and MTP-1's) in blocks (exact: see _drafted_block);
+    #: run drafted rounds (DSpark's, static k's, MTP-1's, threshold's) in blocks (exact: see _drafted_block);
     #: tests switch it off to compare
     DRAFT_BLOCKS = True
 
     def _drafted_block_inputs(self) -> tuple | None:
         """The run's fixed inputs of :meth:`_drafted_block` (the cost tables' pricing, whether the
-        decode table is priced apart, the head's base logits, the gate, the static k), or None where
+        decode table is priced apart, the head's base logits, the gate, the plan), or None where
         drafted rounds run one by one: without the kernels, or unless the policy is ``dspark``
-        itself with its fallback gate, or ``static`` or ``mtp1`` themselves, the controller
+        itself with its fallback gate, or ``static``, ``mtp1`` or ``threshold`` themselves, the controller
         ``always``, the coherence the EWMA, and nothing else decides or learns per round (no
         elastic depth, p_min, drift or observers) and both tables price from arrays."""
         pol, drafter = self.policy, self.drafter
+        gate = None  # the kernel's plan: DSpark's (with its gate), k each, or a threshold (_kernels.drafted_block)
         if type(pol) is DSparkPolicy:
-            gate, fixed_k = pol._gate, 0
+            gate, plan = pol._gate, (0, 0, 0.0)
         elif type(pol) in (StaticPolicy, Mtp1Policy):  # their plan: min(k, drafted) each (_every_request)
-            gate, fixed_k = None, min(1 if type(pol) is Mtp1Policy else pol.params.k, drafter.depth)
+            plan = (1, min(1 if type(pol) is Mtp1Policy else pol.params.k, drafter.depth), 0.0)
+        elif type(pol) is ThresholdPolicy:
+            plan = (2, 0, float(pol.params.threshold))
         else:
             return None
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
@@ -1150,7 +1160,7 @@ class Engine:
                  acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence),
                  self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
         early_stop = bool(pol.params.early_stop) if gate is not None else False
-        return fixed, per_tested, self._overhead_s(True), diag, state, gate, fixed_k, early_stop
+        return fixed, per_tested, self._overhead_s(True), diag, state, gate, plan, early_stop
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
                        resume: bool = False) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
@@ -1168,7 +1178,7 @@ class Engine:
             that raises), else None; and, when > 0, the seconds its pass runs across the next event
             (the caller waits them, then calls again with ``resume``).
         """
-        fixed, per_tested, overhead_s, diag, state, gate, fixed_k, early_stop = inputs
+        fixed, per_tested, overhead_s, diag, state, gate, plan, early_stop = inputs
         kv, coh, drafter, log = self.kv, self.coherence, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
         if resume:  # the pending round's requests, and its row's fields as they were before its pass
@@ -1195,7 +1205,7 @@ class Engine:
          num_pre, had_prefill) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
-            overhead_s, early_stop, fixed_k, self.block_gib, drafter.held_gib, log.fixed_gib,
+            overhead_s, early_stop, *plan, self.block_gib, drafter.held_gib, log.fixed_gib,
             _NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
                                            gate.probe_every),
             (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, max_rounds, log.rows, consts,

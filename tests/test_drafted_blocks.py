@@ -1,4 +1,4 @@
-"""Drafted rounds (DSpark's, static k's and MTP-1's) run as blocks (engine ``_drafted_block``, compiled
+"""Drafted rounds (DSpark's, static k's, MTP-1's and threshold's) run as blocks (engine ``_drafted_block``, compiled
 kernel ``_kernels.drafted_block``, issue 13): an exact shortcut, so every run must match the round-by-round
 engine (``Engine.DRAFT_BLOCKS = False``) to the last bit: the random streams, per-request times and
 counters, the calibration diagnostics, and every column of every round of the round log.
@@ -95,6 +95,55 @@ def test_static_policies_drafted_blocks_match_round_by_round(name, policy, monke
     assert np.all(verified <= num_dec * k) and np.any(verified == num_dec * min(k, int(fast.rounds["gamma"].max())))
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.75, 1.0])
+@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "disaggregated", "h200-context", "kv-pressure"])
+def test_threshold_drafted_blocks_match_round_by_round(name, threshold, monkeypatch):
+    # the threshold policy verifies each request's drafts whose joint survival clears the bar
+    # (its round-log theta from their survivals' sum, numpy's pairwise order): bit for bit
+    scen = scenario(**(SCENARIOS[name] | {"policy": {"name": "threshold", "threshold": threshold}}))
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=4).state)
+    assert calls and max(calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+    assert np.isfinite(fast.rounds["theta"]).any()
+
+
+def test_a_threshold_plan_over_the_budget_drops_the_lowest_drafts_in_a_block(monkeypatch):
+    # threshold 0 selects every positive draft: 16 users x 7 do not fit a 64-token pass, so the
+    # kernel ranks the candidates and keeps the top (take_top) inside its blocks
+    scen = scenario(policy={"name": "threshold", "threshold": 0.0}, workload={"concurrency": 16, "num_requests": 48},
+                    engine={"max_batch_tokens": 64, "prefill_chunk_tokens": 32, "prefill": "disaggregated",
+                            "prefill_gpus": 4})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=2).state)
+    assert calls and max(calls) > 1
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    assert np.any(r["batch_tokens"] == 64) and np.any(r["verify_tokens"] < 7 * r["num_decode"])
+
+
+@pytest.mark.parametrize("module", ["threshold", "_candidates"])
+def test_a_threshold_helper_replaced_by_a_patch_runs_round_by_round(module, monkeypatch):
+    # the kernel does take_top's work in its place: a patched take_top (where the policy finds
+    # it, or where it was defined) must run instead, round by round, and change the run
+    import importlib
+
+    mod = importlib.import_module(f"memtp_sim.policies.{module}")
+    scen = scenario(policy={"name": "threshold", "threshold": 0.3}, workload={"concurrency": 4, "num_requests": 12})
+    calls = []
+    orig = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block", lambda self, *a: calls.append(1) or orig(self, *a))
+    plain = run(scen, seed=0).state
+    assert calls
+    calls.clear()
+    orig_take = mod.take_top
+    monkeypatch.setattr(mod, "take_top", lambda a, n: orig_take(a, min(n, 1)))
+    patched = run(scen, seed=0).state
+    assert calls == []
+    if module == "threshold":  # the policy calls its own module's name: the patch changes the plan
+        assert patched.rounds["verify_tokens"].max() <= 1
+        with pytest.raises(AssertionError):
+            assert_same_state(plain, patched)
+
+
 def test_a_static_plan_trimmed_to_the_budget_goes_on_in_python(monkeypatch):
     # 16 users drafting 5 each do not fit a 64-token pass: fit_to_budget trims those rounds (the
     # round path), the rounds that fit run in blocks, and both ways agree
@@ -110,10 +159,12 @@ def test_a_static_plan_trimmed_to_the_budget_goes_on_in_python(monkeypatch):
     assert np.any(r["verify_tokens"][drafted] == 5 * r["num_decode"][drafted])  # whole ones
 
 
+@pytest.mark.parametrize("policy", [{"name": "dspark"}, {"name": "static", "k": 4}, {"name": "mtp1"},
+                                    {"name": "threshold", "threshold": 0.4}])
 @pytest.mark.parametrize("name", ["closed-4", "h200-poisson", "kv-pressure"])
-def test_drafted_blocks_match_the_numpy_engine(name, monkeypatch):
-    # an oracle with no kernel at all: numpy draws, numpy scan, numpy acceptance
-    scen = scenario(**({"policy": {"name": "dspark"}} | SCENARIOS[name]))
+def test_drafted_blocks_match_the_numpy_engine(name, policy, monkeypatch):
+    # an oracle with no kernel at all: numpy draws, numpy scan (or the static plan), numpy acceptance
+    scen = scenario(**({"policy": policy} | SCENARIOS[name]))
     monkeypatch.setattr(_compiled, "ENABLED", False)
     numpy_state = run(scen, seed=2).state
     monkeypatch.setattr(_compiled, "ENABLED", True)
@@ -170,9 +221,11 @@ def random_case(seed, monkeypatch):
                 "max_batch_tokens": int(rng.choice([32, 64])), "prefill_chunk_tokens": int(rng.choice([8, 32]))}
     params = {"gamma": int(rng.integers(1, 8)), "early_stop": bool(rng.random() < 0.5),
               "fallback": bool(rng.random() < 0.5)}
-    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1"]))  # static k: budget trims at 32 tokens
+    # static k and threshold: budget trims at 32 tokens
+    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1", "threshold"]))
     if policy != "dspark":
-        params = {"k": params["gamma"]} if policy == "static" else {}
+        params = ({"k": params["gamma"]} if policy == "static" else {} if policy == "mtp1" else
+                  {"gamma": params["gamma"], "threshold": float(rng.choice([0.0, 0.2, 0.6]))})
     slow, fast, calls = both_ways(
         monkeypatch, lambda: run_engine(prof, wl, policy, params, seed=seed, **settings))
     assert calls
@@ -191,8 +244,8 @@ def test_the_random_workloads_reach_the_measured_range_s_last_point_and_beyond(m
     assert extrapolated > 0 and at_top > 0
 
 
-def test_a_policy_other_than_dspark_static_or_mtp1_takes_no_drafted_block(monkeypatch):
-    for policy in ({"name": "goodput"}, {"name": "dspark_async"}, {"name": "threshold"}):
+def test_a_policy_without_a_kernel_plan_takes_no_drafted_block(monkeypatch):
+    for policy in ({"name": "goodput"}, {"name": "dspark_async"}):
         scen = scenario(policy=policy, workload={"concurrency": 2, "num_requests": 6})
         slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
         assert calls == []
@@ -352,7 +405,8 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
             rng=np.random.default_rng(), head_rng=np.random.default_rng(), verify_price=price,
             decode_price=price, separate_decode=False, draft_times=np.zeros(2), gamma=2, max_batch_tokens=8,
             prefill_chunk_tokens=8, block_tokens=16, capacity=8, blocks_used=0, now=0.0, next_event=100.0,
-            overhead_s=0.0, early_stop=False, fixed_k=0, block_gib=0.0, held_gib=0.0, fixed_gib=1.0,
+            overhead_s=0.0, early_stop=False, plan_kind=0, fixed_k=0, threshold=0.0, block_gib=0.0, held_gib=0.0,
+            fixed_gib=1.0,
             gate=(True, 0.1, 0.0, -1, 0, 16), coherence=(0.1, 1.0, 0, False), round_index=0, max_rounds=4,
             rows=[], row_consts=(0, 1, 0), dec_out=ints(0), pre_out=ints(0), probs=np.empty((1, 2)),
             raw=np.empty((1, 2)), conf=np.empty((1, 2)), finished=ints(0), diag_raw=None, diag_conf=None,
@@ -362,7 +416,8 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
 
 
 @pytest.mark.parametrize("bad", [
-    "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()", "fixed_k=3", "fixed_k=-1",
+    "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()", "plan_kind=1, fixed_k=3", "plan_kind=1, fixed_k=0",
+    "plan_kind=2, threshold=1.5", "plan_kind=2, threshold=float('nan')", "plan_kind=3",
     # a resume whose pending fields are not a round of these requests
     "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), dec_out=ints(10**12)",
     "resume=True, pending_consts=[], pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
