@@ -1708,6 +1708,7 @@ cdef enum:
     _PLAN_DSPARK = 0
     _PLAN_STATIC = 1
     _PLAN_THRESHOLD = 2
+    _PLAN_ASYNC = 3
 
 
 cdef double _pairwise_sum(double* a, Py_ssize_t n) noexcept nogil:
@@ -1743,13 +1744,37 @@ cdef double _pairwise_sum(double* a, Py_ssize_t n) noexcept nogil:
     return _pairwise_sum(a, n2) + _pairwise_sum(a + n2, n - n2)
 
 
-cdef i64 _threshold_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double t, i64 budget, i64* out,
-                         double* a, i64* picked, double* sum_a) noexcept nogil:
-    # ThresholdPolicy.plan's lengths on checked pointers: the drafts whose joint survival is
-    # positive and >= t, at most budget of them, the lowest dropped first (take_top: the first of
-    # the stable order of -survival); *sum_a: their survivals' sum as float(vals[:n].sum()) adds
-    # them. Returns the drafts verified, or -1 for a confidence outside [0, 1] (nothing planned).
-    # a: 2*R*L doubles, picked: 2*R*L + R + 1 int64 scratch (as _scan_core's)
+cdef i64 _async_capacity(i64* hist, Py_ssize_t* h0, Py_ssize_t* h_len, i64 t, i64 lag, i64 k_now) noexcept nogil:
+    # DSparkAsyncPolicy.plan's bookkeeping on its (round, K) pairs, rows h0..h_len of hist (room
+    # for one more): a round before the last starts a new run (cleared); the K in force is the
+    # latest from a round <= t - lag (0 while none is that old: warm-up), older pairs dropped
+    # (_lagged_capacity); then K now is remembered for round t. Returns the K in force.
+    cdef i64 k_lag = 0, limit = t - lag
+    if h_len[0] > h0[0] and t < hist[2 * (h_len[0] - 1)]:
+        h0[0] = h_len[0] = 0
+    while h_len[0] > h0[0] and hist[2 * h0[0]] <= limit:
+        if h_len[0] - h0[0] >= 2 and hist[2 * (h0[0] + 1)] <= limit:
+            h0[0] += 1
+            continue
+        k_lag = hist[2 * h0[0] + 1]
+        break
+    if h_len[0] > h0[0] and hist[2 * (h_len[0] - 1)] == t:
+        hist[2 * (h_len[0] - 1) + 1] = k_now
+    else:
+        hist[2 * h_len[0]] = t
+        hist[2 * h_len[0] + 1] = k_now
+        h_len[0] += 1
+    return k_lag
+
+
+cdef i64 _take_top_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double t, i64 cap, i64* out,
+                        double* a, i64* picked, double* sum_a) noexcept nogil:
+    # take_top on checked pointers (ThresholdPolicy.plan, DSparkAsyncPolicy.plan with t = 0): the
+    # drafts whose joint survival is positive and >= t, at most cap of them, the lowest dropped
+    # first (the first of the stable order of -survival); *sum_a: their survivals' sum as
+    # float(vals[:n].sum()) adds them. Returns the drafts verified, or -1 for a confidence
+    # outside [0, 1] (nothing planned). a: 2*R*L doubles, picked: 2*R*L + R + 1 int64 scratch
+    # (as _scan_core's)
     cdef Py_ssize_t total = num_req * width, r, j, n_pos = 0, n, selected = 0
     cdef double s
     cdef bint in_range = True
@@ -1771,7 +1796,7 @@ cdef i64 _threshold_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double
     bounds[num_req] = n_pos
     if not in_range:
         return -1
-    n = selected if selected < budget else budget
+    n = selected if selected < cap else cap
     if _merge_runs(cand, rows, cand + total, rows + total, bounds, num_req, n) == 1:
         cand, rows = cand + total, rows + total
     for j in range(n):
@@ -1798,7 +1823,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   tuple decode_price not None, bint separate_decode, cnp.ndarray draft_times not None, i64 gamma,
                   i64 max_batch_tokens, i64 prefill_chunk_tokens, i64 block_tokens, i64 capacity, i64 blocks_used,
                   double now, double next_event, double overhead_s, bint early_stop, i64 plan_kind, i64 fixed_k,
-                  double threshold, double block_gib,
+                  double threshold, i64 lag_rounds, cnp.ndarray history not None, i64 history_len, double block_gib,
                   double held_gib, double fixed_gib, tuple gate not None, tuple coherence not None, i64 round_index,
                   i64 max_rounds, list rows not None, tuple row_consts not None, cnp.ndarray dec_out not None,
                   cnp.ndarray pre_out not None, cnp.ndarray probs not None, cnp.ndarray raw not None,
@@ -1816,7 +1841,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     ``fixed_k`` 1) instead: every decoding request verifies ``fixed_k`` of its ``gamma`` drafted
     positions; with 2, those of ``policies.threshold.ThresholdPolicy``: each request verifies its
     drafts whose joint survival is positive and at least ``threshold``, the lowest dropped first
-    where they overfill the pass (``take_top``). Neither has a gate.
+    where they overfill the pass (``take_top``); with 3, those of ``policies.dspark.DSparkAsyncPolicy``:
+    the global search (Algorithm 1 without early stop) gives the capacity K of this round, and the
+    top ``K`` of ``lag_rounds`` rounds before are verified (``history``). None of them has a gate.
 
     Each round, before it draws: the running requests split into decoding (at least one) and
     prefilling ones, the decoding ones' anchors and ``1 + gamma`` lookahead slots fit the KV cache,
@@ -1846,8 +1873,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         overhead_s: a drafted round's host overhead, s.
         early_stop: Algorithm 1's early stop.
         plan_kind, fixed_k, threshold: 0 for DSpark's plan; 1 for static k's (``fixed_k`` in
-            ``1..gamma``); 2 for the threshold policy's (``threshold`` in [0, 1]). The gate is read
-            only for DSpark's.
+            ``1..gamma``); 2 for the threshold policy's (``threshold`` in [0, 1]); 3 for DSpark's
+            asynchronous scheduler's. The gate is read only for DSpark's.
+        lag_rounds, history, history_len: plan 3's lag (>= 1) and its remembered ``(round, K)``
+            pairs, the first ``history_len`` rows of the int64 ``(H, 2)`` array (``H`` > the
+            live pairs; updated in place: the live pairs are rows ``h0..h_len`` of the result).
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
         gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``.
@@ -1870,14 +1900,15 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
-        num_finished, diag_rows, num_dec, num_pre, had_prefill)``: code 0 stopped before a round (nothing
+        num_finished, diag_rows, num_dec, num_pre, had_prefill, h0, h_len)``: code 0 stopped before a round (nothing
         drawn for it), 1 the round after the ``rounds`` kept is drafted (``num_dec`` decoding
         requests in ``dec_out``, ``num_pre`` prefilling ones in ``pre_out``) and the caller goes on
         from its plan, 2 the last round kept finished requests, 3 the round after the ``rounds``
         kept is planned and reported to the gate but an event falls inside its pass: the caller
         waits ``pending_f[1]`` s from ``now`` and calls again with ``resume`` (a resumed round
         counts in that call's ``rounds``);
-        then the state after the rounds kept, and whether any of them prefilled.
+        then the state after the rounds kept, whether any of them prefilled, and the live
+        history rows (plan 3).
 
     Raises:
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids.
@@ -1889,9 +1920,17 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         raise ValueError(f"drafted_block: needs >= 1 request, position and block token (got {num_run}, {gamma}, "
                          f"{block_tokens})")
     if not (plan_kind == _PLAN_DSPARK or (plan_kind == _PLAN_STATIC and 1 <= fixed_k <= gamma)
-            or (plan_kind == _PLAN_THRESHOLD and 0.0 <= threshold <= 1.0)):
-        raise ValueError(f"drafted_block: plan {plan_kind} with k {fixed_k} and threshold {threshold}: needs 0, "
-                         f"1 with k in 1..{gamma}, or 2 with a threshold in [0, 1]")
+            or (plan_kind == _PLAN_THRESHOLD and 0.0 <= threshold <= 1.0) or (plan_kind == _PLAN_ASYNC
+                                                                             and lag_rounds >= 1)):
+        raise ValueError(f"drafted_block: plan {plan_kind} with k {fixed_k}, threshold {threshold} and lag "
+                         f"{lag_rounds}: needs 0, 1 with k in 1..{gamma}, 2 with a threshold in [0, 1], or 3 with a "
+                         "lag >= 1")
+    if cnp.PyArray_NDIM(history) != 2 or cnp.PyArray_DIM(history, 1) != 2:
+        raise TypeError(f"history: a C-contiguous (H, 2) int64 array is required, got {_layout(history)}")
+    cdef Py_ssize_t h_cap = cnp.PyArray_DIM(history, 0), h0 = 0, h_len = history_len
+    cdef i64* hist = <i64*>_data_2d(_w(history, "history"), "history", cnp.NPY_INT64, "int64", h_cap, 2)
+    if not 0 <= history_len <= h_cap:
+        raise ValueError(f"history_len: {history_len} outside 0..{h_cap}")
     cdef Py_ssize_t width = gamma
     cdef i64* done = _i64(_w(prefilled, "prefilled"), "prefilled", size)
     cdef i64* want = _i64(target, "target", size)
@@ -1994,7 +2033,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64 more[2]
     totals[3] = 0
     cdef double req, d_l_max, d_kv, nd = 0.0, plain_t, vs, duration, end, start, low, plan_draft_s, draft_s
-    cdef double theta, theta_g, best_rate, plain_rate, t_gain, new, sum_a
+    cdef double theta, theta_g, best_rate, plain_rate, t_gain, new, sum_a, t_plan
+    cdef i64 cap, k_lag
     cdef i64 t_last
     cdef _Scan res
     cdef _Pricer* table
@@ -2045,7 +2085,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 req = <double>num_req if <double>num_req > 1.0 else 1.0
                 d_l_max = <double>l_max
                 d_kv = <double>kv_read
-                if plan_kind != _PLAN_DSPARK:  # static k, threshold: no view checks, no gate
+                if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD:  # no view checks, no gate
                     if separate_decode:  # Engine._draft_and_plan prices the no-draft pass (unread by the plan)
                         nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
                         if not (0.0 < nd < INFINITY):
@@ -2062,7 +2102,14 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         break
                 else:
                     plain_t = NAN  # plain_rate_of: no value at this B
-                if plan_kind == _PLAN_DSPARK:
+                if plan_kind == _PLAN_ASYNC and h_len == h_cap:  # the history is full: its live pairs to the front
+                    if h0 == 0:
+                        break  # no room (the caller gives more): the round path
+                    for k in range(h_len - h0):
+                        hist[2 * k], hist[2 * k + 1] = hist[2 * (h0 + k)], hist[2 * (h0 + k) + 1]
+                    h_len -= h0
+                    h0 = 0
+                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_ASYNC:  # the scan's view and table checks
                     if not _covers(&vp, base_b):
                         break
                     n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
@@ -2070,6 +2117,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
                                                            times):
                         break
+                if plan_kind == _PLAN_DSPARK:
                     # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
                     t_gain, t_last, t_skipped = gain, last_round, skipped
                     if ri < t_last:  # a new run
@@ -2097,12 +2145,19 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         lengths[k] = fixed_k
                     theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
                     verify_tokens = num * fixed_k
-                elif plan_kind == _PLAN_THRESHOLD:  # ThresholdPolicy.plan
-                    verify_tokens = _threshold_core(c, num, width, threshold, max_batch_tokens - base_b, lengths,
-                                                    surv, picked, &sum_a)
+                elif plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:  # ThresholdPolicy.plan, and
+                    cap, t_plan, theta_g = max_batch_tokens - base_b, threshold, NAN  # DSparkAsyncPolicy.plan's:
+                    if plan_kind == _PLAN_ASYNC:  # the global search's K now, the top K of lag_rounds before
+                        res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                                         False, lengths, surv, picked)
+                        if not res.in_range or res.n_cov < res.n_max:
+                            break  # a confidence outside [0, 1], or a search beyond the table: plan() raises
+                        theta_g = res.theta_best
+                        k_lag = _async_capacity(hist, &h0, &h_len, ri, lag_rounds, res.n_star)
+                        cap, t_plan = (k_lag if k_lag < cap else cap), 0.0
+                    verify_tokens = _take_top_core(c, num, width, t_plan, cap, lengths, surv, picked, &sum_a)
                     if verify_tokens < 0:
                         break  # a confidence outside [0, 1]: survival() raises
-                    theta_g = NAN
                     b = num + verify_tokens + chunk_total
                     if not _covers(&vp, b):  # expected_rate
                         theta = NAN
@@ -2198,4 +2253,4 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         PyMem_Free(ibuf)
         PyMem_Free(would)
     return (code, rounds, now, blocks_used, gain, last_round, skipped, coh, coh_updates,
-            totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill)
+            totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len)

@@ -75,7 +75,7 @@ from .policies._candidates import FallbackGate
 from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
 from .policies import dspark as _dspark_module
-from .policies.dspark import DSparkPolicy
+from .policies.dspark import DSparkAsyncPolicy, DSparkPolicy
 from .policies import _candidates as _candidates_module
 from .policies import static as _static_module
 from .policies import threshold as _threshold_module
@@ -133,6 +133,8 @@ def _mirrored() -> dict[tuple[object, str], object]:
              StaticPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
              Mtp1Policy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
              ThresholdPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
+             DSparkAsyncPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead", "reset",
+                                 "_lagged_capacity"),
              _static_module: ("_every_request",),
              _threshold_module: ("survival", "draft_budget", "take_top", "expected_rate"),
              _candidates_module: ("survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate",
@@ -141,7 +143,10 @@ def _mirrored() -> dict[tuple[object, str], object]:
              CoherenceEWMA: ("update",), KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks"),
              SPSTable: ("at_context", "covers", "is_measured", "pass_time_s", "pass_time_range_s", "_context_one_s",
                         "_context_slice_s"),
-             Drafter: ("prefill_time_s",), _dspark_module: ("plain_rate_of", "_compiled_scan", "_scan_compiled"),
+             Drafter: ("prefill_time_s",),
+             _dspark_module: ("plain_rate_of", "_compiled_scan", "_scan_compiled", "_plan_round", "_schedule",
+                              "hardware_aware_prefix_scheduler", "survival", "draft_budget", "take_top",
+                              "expected_rate"),
              Engine: ("_admit", "_guarantee_anchors", "_draft_length", "_reserve_lookahead", "_place_prefill",
                       "_round_tables", "_tables_at", "_draft_and_plan", "_draft_confidences_compiled", "_pass_time",
                       "_check_pass", "_accept", "_accept_compiled", "_advance_prefill", "_update_coherence",
@@ -154,12 +159,13 @@ def _mirrored_replaced(engine: "Engine") -> bool:
     on the engine, its KV manager, policy, gate, controller, coherence, drafter or cost tables (whose
     classes may be subclasses, whose instances may carry their own functions), or in the module."""
     pol = engine.policy
-    owners = {DSparkPolicy: (), StaticPolicy: (), Mtp1Policy: (), ThresholdPolicy: (), FallbackGate: (),
+    owners = {DSparkPolicy: (), StaticPolicy: (), Mtp1Policy: (), ThresholdPolicy: (), DSparkAsyncPolicy: (),
+              FallbackGate: (),
               type(pol): (pol,),  # the policy's own class only: the others' functions are not its
               Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (engine.control,),
               CoherenceEWMA: (engine.coherence,), Drafter: (engine.drafter,),
               SPSTable: (engine.profile.sps, engine.profile.decode_table)}
-    if type(pol) is DSparkPolicy:  # static policies have no gate
+    if type(pol) is DSparkPolicy:  # the only policy with a gate
         owners[FallbackGate] = (getattr(pol, "_gate", None),)
     for (owner, name), fn in _MIRRORED.items():
         objs = owners.get(owner)
@@ -1106,7 +1112,8 @@ class Engine:
         log.extend(rows)
 
     # ----------------------------------------------------------------- drafted blocks
-    #: run drafted rounds (DSpark's, static k's, MTP-1's, threshold's) in blocks (exact: see _drafted_block);
+    #: run drafted rounds (DSpark's, static k's, MTP-1's, threshold's, DSpark async's) in blocks (exact: see
+    #: _drafted_block);
     #: tests switch it off to compare
     DRAFT_BLOCKS = True
 
@@ -1114,17 +1121,20 @@ class Engine:
         """The run's fixed inputs of :meth:`_drafted_block` (the cost tables' pricing, whether the
         decode table is priced apart, the head's base logits, the gate, the plan), or None where
         drafted rounds run one by one: without the kernels, or unless the policy is ``dspark``
-        itself with its fallback gate, or ``static``, ``mtp1`` or ``threshold`` themselves, the controller
+        itself with its fallback gate, or ``static``, ``mtp1``, ``threshold`` or ``dspark_async``
+        (with a lag) themselves, the controller
         ``always``, the coherence the EWMA, and nothing else decides or learns per round (no
         elastic depth, p_min, drift or observers) and both tables price from arrays."""
         pol, drafter = self.policy, self.drafter
-        gate = None  # the kernel's plan: DSpark's (with its gate), k each, or a threshold (_kernels.drafted_block)
+        gate = None  # the kernel's plan: DSpark's (with its gate), k each, a threshold or the lagged top K
         if type(pol) is DSparkPolicy:
             gate, plan = pol._gate, (0, 0, 0.0)
         elif type(pol) in (StaticPolicy, Mtp1Policy):  # their plan: min(k, drafted) each (_every_request)
             plan = (1, min(1 if type(pol) is Mtp1Policy else pol.params.k, drafter.depth), 0.0)
         elif type(pol) is ThresholdPolicy:
             plan = (2, 0, float(pol.params.threshold))
+        elif type(pol) is DSparkAsyncPolicy and pol.params.lag_rounds >= 1:  # lag 0 keeps every K: round by round
+            plan = (3, 0, 0.0)
         else:
             return None
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
@@ -1151,8 +1161,10 @@ class Engine:
         # drafts, the ids, lengths and chunks of a round, a pending round's fields (by requests, views)
         buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64),
                    (np.empty(6), np.empty(8, dtype=np.int64)))
-        # ... and where the diagnostics' last part starts in their buffers, when it is this block's
-        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, None]
+        # ... and where the diagnostics' last part starts in their buffers, when it is this block's,
+        # and the asynchronous scheduler's lag and (round, K) history rows (its live pairs: <= lag + 2)
+        lag = pol.params.lag_rounds if plan[0] == 3 else 0
+        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, None, lag, np.empty((2 * lag + 8, 2), dtype=np.int64)]
         head, kv = self.head, self.kv
         # the kernel's arguments that stay the same objects for the whole run (none is rebound)
         fixed = (self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
@@ -1200,12 +1212,17 @@ class Engine:
         left, at = self.DIAG_ROUNDS - self.diag_n, state[2]
         d_raw, d_conf, d_would = (None, None, None) if diag is None or left <= 0 else \
             (diag[0][at: at + left], diag[1][at: at + left], diag[2][at: at + left])
-        cfg = self.cfg
+        cfg, lag, history, pol = self.cfg, state[7], state[8], self.policy
+        num_hist = len(pol._history) if lag else 0
+        if num_hist:  # DSparkAsyncPolicy's remembered capacities, as the kernel reads them
+            if num_hist + 2 > len(history):
+                history = state[8] = np.empty((2 * num_hist + 8, 2), dtype=np.int64)
+            history[:num_hist] = pol._history
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
-         num_pre, had_prefill) = self._kernels.drafted_block(
+         num_pre, had_prefill, h0, h_len) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
-            overhead_s, early_stop, *plan, self.block_gib, drafter.held_gib, log.fixed_gib,
+            overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
             _NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
                                            gate.probe_every),
             (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, max_rounds, log.rows, consts,
@@ -1213,6 +1230,8 @@ class Engine:
             pending_i, resume, pending_consts)
         if gate is not None:
             gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
+        elif lag:
+            pol._history = deque(map(tuple, history[h0:h_len].tolist()))
         if diag_rows:
             parts, first = self._diag_parts, state[6]
             if first is not None and parts and parts[-1][0].base is diag[0] and len(parts[-1][0]) == at - first:

@@ -1,4 +1,4 @@
-"""Drafted rounds (DSpark's, static k's, MTP-1's and threshold's) run as blocks (engine ``_drafted_block``, compiled
+"""Drafted rounds (DSpark's and its asynchronous scheduler's, static k's, MTP-1's and threshold's) run as blocks (engine ``_drafted_block``, compiled
 kernel ``_kernels.drafted_block``, issue 13): an exact shortcut, so every run must match the round-by-round
 engine (``Engine.DRAFT_BLOCKS = False``) to the last bit: the random streams, per-request times and
 counters, the calibration diagnostics, and every column of every round of the round log.
@@ -120,6 +120,78 @@ def test_a_threshold_plan_over_the_budget_drops_the_lowest_drafts_in_a_block(mon
     assert np.any(r["batch_tokens"] == 64) and np.any(r["verify_tokens"] < 7 * r["num_decode"])
 
 
+@pytest.mark.parametrize("lag", [1, 2, 7])
+@pytest.mark.parametrize("name", ["closed-4", "closed-16-think", "poisson-colocated", "disaggregated", "h200-poisson",
+                                  "memtp-fixed-per-tested", "kv-pressure"])
+def test_async_scheduler_drafted_blocks_match_round_by_round(name, lag, monkeypatch):
+    # DSpark's asynchronous scheduler verifies the top K of the global search lag rounds before:
+    # its capacity history runs inside the block (and across blocks and the round path's rounds)
+    scen = scenario(**(SCENARIOS[name] | {"policy": {"name": "dspark_async", "lag_rounds": lag}}))
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=6).state)
+    assert calls and max(calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    assert np.isfinite(r["theta_global"]).any() and (r["verify_tokens"][:lag] == 0).all()  # warm-up: nothing
+
+
+def test_an_async_scheduler_reused_for_a_second_run_starts_afresh(monkeypatch):
+    # a round index below the last one remembered starts a new run: the policy forgets its
+    # capacities (DSparkAsyncPolicy.plan), and the kernel must too when one instance runs twice
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.policies.dspark import DSparkAsyncParams, DSparkAsyncPolicy
+
+    def two_runs() -> list:
+        policy = DSparkAsyncPolicy(DSparkAsyncParams(gamma=4, lag_rounds=3))
+        return [Engine(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7),
+                       workload([8, 8, 8], [60, 40, 50]), policy,
+                       EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                       np.random.default_rng(seed)).run() for seed in (0, 1)]
+
+    slow, fast, calls = both_ways(monkeypatch, two_runs)
+    assert calls and max(calls) > 1
+    for a, b in zip(slow, fast):
+        assert_same_state(a, b)
+    r = fast[1].rounds
+    assert r["verify_tokens"][np.flatnonzero(r["num_decode"] > 0)[0]] == 0  # warm-up again
+
+
+def test_async_scheduler_without_lag_runs_round_by_round(monkeypatch):
+    # lag 0 remembers every round's K (the policy never drops one): the kernel keeps no such history
+    scen = scenario(policy={"name": "dspark_async", "lag_rounds": 0}, workload={"concurrency": 4, "num_requests": 8})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+    assert calls == []
+    assert_same_state(slow, fast)
+
+
+def test_async_scheduler_subclass_runs_round_by_round(monkeypatch):
+    # the kernel keeps the capacity history in the policy's place: a subclass's _lagged_capacity runs instead
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.policies.dspark import DSparkAsyncParams, DSparkAsyncPolicy
+
+    class Eager(DSparkAsyncPolicy):
+        def _lagged_capacity(self, t):  # noqa: ANN001, ANN202
+            found = super()._lagged_capacity(t)
+            return 3 if found is None else found
+
+    def build(policy) -> Engine:  # noqa: ANN001
+        return Engine(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7),
+                      workload([8, 8, 8], [40, 40, 30]), policy,
+                      EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                      np.random.default_rng(0))
+
+    calls = []
+    orig = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block", lambda self, *a: calls.append(1) or orig(self, *a))
+    def first_drafted(state) -> int:  # noqa: ANN001 - the drafts the first round with decoding requests verified
+        r = state.rounds
+        return int(r["verify_tokens"][np.flatnonzero(r["num_decode"] > 0)[0]])
+
+    eager = build(Eager(DSparkAsyncParams(gamma=4))).run()
+    assert calls == [] and first_drafted(eager) > 0  # no warm-up: its own rule ran
+    whole = build(DSparkAsyncPolicy(DSparkAsyncParams(gamma=4))).run()
+    assert calls and first_drafted(whole) == 0
+
+
 @pytest.mark.parametrize("module", ["threshold", "_candidates"])
 def test_a_threshold_helper_replaced_by_a_patch_runs_round_by_round(module, monkeypatch):
     # the kernel does take_top's work in its place: a patched take_top (where the policy finds
@@ -160,7 +232,7 @@ def test_a_static_plan_trimmed_to_the_budget_goes_on_in_python(monkeypatch):
 
 
 @pytest.mark.parametrize("policy", [{"name": "dspark"}, {"name": "static", "k": 4}, {"name": "mtp1"},
-                                    {"name": "threshold", "threshold": 0.4}])
+                                    {"name": "threshold", "threshold": 0.4}, {"name": "dspark_async"}])
 @pytest.mark.parametrize("name", ["closed-4", "h200-poisson", "kv-pressure"])
 def test_drafted_blocks_match_the_numpy_engine(name, policy, monkeypatch):
     # an oracle with no kernel at all: numpy draws, numpy scan (or the static plan), numpy acceptance
@@ -222,8 +294,10 @@ def random_case(seed, monkeypatch):
     params = {"gamma": int(rng.integers(1, 8)), "early_stop": bool(rng.random() < 0.5),
               "fallback": bool(rng.random() < 0.5)}
     # static k and threshold: budget trims at 32 tokens
-    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1", "threshold"]))
-    if policy != "dspark":
+    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1", "threshold", "dspark_async"]))
+    if policy == "dspark_async":
+        params = {"gamma": params["gamma"], "lag_rounds": int(rng.integers(1, 4))}
+    elif policy != "dspark":
         params = ({"k": params["gamma"]} if policy == "static" else {} if policy == "mtp1" else
                   {"gamma": params["gamma"], "threshold": float(rng.choice([0.0, 0.2, 0.6]))})
     slow, fast, calls = both_ways(
@@ -245,7 +319,7 @@ def test_the_random_workloads_reach_the_measured_range_s_last_point_and_beyond(m
 
 
 def test_a_policy_without_a_kernel_plan_takes_no_drafted_block(monkeypatch):
-    for policy in ({"name": "goodput"}, {"name": "dspark_async"}):
+    for policy in ({"name": "goodput"},):
         scen = scenario(policy=policy, workload={"concurrency": 2, "num_requests": 6})
         slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
         assert calls == []
@@ -405,8 +479,8 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
             rng=np.random.default_rng(), head_rng=np.random.default_rng(), verify_price=price,
             decode_price=price, separate_decode=False, draft_times=np.zeros(2), gamma=2, max_batch_tokens=8,
             prefill_chunk_tokens=8, block_tokens=16, capacity=8, blocks_used=0, now=0.0, next_event=100.0,
-            overhead_s=0.0, early_stop=False, plan_kind=0, fixed_k=0, threshold=0.0, block_gib=0.0, held_gib=0.0,
-            fixed_gib=1.0,
+            overhead_s=0.0, early_stop=False, plan_kind=0, fixed_k=0, threshold=0.0, lag_rounds=0,
+            history=np.zeros((4, 2), dtype=np.int64), history_len=0, block_gib=0.0, held_gib=0.0, fixed_gib=1.0,
             gate=(True, 0.1, 0.0, -1, 0, 16), coherence=(0.1, 1.0, 0, False), round_index=0, max_rounds=4,
             rows=[], row_consts=(0, 1, 0), dec_out=ints(0), pre_out=ints(0), probs=np.empty((1, 2)),
             raw=np.empty((1, 2)), conf=np.empty((1, 2)), finished=ints(0), diag_raw=None, diag_conf=None,
@@ -417,7 +491,8 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
 
 @pytest.mark.parametrize("bad", [
     "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()", "plan_kind=1, fixed_k=3", "plan_kind=1, fixed_k=0",
-    "plan_kind=2, threshold=1.5", "plan_kind=2, threshold=float('nan')", "plan_kind=3",
+    "plan_kind=2, threshold=1.5", "plan_kind=2, threshold=float('nan')", "plan_kind=4", "plan_kind=3, lag_rounds=0",
+    "history=np.zeros((4, 3), dtype=np.int64)", "history=np.zeros((4, 2))", "history_len=5", "history_len=-1",
     # a resume whose pending fields are not a round of these requests
     "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), dec_out=ints(10**12)",
     "resume=True, pending_consts=[], pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
