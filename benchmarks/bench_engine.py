@@ -18,8 +18,9 @@ Sections:
    short runs (``--requests``: a run's set-up, metrics and the drain of the last requests
    included) and on long ones (``--steady-requests``, about an hour of simulated traffic: the
    rate a sweep of long runs sees). Then the main study's baselines at one user, MTP-1 and
-   static 5 (``--requests`` / 4 requests), against the same runs with drafted rounds one by one
-   (``Engine.DRAFT_BLOCKS = False``; the same answers): what the drafted blocks buy them.
+   static 5, and the tuned threshold policy at 16 users (``--requests`` / 4 requests each),
+   against the same runs with drafted rounds one by one (``Engine.DRAFT_BLOCKS = False``; the same
+   answers): what the drafted blocks buy them.
 3. Scaling: fitted exponent of wall time vs requests (concurrency 16) and of time a round vs
    batch (concurrency 1..64); 1.0 is linear.
 4. Start-up: ``import memtp_sim`` and a cold what-if point (a fresh ``python -c`` that loads
@@ -223,14 +224,15 @@ def main() -> None:
     for conc in (1, 16):
         line(f"no_spec {conc} user{'s' if conc > 1 else ''}, simulated out tok/s", tok_s["no_spec", conc], "tok/s",
              baseline=("round by round", tok_s["no_spec rbr", conc]))
-    # the main study's baselines: static k and MTP-1 draft every round (drafted blocks since this version)
+    # the main study's baselines (static k and MTP-1 draft every round) and tune.yaml's threshold
+    # policy: drafted blocks since this version
     n_base = max(25, args.requests // 4)
-    for pol in ({"name": "mtp1"}, {"name": "static", "k": 5}):
-        (w, mm), (w_rbr, mm_rbr) = best_of_each(scenario(pol, 1, n_base), args.repeat, [{}, {"drafted": False}])
+    for label, pol, conc in (("mtp1", {"name": "mtp1"}, 1), ("static 5", {"name": "static", "k": 5}, 1),
+                             ("threshold 0.3", {"name": "threshold", "threshold": 0.3}, 16)):
+        (w, mm), (w_rbr, mm_rbr) = best_of_each(scenario(pol, conc, n_base), args.repeat, [{}, {"drafted": False}])
         same_answers(mm_rbr, mm, "drafted blocks")
-        label = "mtp1" if pol["name"] == "mtp1" else "static 5"
-        line(f"{label} 1 user ({n_base} req), simulated out tok/s", mm["output_tokens_total"] / w, "tok/s",
-             baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
+        line(f"{label} {conc} user{'s' if conc > 1 else ''} ({n_base} req), simulated out tok/s",
+             mm["output_tokens_total"] / w, "tok/s", baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
 
     sizes = [100, 200, 400] if args.quick else [100, 200, 400, 800]
     walls = [best_of(scenario({"name": "dspark"}, 16, n), 1)[0] for n in sizes]
