@@ -18,7 +18,7 @@ Sections:
    short runs (``--requests``: a run's set-up, metrics and the drain of the last requests
    included) and on long ones (``--steady-requests``, about an hour of simulated traffic: the
    rate a sweep of long runs sees). Then the main study's baselines at one user, MTP-1 and
-   static 5, and the tuned threshold policy at 16 users (``--requests`` / 4 requests each),
+   static 5, and the tuned threshold policy at 16 users (``--requests`` / 4 requests each, at least 25),
    against the same runs with drafted rounds one by one (``Engine.DRAFT_BLOCKS = False``; the same
    answers): what the drafted blocks buy them.
 3. Scaling: fitted exponent of wall time vs requests (concurrency 16) and of time a round vs
@@ -113,7 +113,7 @@ def same_answers(a: dict, b: dict, what: str) -> None:
     """Stop the benchmark when two runs that must agree bit for bit do not."""
     if (a["output_tokens_total"], a["makespan_s"], a["num_rounds"]) != \
             (b["output_tokens_total"], b["makespan_s"], b["num_rounds"]):
-        raise SystemExit(f"{what} changed an answer: see tests/test_plain_blocks.py")
+        raise SystemExit(f"{what} changed an answer: see tests/test_plain_blocks.py and tests/test_drafted_blocks.py")
 
 
 def simpy_floor_us(rounds: int = 20000) -> float:

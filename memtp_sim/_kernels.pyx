@@ -1831,8 +1831,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
                   cnp.ndarray pending_f not None, cnp.ndarray pending_i not None, bint resume,
                   object pending_consts):
-    """Run DSpark's drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``,
-    the ``always`` controller and the EWMA coherence) one after another while nothing outside the
+    """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
+    the plans below, the ``always`` controller and the EWMA coherence) one after another while nothing outside the
     engine happens: the same draws from the same generators, the same float operations, the same
     state and round-log rows as round by round (docs/model.md section 1 steps 2-7; DSpark paper
     Algorithm 1).
@@ -1848,10 +1848,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     Each round, before it draws: the running requests split into decoding (at least one) and
     prefilling ones, the decoding ones' anchors and ``1 + gamma`` lookahead slots fit the KV cache,
     chunked prefill takes the budget left, the cost tables price the round from their arrays, and
-    the fallback gate drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
-    round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, ``fixed_k`` each, or the
-    threshold), and keeps the round only if nothing is trimmed, the pass passes
-    ``Engine._check_pass`` and it ends before ``next_event``: it then reports to the gate, moves the clock,
+    DSpark's fallback gate drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
+    round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, ``fixed_k`` each, the
+    threshold or the lagged top K), and keeps the round only if neither the KV cache nor
+    ``fit_to_budget`` trims it (a plan's own trims, ``take_top``'s, are its plan), the pass passes
+    ``Engine._check_pass`` and it ends before ``next_event``: it then reports to DSpark's gate, moves the clock,
     draws acceptance (``rng``), applies it and the prefill chunks, updates the coherence and
     appends the round's row.
 
@@ -1871,7 +1872,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             capacity, blocks_used: the pass and KV cache limits and state.
         now, next_event: the clock and SimPy's next event, s.
         overhead_s: a drafted round's host overhead, s.
-        early_stop: Algorithm 1's early stop.
+        early_stop: Algorithm 1's early stop (DSpark's plan only).
         plan_kind, fixed_k, threshold: 0 for DSpark's plan; 1 for static k's (``fixed_k`` in
             ``1..gamma``); 2 for the threshold policy's (``threshold`` in [0, 1]); 3 for DSpark's
             asynchronous scheduler's. The gate is read only for DSpark's.
@@ -1880,7 +1881,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             live pairs; updated in place: the live pairs are rows ``h0..h_len`` of the result).
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
-        gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``.
+        gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``
+            (read for DSpark's plan only).
         coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``.
         round_index, max_rounds: the first round's index and the most rounds to run.
         rows: the round log's rows (tuples appended); row_consts: ``(num_waiting, num_running,
@@ -1904,7 +1906,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         drawn for it), 1 the round after the ``rounds`` kept is drafted (``num_dec`` decoding
         requests in ``dec_out``, ``num_pre`` prefilling ones in ``pre_out``) and the caller goes on
         from its plan, 2 the last round kept finished requests, 3 the round after the ``rounds``
-        kept is planned and reported to the gate but an event falls inside its pass: the caller
+        kept is planned (and reported to DSpark's gate) but an event falls inside its pass: the caller
         waits ``pending_f[1]`` s from ``now`` and calls again with ``resume`` (a resumed round
         counts in that call's ``rounds``);
         then the state after the rounds kept, whether any of them prefilled, and the live
@@ -2085,7 +2087,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 req = <double>num_req if <double>num_req > 1.0 else 1.0
                 d_l_max = <double>l_max
                 d_kv = <double>kv_read
-                if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD:  # no view checks, no gate
+                if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD:  # no scan, no gate (threshold's
+                    # survival() checks the range below, the width is the engine's: depth <= its gamma)
                     if separate_decode:  # Engine._draft_and_plan prices the no-draft pass (unread by the plan)
                         nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
                         if not (0.0 < nd < INFINITY):

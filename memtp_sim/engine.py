@@ -193,14 +193,14 @@ def _same_numpy(kernels) -> bool:  # noqa: ANN001 - the kernels module
     if not _numpy_warned:
         _numpy_warned = True
         warnings.warn(f"memtp_sim._kernels was built against numpy {built or '(unknown)'} and this process runs "
-                      f"numpy {np.__version__}: DSpark's drafted rounds run one by one (the same results, slower); "
+                      f"numpy {np.__version__}: drafted rounds run one by one (the same results, slower); "
                       "reinstall memtp_sim (`pip install -e .`) to build against this numpy", RuntimeWarning,
                       stacklevel=4)
     return False
 
 
 _numpy_warned = False
-#: the drafted-block kernel's gate fields for a static policy (it reads none of them)
+#: the drafted-block kernel's gate fields for a policy without a gate (it reads none of them)
 _NO_GATE = (False, 0.0, 0.0, -1, 0, 1)
 
 
@@ -793,7 +793,7 @@ class Engine:
                     round_index += rounds
                     continue
             drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
-            if block is not None and not num_preempted:  # DSpark's drafted rounds at once (exact)
+            if block is not None and not num_preempted:  # drafted rounds at once (exact)
                 rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block)
                 while wait_s:  # a planned round's pass runs across the next event
                     round_index += rounds
@@ -1131,9 +1131,10 @@ class Engine:
             gate, plan = pol._gate, (0, 0, 0.0)
         elif type(pol) in (StaticPolicy, Mtp1Policy):  # their plan: min(k, drafted) each (_every_request)
             plan = (1, min(1 if type(pol) is Mtp1Policy else pol.params.k, drafter.depth), 0.0)
-        elif type(pol) is ThresholdPolicy:
+        elif type(pol) is ThresholdPolicy and drafter.depth <= pol.params.gamma:  # (wider: survival() raises)
             plan = (2, 0, float(pol.params.threshold))
-        elif type(pol) is DSparkAsyncPolicy and pol.params.lag_rounds >= 1:  # lag 0 keeps every K: round by round
+        elif (type(pol) is DSparkAsyncPolicy and pol.params.lag_rounds >= 1  # lag 0 keeps every K: round by round
+              and drafter.depth <= pol.params.gamma):
             plan = (3, 0, 0.0)
         else:
             return None

@@ -155,6 +155,39 @@ def test_an_async_scheduler_reused_for_a_second_run_starts_afresh(monkeypatch):
     assert r["verify_tokens"][np.flatnonzero(r["num_decode"] > 0)[0]] == 0  # warm-up again
 
 
+@pytest.mark.parametrize("policy", ["threshold", "dspark_async"])
+def test_a_drafter_wider_than_the_policy_s_gamma_runs_round_by_round_and_raises(policy, monkeypatch):
+    # review: survival() refuses more drafted positions than the policy's gamma; the kernel must
+    # not run such rounds (an Engine built by hand with another drafter), so both ways raise
+    from memtp_sim.drafting import Drafter, DraftSpec
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.errors import InvalidArgumentError
+    from memtp_sim.policies import make_policy
+
+    prof = flat_profile(pass_ms=10.0, kv_blocks=64)
+
+    def go() -> str:
+        eng = Engine(prof, AcceptanceModel.fixed(0.7), workload([8, 8], [40, 40]), make_policy(policy, {"gamma": 3}),
+                     EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                     np.random.default_rng(0), drafter=Drafter(DraftSpec(policy, {"gamma": 5}, 5), prof))
+        with pytest.raises(InvalidArgumentError, match="more than gamma=3") as err:
+            eng.run()
+        return str(err.value)
+
+    slow, fast, calls = both_ways(monkeypatch, go)
+    assert calls == [] and slow == fast
+
+
+def test_threshold_rounds_of_more_than_128_drafts_sum_as_numpy_does(monkeypatch):
+    # review: numpy sums more than 128 values in recursive halves; the kernel's theta must follow
+    scen = scenario(policy={"name": "threshold", "threshold": 0.0}, workload={"concurrency": 32, "num_requests": 64},
+                    engine={"prefill": "disaggregated", "prefill_gpus": 4})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+    assert calls and max(calls) > 1
+    assert_same_state(slow, fast)
+    assert (fast.rounds["verify_tokens"] > 128).sum() > 10
+
+
 def test_async_scheduler_without_lag_runs_round_by_round(monkeypatch):
     # lag 0 remembers every round's K (the policy never drops one): the kernel keeps no such history
     scen = scenario(policy={"name": "dspark_async", "lag_rounds": 0}, workload={"concurrency": 4, "num_requests": 8})
