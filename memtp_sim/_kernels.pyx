@@ -1709,6 +1709,7 @@ cdef enum:
     _PLAN_STATIC = 1
     _PLAN_THRESHOLD = 2
     _PLAN_ASYNC = 3
+    _PLAN_GOODPUT = 4
 
 
 cdef double _pairwise_sum(double* a, Py_ssize_t n) noexcept nogil:
@@ -1742,6 +1743,51 @@ cdef double _pairwise_sum(double* a, Py_ssize_t n) noexcept nogil:
     n2 = n // 2
     n2 -= n2 % 8
     return _pairwise_sum(a, n2) + _pairwise_sum(a + n2, n - n2)
+
+
+cdef double _goodput_core(double* v, Py_ssize_t num_req, Py_ssize_t width, i64 prefill_tokens, i64 max_batch_tokens,
+                          _Pricer* vp, double req, double l_max, double kv, double overhead_s, bint has_no_draft_pass,
+                          double no_draft_pass_s, double* colsum, i64* k_best) noexcept nogil:
+    # GoodputPolicy.plan on checked pointers: tau_k = R + the cumulative sum of the survivals'
+    # column sums (a.sum(axis=0): row after row, or numpy's pairwise sum of a single column), the
+    # rate of each k whose pass fits, the first best (a rise of more than 1e-12 relative wins).
+    # Returns the best rate, *k_best the k; *k_best -1 where plan() raises or the table's other
+    # rules price a pass (a confidence outside [0, 1], an uncovered or unpriced B). colsum: width doubles
+    cdef Py_ssize_t r, j
+    cdef double s, cum = 0.0, tau, pt, rate, best_rate = -INFINITY
+    cdef bint in_range = True
+    cdef i64 k, b, best = 0
+    k_best[0] = -1
+    for j in range(width):
+        colsum[j] = 0.0
+    for r in range(num_req):
+        s = 1.0
+        for j in range(width):
+            in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
+            s = s * v[r * width + j]
+            if width > 1:
+                colsum[j] = colsum[j] + s
+    if not in_range:
+        return NAN
+    if width == 1:  # one column: a contiguous reduction, summed pairwise (the survivals are the confidences)
+        colsum[0] = 0.0 + _pairwise_sum(v, num_req)
+    for k in range(width + 1):
+        if k:
+            cum = cum + colsum[k - 1]
+        tau = <double>num_req + cum
+        b = num_req * (1 + k) + prefill_tokens
+        if b > max_batch_tokens:
+            break  # B_k grows with k
+        if not _covers(vp, b):
+            return NAN  # plan() raises
+        pt = no_draft_pass_s if k == 0 and has_no_draft_pass else _price_one(vp, b, req, l_max, kv)
+        if pt != pt:
+            return NAN
+        rate = tau / (overhead_s + pt)
+        if rate > best_rate * (1.0 + 1e-12):  # rates > 0; -inf * (1 + eps) = -inf
+            best, best_rate = k, rate
+    k_best[0] = best
+    return best_rate
 
 
 cdef i64 _async_capacity(i64* hist, Py_ssize_t* h0, Py_ssize_t* h_len, i64 t, i64 lag, i64 k_now) noexcept nogil:
@@ -1843,16 +1889,18 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     drafts whose joint survival is positive and at least ``threshold``, the lowest dropped first
     where they overfill the pass (``take_top``); with 3, those of ``policies.dspark.DSparkAsyncPolicy``:
     the global search (Algorithm 1 without early stop) gives the capacity K of this round, and the
-    top ``K`` of ``lag_rounds`` rounds before are verified (``history``). None of them has a gate.
+    top ``K`` of ``lag_rounds`` rounds before are verified (``history``); with 4, those of
+    ``policies.goodput.GoodputPolicy``: one k for every request, the one of the best expected rate
+    (SmartSpec's goodput). Only DSpark's and goodput's plans have a gate.
 
     Each round, before it draws: the running requests split into decoding (at least one) and
     prefilling ones, the decoding ones' anchors and ``1 + gamma`` lookahead slots fit the KV cache,
     chunked prefill takes the budget left, the cost tables price the round from their arrays, and
-    DSpark's fallback gate drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
+    the fallback gate (DSpark's, goodput's) drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
     round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, ``fixed_k`` each, the
-    threshold or the lagged top K), and keeps the round only if neither the KV cache nor
+    threshold, the lagged top K or goodput's k), and keeps the round only if neither the KV cache nor
     ``fit_to_budget`` trims it (a plan's own trims, ``take_top``'s, are its plan), the pass passes
-    ``Engine._check_pass`` and it ends before ``next_event``: it then reports to DSpark's gate, moves the clock,
+    ``Engine._check_pass`` and it ends before ``next_event``: it then reports to the gate, moves the clock,
     draws acceptance (``rng``), applies it and the prefill chunks, updates the coherence and
     appends the round's row.
 
@@ -1875,14 +1923,14 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         early_stop: Algorithm 1's early stop (DSpark's plan only).
         plan_kind, fixed_k, threshold: 0 for DSpark's plan; 1 for static k's (``fixed_k`` in
             ``1..gamma``); 2 for the threshold policy's (``threshold`` in [0, 1]); 3 for DSpark's
-            asynchronous scheduler's. The gate is read only for DSpark's.
+            asynchronous scheduler's; 4 for goodput's. The gate is read only for DSpark's and goodput's.
         lag_rounds, history, history_len: plan 3's lag (>= 1) and its remembered ``(round, K)``
             pairs, the first ``history_len`` rows of the int64 ``(H, 2)`` array (``H`` > the
             live pairs; updated in place: the live pairs are rows ``h0..h_len`` of the result).
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
         gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``
-            (read for DSpark's plan only).
+            (read for DSpark's and goodput's plans only).
         coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``.
         round_index, max_rounds: the first round's index and the most rounds to run.
         rows: the round log's rows (tuples appended); row_consts: ``(num_waiting, num_running,
@@ -1906,7 +1954,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         drawn for it), 1 the round after the ``rounds`` kept is drafted (``num_dec`` decoding
         requests in ``dec_out``, ``num_pre`` prefilling ones in ``pre_out``) and the caller goes on
         from its plan, 2 the last round kept finished requests, 3 the round after the ``rounds``
-        kept is planned (and reported to DSpark's gate) but an event falls inside its pass: the caller
+        kept is planned (and reported to the gate) but an event falls inside its pass: the caller
         waits ``pending_f[1]`` s from ``now`` and calls again with ``resume`` (a resumed round
         counts in that call's ``rounds``);
         then the state after the rounds kept, whether any of them prefilled, and the live
@@ -1922,11 +1970,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         raise ValueError(f"drafted_block: needs >= 1 request, position and block token (got {num_run}, {gamma}, "
                          f"{block_tokens})")
     if not (plan_kind == _PLAN_DSPARK or (plan_kind == _PLAN_STATIC and 1 <= fixed_k <= gamma)
-            or (plan_kind == _PLAN_THRESHOLD and 0.0 <= threshold <= 1.0) or (plan_kind == _PLAN_ASYNC
-                                                                             and lag_rounds >= 1)):
+            or (plan_kind == _PLAN_THRESHOLD and 0.0 <= threshold <= 1.0)
+            or (plan_kind == _PLAN_ASYNC and lag_rounds >= 1) or plan_kind == _PLAN_GOODPUT):
         raise ValueError(f"drafted_block: plan {plan_kind} with k {fixed_k}, threshold {threshold} and lag "
-                         f"{lag_rounds}: needs 0, 1 with k in 1..{gamma}, 2 with a threshold in [0, 1], or 3 with a "
-                         "lag >= 1")
+                         f"{lag_rounds}: needs 0, 1 with k in 1..{gamma}, 2 with a threshold in [0, 1], 3 with a "
+                         "lag >= 1, or 4")
     if cnp.PyArray_NDIM(history) != 2 or cnp.PyArray_DIM(history, 1) != 2:
         raise TypeError(f"history: a C-contiguous (H, 2) int64 array is required, got {_layout(history)}")
     cdef Py_ssize_t h_cap = cnp.PyArray_DIM(history, 0), h0 = 0, h_len = history_len
@@ -2036,7 +2084,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     totals[3] = 0
     cdef double req, d_l_max, d_kv, nd = 0.0, plain_t, vs, duration, end, start, low, plan_draft_s, draft_s
     cdef double theta, theta_g, best_rate, plain_rate, t_gain, new, sum_a, t_plan
-    cdef i64 cap, k_lag
+    cdef i64 cap, k_lag, k_best
     cdef i64 t_last
     cdef _Scan res
     cdef _Pricer* table
@@ -2120,7 +2168,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
                                                            times):
                         break
-                if plan_kind == _PLAN_DSPARK:
+                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
                     # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
                     t_gain, t_last, t_skipped = gain, last_round, skipped
                     if ri < t_last:  # a new run
@@ -2148,6 +2196,15 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         lengths[k] = fixed_k
                     theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
                     verify_tokens = num * fixed_k
+                elif plan_kind == _PLAN_GOODPUT:  # GoodputPolicy.plan: the one k of the best expected rate
+                    theta = _goodput_core(c, num, width, chunk_total, max_batch_tokens, &vp, req, d_l_max, d_kv,
+                                          plan_draft_s, separate_decode, nd, surv, &k_best)
+                    if k_best < 0:
+                        break  # a confidence outside [0, 1], or a B its table rules must price: the round path
+                    for k in range(num):
+                        lengths[k] = k_best
+                    theta_g = NAN
+                    verify_tokens = num * k_best
                 elif plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:  # ThresholdPolicy.plan, and
                     cap, t_plan, theta_g = max_batch_tokens - base_b, threshold, NAN  # DSparkAsyncPolicy.plan's:
                     if plan_kind == _PLAN_ASYNC:  # the global search's K now, the top K of lag_rounds before
@@ -2197,7 +2254,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
                         or not (vs > 0.0 and duration < INFINITY and low >= 0.0)):
                     break  # Engine._check_pass raises
-                if plan_kind == _PLAN_DSPARK:  # planned: FallbackGate.report (DSparkPolicy.plan_round reports before the pass)
+                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:  # planned: FallbackGate.report
+                    # (DSparkPolicy.plan_round and GoodputPolicy.plan report before the pass)
                     best_rate = theta_g if isfinite(theta_g) else theta
                     plain_rate = <double>num / plain_t
                     if ri < last_round:  # a new run

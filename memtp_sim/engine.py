@@ -76,6 +76,8 @@ from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
 from .policies import dspark as _dspark_module
 from .policies.dspark import DSparkAsyncPolicy, DSparkPolicy
+from .policies import goodput as _goodput_module
+from .policies.goodput import GoodputPolicy
 from .policies import _candidates as _candidates_module
 from .policies import static as _static_module
 from .policies import threshold as _threshold_module
@@ -135,10 +137,12 @@ def _mirrored() -> dict[tuple[object, str], object]:
              ThresholdPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
              DSparkAsyncPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead", "reset",
                                  "_lagged_capacity"),
+             GoodputPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead", "skip_plain_rounds"),
+             _goodput_module: ("survival", "draft_budget", "pass_time_s", "plain_rate"),
              _static_module: ("_every_request",),
              _threshold_module: ("survival", "draft_budget", "take_top", "expected_rate"),
              _candidates_module: ("survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate",
-                                  "pass_time_s"),
+                                  "pass_time_s", "plain_rate", "plain_rate_of"),
              FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead"), AlwaysDraft: ("cap",),
              CoherenceEWMA: ("update",), KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks"),
              SPSTable: ("at_context", "covers", "is_measured", "pass_time_s", "pass_time_range_s", "_context_one_s",
@@ -160,12 +164,12 @@ def _mirrored_replaced(engine: "Engine") -> bool:
     classes may be subclasses, whose instances may carry their own functions), or in the module."""
     pol = engine.policy
     owners = {DSparkPolicy: (), StaticPolicy: (), Mtp1Policy: (), ThresholdPolicy: (), DSparkAsyncPolicy: (),
-              FallbackGate: (),
+              GoodputPolicy: (), FallbackGate: (),
               type(pol): (pol,),  # the policy's own class only: the others' functions are not its
               Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (engine.control,),
               CoherenceEWMA: (engine.coherence,), Drafter: (engine.drafter,),
               SPSTable: (engine.profile.sps, engine.profile.decode_table)}
-    if type(pol) is DSparkPolicy:  # the only policy with a gate
+    if type(pol) in (DSparkPolicy, GoodputPolicy):  # the policies with a gate
         owners[FallbackGate] = (getattr(pol, "_gate", None),)
     for (owner, name), fn in _MIRRORED.items():
         objs = owners.get(owner)
@@ -1112,8 +1116,8 @@ class Engine:
         log.extend(rows)
 
     # ----------------------------------------------------------------- drafted blocks
-    #: run drafted rounds (DSpark's, static k's, MTP-1's, threshold's, DSpark async's) in blocks (exact: see
-    #: _drafted_block);
+    #: run drafted rounds (DSpark's, static k's, MTP-1's, threshold's, DSpark async's, goodput's) in blocks
+    #: (exact: see _drafted_block);
     #: tests switch it off to compare
     DRAFT_BLOCKS = True
 
@@ -1121,12 +1125,12 @@ class Engine:
         """The run's fixed inputs of :meth:`_drafted_block` (the cost tables' pricing, whether the
         decode table is priced apart, the head's base logits, the gate, the plan), or None where
         drafted rounds run one by one: without the kernels, or unless the policy is ``dspark``
-        itself with its fallback gate, or ``static``, ``mtp1``, ``threshold`` or ``dspark_async``
-        (with a lag) themselves, the controller
+        itself with its fallback gate, or ``static``, ``mtp1``, ``threshold``, ``dspark_async``
+        (with a lag) or ``goodput`` (with its gate) themselves, the controller
         ``always``, the coherence the EWMA, and nothing else decides or learns per round (no
         elastic depth, p_min, drift or observers) and both tables price from arrays."""
         pol, drafter = self.policy, self.drafter
-        gate = None  # the kernel's plan: DSpark's (with its gate), k each, a threshold or the lagged top K
+        gate = None  # the kernel's plan: DSpark's (with its gate), k each, a threshold, the lagged top K, goodput's
         if type(pol) is DSparkPolicy:
             gate, plan = pol._gate, (0, 0, 0.0)
         elif type(pol) in (StaticPolicy, Mtp1Policy):  # their plan: min(k, drafted) each (_every_request)
@@ -1136,6 +1140,8 @@ class Engine:
         elif (type(pol) is DSparkAsyncPolicy and pol.params.lag_rounds >= 1  # lag 0 keeps every K: round by round
               and drafter.depth <= pol.params.gamma):
             plan = (3, 0, 0.0)
+        elif type(pol) is GoodputPolicy and drafter.depth <= pol.params.gamma:
+            gate, plan = pol._gate, (4, 0, 0.0)
         else:
             return None
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
@@ -1172,7 +1178,7 @@ class Engine:
                  self.num_rounds, self.verified, self.accepted, kv.tokens, kv.blocks, self.first_token_at, acc.mu,
                  acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence),
                  self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
-        early_stop = bool(pol.params.early_stop) if gate is not None else False
+        early_stop = bool(pol.params.early_stop) if type(pol) is DSparkPolicy else False
         return fixed, per_tested, self._overhead_s(True), diag, state, gate, plan, early_stop
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,

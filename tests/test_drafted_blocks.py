@@ -1,4 +1,5 @@
-"""Drafted rounds (DSpark's and its asynchronous scheduler's, static k's, MTP-1's and threshold's) run as blocks (engine ``_drafted_block``, compiled
+"""Drafted rounds (DSpark's and its asynchronous scheduler's, static k's, MTP-1's, threshold's and goodput's) run
+as blocks (engine ``_drafted_block``, compiled
 kernel ``_kernels.drafted_block``, issue 13): an exact shortcut, so every run must match the round-by-round
 engine (``Engine.DRAFT_BLOCKS = False``) to the last bit: the random streams, per-request times and
 counters, the calibration diagnostics, and every column of every round of the round log.
@@ -155,7 +156,7 @@ def test_an_async_scheduler_reused_for_a_second_run_starts_afresh(monkeypatch):
     assert r["verify_tokens"][np.flatnonzero(r["num_decode"] > 0)[0]] == 0  # warm-up again
 
 
-@pytest.mark.parametrize("policy", ["threshold", "dspark_async"])
+@pytest.mark.parametrize("policy", ["threshold", "dspark_async", "goodput"])
 def test_a_drafter_wider_than_the_policy_s_gamma_runs_round_by_round_and_raises(policy, monkeypatch):
     # review: survival() refuses more drafted positions than the policy's gamma; the kernel must
     # not run such rounds (an Engine built by hand with another drafter), so both ways raise
@@ -265,7 +266,8 @@ def test_a_static_plan_trimmed_to_the_budget_goes_on_in_python(monkeypatch):
 
 
 @pytest.mark.parametrize("policy", [{"name": "dspark"}, {"name": "static", "k": 4}, {"name": "mtp1"},
-                                    {"name": "threshold", "threshold": 0.4}, {"name": "dspark_async"}])
+                                    {"name": "threshold", "threshold": 0.4}, {"name": "dspark_async"},
+                                    {"name": "goodput"}])
 @pytest.mark.parametrize("name", ["closed-4", "h200-poisson", "kv-pressure"])
 def test_drafted_blocks_match_the_numpy_engine(name, policy, monkeypatch):
     # an oracle with no kernel at all: numpy draws, numpy scan (or the static plan), numpy acceptance
@@ -327,8 +329,10 @@ def random_case(seed, monkeypatch):
     params = {"gamma": int(rng.integers(1, 8)), "early_stop": bool(rng.random() < 0.5),
               "fallback": bool(rng.random() < 0.5)}
     # static k and threshold: budget trims at 32 tokens
-    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1", "threshold", "dspark_async"]))
-    if policy == "dspark_async":
+    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1", "threshold", "dspark_async", "goodput"]))
+    if policy == "goodput":
+        params = {"gamma": params["gamma"], "fallback": params["fallback"]}
+    elif policy == "dspark_async":
         params = {"gamma": params["gamma"], "lag_rounds": int(rng.integers(1, 4))}
     elif policy != "dspark":
         params = ({"k": params["gamma"]} if policy == "static" else {} if policy == "mtp1" else
@@ -351,12 +355,31 @@ def test_the_random_workloads_reach_the_measured_range_s_last_point_and_beyond(m
     assert extrapolated > 0 and at_top > 0
 
 
-def test_a_policy_without_a_kernel_plan_takes_no_drafted_block(monkeypatch):
-    for policy in ({"name": "goodput"},):
-        scen = scenario(policy=policy, workload={"concurrency": 2, "num_requests": 6})
-        slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
-        assert calls == []
-        assert_same_state(slow, fast)
+@pytest.mark.parametrize("gamma", [1, 3, 7])
+@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "disaggregated", "h200-context", "kv-pressure"])
+def test_goodput_drafted_blocks_match_round_by_round(name, gamma, monkeypatch):
+    # goodput verifies one k for every request, the best expected rate's (tau_k from the survivals'
+    # column sums), and reports to its fallback gate: bit for bit, rates included
+    scen = scenario(**(SCENARIOS[name] | {"policy": {"name": "goodput", "gamma": gamma}}))
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=7).state)
+    assert calls and max(calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    drafted = r["verify_tokens"] > 0
+    assert np.all(r["verify_tokens"][drafted] % r["num_decode"][drafted] == 0)  # one k for all
+
+
+@pytest.mark.parametrize("gamma", [1, 7])
+def test_goodput_at_64_users_falls_back_and_sums_columns_as_numpy_does(gamma, monkeypatch):
+    # 64 users: the gate turns to plain rounds and probes (blocks end there), and one drafted
+    # column of 64 survivals is summed pairwise by numpy (a.sum(axis=0) of a single column)
+    scen = scenario(policy={"name": "goodput", "gamma": gamma}, workload={"concurrency": 64, "num_requests": 150},
+                    engine={"prefill": "disaggregated", "prefill_gpus": 4})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+    assert calls
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    assert np.any(r["verify_tokens"] == 0) and np.any(r["num_decode"] >= 16)
 
 
 def test_a_static_policy_whose_plan_is_replaced_runs_round_by_round(monkeypatch):
@@ -524,7 +547,8 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
 
 @pytest.mark.parametrize("bad", [
     "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()", "plan_kind=1, fixed_k=3", "plan_kind=1, fixed_k=0",
-    "plan_kind=2, threshold=1.5", "plan_kind=2, threshold=float('nan')", "plan_kind=4", "plan_kind=3, lag_rounds=0",
+    "plan_kind=2, threshold=1.5", "plan_kind=2, threshold=float('nan')", "plan_kind=5", "plan_kind=-1",
+    "plan_kind=3, lag_rounds=0",
     "history=np.zeros((4, 3), dtype=np.int64)", "history=np.zeros((4, 2))", "history_len=5", "history_len=-1",
     # a resume whose pending fields are not a round of these requests
     "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), dec_out=ints(10**12)",
