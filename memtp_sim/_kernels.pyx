@@ -1819,8 +1819,8 @@ cdef i64 _take_top_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double 
     # drafts whose joint survival is positive and >= t, at most cap of them, the lowest dropped
     # first (the first of the stable order of -survival); *sum_a: their survivals' sum as
     # float(vals[:n].sum()) adds them. Returns the drafts verified, or -1 for a confidence
-    # outside [0, 1] (nothing planned). a: 2*R*L doubles, picked: 2*R*L + R + 1 int64 scratch
-    # (as _scan_core's)
+    # outside [0, 1] (nothing planned). cap >= 0 (the callers' budgets). a: 2*R*L doubles,
+    # picked: 2*R*L + R + 1 int64 scratch (as _scan_core's)
     cdef Py_ssize_t total = num_req * width, r, j, n_pos = 0, n, selected = 0
     cdef double s
     cdef bint in_range = True
@@ -1888,8 +1888,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     positions; with 2, those of ``policies.threshold.ThresholdPolicy``: each request verifies its
     drafts whose joint survival is positive and at least ``threshold``, the lowest dropped first
     where they overfill the pass (``take_top``); with 3, those of ``policies.dspark.DSparkAsyncPolicy``:
-    the global search (Algorithm 1 without early stop) gives the capacity K of this round, and the
-    top ``K`` of ``lag_rounds`` rounds before are verified (``history``); with 4, those of
+    the global search (Algorithm 1 without early stop) gives this round's capacity K, remembered in
+    ``history``, and the round verifies its own top K drafts with the K of ``lag_rounds`` rounds
+    before (capped by the pass; 0 while none is that old); with 4, those of
     ``policies.goodput.GoodputPolicy``: one k for every request, the one of the best expected rate
     (SmartSpec's goodput). Only DSpark's and goodput's plans have a gate.
 
@@ -1927,6 +1928,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         lag_rounds, history, history_len: plan 3's lag (>= 1) and its remembered ``(round, K)``
             pairs, the first ``history_len`` rows of the int64 ``(H, 2)`` array (``H`` > the
             live pairs; updated in place: the live pairs are rows ``h0..h_len`` of the result).
+            Other plans read neither, but ``history`` must be such an array.
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
         gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``
@@ -1961,7 +1963,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         history rows (plan 3).
 
     Raises:
-        TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids.
+        TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids;
+            OverflowError: an integer beyond int64.
     """
     cdef i64* ids = _i64(run, "run")
     cdef i64* gen = _i64(_w(generated, "generated"), "generated")
@@ -2135,9 +2138,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 req = <double>num_req if <double>num_req > 1.0 else 1.0
                 d_l_max = <double>l_max
                 d_kv = <double>kv_read
-                if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD:  # no scan, no gate (threshold's
-                    # survival() checks the range below, the width is the engine's: depth <= its gamma)
-                    if separate_decode:  # Engine._draft_and_plan prices the no-draft pass (unread by the plan)
+                if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:
+                    # no gate (the survivals' range is checked below; their width is the engine's: depth <= gamma)
+                    if separate_decode:  # Engine._draft_and_plan prices the no-draft pass
                         nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
                         if not (0.0 < nd < INFINITY):
                             break

@@ -1168,10 +1168,11 @@ class Engine:
         # drafts, the ids, lengths and chunks of a round, a pending round's fields (by requests, views)
         buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64),
                    (np.empty(6), np.empty(8, dtype=np.int64)))
-        # ... and where the diagnostics' last part starts in their buffers, when it is this block's,
-        # and the asynchronous scheduler's lag and (round, K) history rows (its live pairs: <= lag + 2)
+        # ... and where the diagnostics' last part starts in their buffers, when it is this block's;
+        # the asynchronous scheduler's lag, and rows for its (round, K) history (live pairs: <= lag + 1)
         lag = pol.params.lag_rounds if plan[0] == 3 else 0
-        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, None, lag, np.empty((2 * lag + 8, 2), dtype=np.int64)]
+        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, None, lag,
+                 np.empty((2 * lag + 8, 2), dtype=np.int64)]
         head, kv = self.head, self.kv
         # the kernel's arguments that stay the same objects for the whole run (none is rebound)
         fixed = (self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
@@ -1237,8 +1238,9 @@ class Engine:
             pending_i, resume, pending_consts)
         if gate is not None:
             gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
-        elif lag:
-            pol._history = deque(map(tuple, history[h0:h_len].tolist()))
+        elif lag and (rounds or code):  # a round was planned: the history as the kernel left it, in place
+            pol._history.clear()
+            pol._history.extend(map(tuple, history[h0:h_len].tolist()))
         if diag_rows:
             parts, first = self._diag_parts, state[6]
             if first is not None and parts and parts[-1][0].base is diag[0] and len(parts[-1][0]) == at - first:
