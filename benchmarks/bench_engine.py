@@ -231,7 +231,7 @@ def main() -> None:
                              ("threshold 0.3", {"name": "threshold", "threshold": 0.3}, 16)):
         (w, mm), (w_rbr, mm_rbr) = best_of_each(scenario(pol, conc, n_base), args.repeat, [{}, {"drafted": False}])
         same_answers(mm_rbr, mm, "drafted blocks")
-        line(f"{label} {conc} user{'s' if conc > 1 else ''} ({n_base} req), simulated out tok/s",
+        line(f"{label}, {conc} user{'s' if conc > 1 else ''}, {n_base} req, out tok/s",
              mm["output_tokens_total"] / w, "tok/s", baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
 
     sizes = [100, 200, 400] if args.quick else [100, 200, 400, 800]
