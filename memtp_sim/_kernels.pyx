@@ -2130,6 +2130,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                             kv_read += tok[i]
                             if tok[i] > l_max:
                                 l_max = tok[i]
+                else:  # no room: every prefilling request's chunk is 0 (a pending round's are read back)
+                    for k in range(num_pre):
+                        chunks[k] = 0
                 plan_draft_s = dts[num]
                 draft_s = plan_draft_s + 0.0  # + the drafter's prefill, 0 for heads
                 base_b = num + chunk_total

@@ -137,14 +137,15 @@ def _mirrored() -> dict[tuple[object, str], object]:
              ThresholdPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
              DSparkAsyncPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead", "reset",
                                  "_lagged_capacity"),
-             GoodputPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead", "skip_plain_rounds"),
+             GoodputPolicy: ("plan_round", "plan", "draft_lengths", "plain_rounds_ahead"),
              _goodput_module: ("survival", "draft_budget", "pass_time_s", "plain_rate"),
              _static_module: ("_every_request",),
              _threshold_module: ("survival", "draft_budget", "take_top", "expected_rate"),
              _candidates_module: ("survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate",
                                   "pass_time_s", "plain_rate", "plain_rate_of"),
-             FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead"), AlwaysDraft: ("cap",),
-             CoherenceEWMA: ("update",), KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks"),
+             FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead", "_reset"), AlwaysDraft: ("cap",),
+             CoherenceEWMA: ("update",),
+             KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks", "lookahead_blocks", "blocks_for"),
              SPSTable: ("at_context", "covers", "is_measured", "pass_time_s", "pass_time_range_s", "_context_one_s",
                         "_context_slice_s"),
              Drafter: ("prefill_time_s",),
@@ -1117,8 +1118,7 @@ class Engine:
 
     # ----------------------------------------------------------------- drafted blocks
     #: run drafted rounds (DSpark's, static k's, MTP-1's, threshold's, DSpark async's, goodput's) in blocks
-    #: (exact: see _drafted_block);
-    #: tests switch it off to compare
+    #: (exact: see _drafted_block); tests switch it off to compare
     DRAFT_BLOCKS = True
 
     def _drafted_block_inputs(self) -> tuple | None:

@@ -189,6 +189,63 @@ def test_threshold_rounds_of_more_than_128_drafts_sum_as_numpy_does(monkeypatch)
     assert (fast.rounds["verify_tokens"] > 128).sum() > 10
 
 
+ALL_POLICIES = [("dspark", {"gamma": 10}), ("goodput", {"gamma": 10}), ("threshold", {"gamma": 10, "threshold": 0.2}),
+                ("dspark_async", {"gamma": 10, "lag_rounds": 1}), ("static", {"k": 10}), ("mtp1", {})]
+
+
+@pytest.mark.parametrize("policy, params", ALL_POLICIES)
+def test_no_scratch_the_kernel_did_not_write_is_read_back(policy, params, monkeypatch):
+    # review: a pending round (its pass across an arrival) with prefilling requests and no room
+    # for their chunks read its chunks back unwritten on resume (np.empty's leftovers could be
+    # negative: a refusal). The kind: every buffer the kernel is handed starts as garbage here
+    # (NaN, -5), and the runs must still be the rounds one by one
+    orig = Engine._drafted_block_inputs
+
+    def poisoned(self):  # noqa: ANN001, ANN202
+        out = orig(self)
+        if out is not None:
+            drafts, ids, (pending_f, pending_i) = out[4][5]
+            drafts[:], ids[:], pending_f[:], pending_i[:] = np.nan, -5, np.nan, -5
+            out[4][8][:] = -5
+        return out
+
+    monkeypatch.setattr(Engine, "_drafted_block_inputs", poisoned)
+    sps = SPSTable(np.array([1, 128]), np.array([5.0, 20.0]))
+    prof = flat_profile(kv_blocks=200, sps=sps)
+    # one long decoder, then arrivals that prefill beside it with no room in an 8-token pass
+    wl = workload([8, 40, 40, 40], [200, 20, 20, 20], [0.0, 0.013, 0.031, 0.052])
+    slow, fast, calls = both_ways(monkeypatch, lambda: run_engine(prof, wl, policy, params, seed=0, max_batch_tokens=8,
+                                                                   prefill_chunk_tokens=32, max_num_seqs=4))
+    assert calls
+    assert_same_state(slow, fast)
+
+
+def test_a_patched_gate_reset_runs_round_by_round(monkeypatch):
+    # review: the kernel clears the gate for a new run as FallbackGate._reset does; a patched
+    # _reset must run instead (a policy reused for a second run calls it)
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.policies import make_policy
+    from memtp_sim.policies._candidates import FallbackGate
+
+    def pessimistic(self):  # noqa: ANN001, ANN202
+        self._gain, self._skipped, self._last_round = -1.0, 0, -1
+
+    monkeypatch.setattr(FallbackGate, "_reset", pessimistic)
+    prof, wl = flat_profile(kv_blocks=400), workload(np.full(6, 16), np.full(6, 60), concurrency=3)
+
+    def two_runs() -> tuple:
+        pol = make_policy("goodput", {"gamma": 4, "probe_every": 4})
+        st = EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0)
+        Engine(prof, AcceptanceModel.fixed(0.7), wl, pol, st, np.random.default_rng(1)).run()
+        out = Engine(prof, AcceptanceModel.fixed(0.7), wl, pol, st, np.random.default_rng(0)).run()
+        return out, (pol._gate._gain, pol._gate._last_round, pol._gate._skipped)
+
+    (slow, slow_gate), (fast, fast_gate), calls = both_ways(monkeypatch, two_runs)
+    assert calls == []
+    assert_same_state(slow, fast)
+    assert slow_gate == fast_gate
+
+
 def test_async_scheduler_without_lag_runs_round_by_round(monkeypatch):
     # lag 0 remembers every round's K (the policy never drops one): the kernel keeps no such history
     scen = scenario(policy={"name": "dspark_async", "lag_rounds": 0}, workload={"concurrency": 4, "num_requests": 8})
