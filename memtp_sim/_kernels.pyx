@@ -736,6 +736,33 @@ cdef Py_ssize_t _merge_runs(double* val, i64* row, double* val2, i64* row2, i64*
     return where
 
 
+cdef Py_ssize_t _positive_candidates(double* v, Py_ssize_t num_req, Py_ssize_t width, double t, double* cand,
+                                     i64* rows, i64* bounds, i64* out, Py_ssize_t* at_least_t) noexcept nogil:
+    # the joint survivals (each row's running product, left to right, as np.cumprod) that are
+    # positive, in row-major order with their rows, each row's run in [bounds[r], bounds[r + 1]),
+    # and out[r] = 0; *at_least_t: how many are >= t. Returns their count, or -1 for a confidence
+    # outside [0, 1] (NaN included). Only drafts with positive probability are candidates
+    # (Algorithm 1), and a row's positive survivals are its prefix.
+    cdef Py_ssize_t r, j, n = 0, above = 0
+    cdef double s
+    cdef bint in_range = True
+    for r in range(num_req):
+        s = 1.0
+        bounds[r] = n
+        for j in range(width):
+            in_range = in_range and 0.0 <= v[r * width + j] <= 1.0
+            s = s * v[r * width + j]
+            if s > 0.0:
+                cand[n] = s
+                rows[n] = r
+                n += 1
+                above += s >= t
+        out[r] = 0
+    bounds[num_req] = n
+    at_least_t[0] = above
+    return n if in_range else -1
+
+
 cdef struct _Scan:
     # prefix_scan's results (see there); in_range False: a confidence outside [0, 1], nothing scanned
     Py_ssize_t n_star, n_cov, n_max, best
@@ -749,26 +776,15 @@ cdef _Scan _scan_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double* t
     # prefix_scan's work on checked pointers; a: 2*R*L doubles, picked: 2*R*L + R + 1 int64 scratch
     cdef _Scan res
     cdef Py_ssize_t total = num_req * width
-    cdef Py_ssize_t r, j, n, n_max = 0, n_cov, n_star, best
+    cdef Py_ssize_t n, n_max, n_cov, n_star, best, unused
     cdef double s, tau, theta, prev, theta_best, tau_best, theta_star, tau_star
-    cdef bint found = False, nan_best, in_range = True
+    cdef bint found = False, nan_best
     cdef double* cand = a  # the positive survivals in row-major order, then merged (two buffers)
     cdef i64* rows = picked
     cdef i64* bounds = picked + 2 * total  # each row's run of candidates: [bounds[r], bounds[r + 1])
-    for r in range(num_req):  # joint survivals: each row's running product, left to right
-        s = 1.0
-        bounds[r] = n_max
-        for j in range(width):
-            in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
-            s = s * v[r * width + j]
-            if s > 0.0:  # only drafts with positive probability are candidates (a row's prefix)
-                cand[n_max] = s
-                rows[n_max] = r
-                n_max += 1
-        out[r] = 0
-    bounds[num_req] = n_max
-    res.in_range = in_range
-    if not in_range:
+    n_max = _positive_candidates(v, num_req, width, INFINITY, cand, rows, bounds, out, &unused)
+    res.in_range = n_max >= 0
+    if not res.in_range:
         return res
     if n_max > n_limit:
         n_max = n_limit
@@ -1821,26 +1837,11 @@ cdef i64 _take_top_core(double* v, Py_ssize_t num_req, Py_ssize_t width, double 
     # float(vals[:n].sum()) adds them. Returns the drafts verified, or -1 for a confidence
     # outside [0, 1] (nothing planned). cap >= 0 (the callers' budgets). a: 2*R*L doubles,
     # picked: 2*R*L + R + 1 int64 scratch (as _scan_core's)
-    cdef Py_ssize_t total = num_req * width, r, j, n_pos = 0, n, selected = 0
-    cdef double s
-    cdef bint in_range = True
+    cdef Py_ssize_t total = num_req * width, j, n, selected
     cdef double* cand = a
     cdef i64* rows = picked
     cdef i64* bounds = picked + 2 * total
-    for r in range(num_req):  # np.cumprod's running products, left to right
-        s = 1.0
-        bounds[r] = n_pos
-        for j in range(width):
-            in_range = in_range and 0.0 <= v[r * width + j] <= 1.0  # False for NaN too
-            s = s * v[r * width + j]
-            if s > 0.0:  # a zero-survival draft is never a candidate
-                cand[n_pos] = s
-                rows[n_pos] = r
-                n_pos += 1
-                selected += s >= t
-        out[r] = 0
-    bounds[num_req] = n_pos
-    if not in_range:
+    if _positive_candidates(v, num_req, width, t, cand, rows, bounds, out, &selected) < 0:
         return -1
     n = selected if selected < cap else cap
     if _merge_runs(cand, rows, cand + total, rows + total, bounds, num_req, n) == 1:
