@@ -108,16 +108,22 @@ def test_threshold_drafted_blocks_match_round_by_round(name, threshold, monkeypa
     assert np.isfinite(fast.rounds["theta"]).any()
 
 
+def crowded_pass_both_ways(monkeypatch, policy: dict, seed: int):
+    """16 users decoding (disaggregated prefill) in 64-token passes, both ways, asserted equal and
+    with a drafted block of two rounds or more; the blocked run's round log."""
+    scen = scenario(policy=policy, workload={"concurrency": 16, "num_requests": 48},
+                    engine={"max_batch_tokens": 64, "prefill_chunk_tokens": 32, "prefill": "disaggregated",
+                            "prefill_gpus": 4})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=seed).state)
+    assert calls and max(calls) > 1
+    assert_same_state(slow, fast)
+    return fast.rounds
+
+
 def test_a_threshold_plan_over_the_budget_drops_the_lowest_drafts_in_a_block(monkeypatch):
     # threshold 0 selects every positive draft: 16 users x 7 do not fit a 64-token pass, so the
     # kernel ranks the candidates and keeps the top (take_top) inside its blocks
-    scen = scenario(policy={"name": "threshold", "threshold": 0.0}, workload={"concurrency": 16, "num_requests": 48},
-                    engine={"max_batch_tokens": 64, "prefill_chunk_tokens": 32, "prefill": "disaggregated",
-                            "prefill_gpus": 4})
-    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=2).state)
-    assert calls and max(calls) > 1
-    assert_same_state(slow, fast)
-    r = fast.rounds
+    r = crowded_pass_both_ways(monkeypatch, {"name": "threshold", "threshold": 0.0}, seed=2)
     assert np.any(r["batch_tokens"] == 64) and np.any(r["verify_tokens"] < 7 * r["num_decode"])
 
 
@@ -310,13 +316,7 @@ def test_a_threshold_helper_replaced_by_a_patch_runs_round_by_round(module, monk
 def test_a_static_plan_trimmed_to_the_budget_goes_on_in_python(monkeypatch):
     # 16 users drafting 5 each do not fit a 64-token pass: fit_to_budget trims those rounds (the
     # round path), the rounds that fit run in blocks, and both ways agree
-    scen = scenario(policy={"name": "static", "k": 5}, workload={"concurrency": 16, "num_requests": 48},
-                    engine={"max_batch_tokens": 64, "prefill_chunk_tokens": 32, "prefill": "disaggregated",
-                            "prefill_gpus": 4})
-    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=1).state)
-    assert calls and max(calls) > 1
-    assert_same_state(slow, fast)
-    r = fast.rounds
+    r = crowded_pass_both_ways(monkeypatch, {"name": "static", "k": 5}, seed=1)
     drafted = r["verify_tokens"] > 0
     assert np.any(r["verify_tokens"][drafted] < 5 * r["num_decode"][drafted])  # trimmed rounds
     assert np.any(r["verify_tokens"][drafted] == 5 * r["num_decode"][drafted])  # whole ones
