@@ -23,7 +23,7 @@ numpy's documented route for Cython), the numbers the Python calls give in the s
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.string cimport memcpy
-from libc.math cimport INFINITY, NAN, exp, isfinite, log
+from libc.math cimport INFINITY, NAN, exp, floor, isfinite, log
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from numpy.random cimport bitgen_t
 from numpy.random.c_distributions cimport random_normal, random_standard_uniform_fill
@@ -1877,7 +1877,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
                   object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
                   cnp.ndarray pending_f not None, cnp.ndarray pending_i not None, bint resume,
-                  object pending_consts):
+                  object pending_consts, object elastic=None, object tower=None):
     """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
     the plans below, the ``always`` controller and the EWMA coherence) one after another while nothing outside the
     engine happens: the same draws from the same generators, the same float operations, the same
@@ -1934,7 +1934,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             weights (the memory check).
         gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``
             (read for DSpark's and goodput's plans only).
-        coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``.
+        coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``; with
+            ``tower``, ``(alpha, value, 0, False)``: every level's alpha and the tower's ``R``.
         round_index, max_rounds: the first round's index and the most rounds to run.
         rows: the round log's rows (tuples appended); row_consts: ``(num_waiting, num_running,
             num_remote_prefill)``.
@@ -1950,6 +1951,20 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             read back when ``resume``.
         resume: first finish the pending round (its pass ran across an event: the caller moved the
             clock to its end), with the row fields ``pending_consts`` (``row_consts`` of its call).
+        elastic: None for a drafter of fixed depth; for the elastic MEMTP ensemble at depth
+            ``gamma``, ``(max_depth, head_cost_gib, r_low, r_high, min_dwell_rounds,
+            grow_margin_gib, floor_epsilon, heads_base_gib, wait_blocks, last_round, last_target,
+            above_since, below_since, below_max_target)``: the ``memtp.DepthController``'s settings
+            and state (-1 for None), the memory left after weights and reserve, and the blocks the
+            head-of-line waiting request holds back (its KV and the watermark; 0 when none waits).
+            Every round but the call's first (the caller resized for it) first asks the controller
+            (``Engine._resize_drafter``: ``_heads_free_gib`` and ``DepthController.propose``); a
+            round whose depth would change stops the block before it, the controller as it was.
+        tower: None for the EWMA coherence; for ``memtp.TowerCoherence``, ``(values, updates,
+            depth)``: float64 and int64 ``(L,)`` arrays of its levels' ``R_i`` and update counts
+            (updated in place) and the levels ``R`` multiplies, L >= ``gamma``. Each kept round
+            folds in its per-position counts (``TowerCoherence.update_positions``: position j
+            tested where verified with every earlier one accepted).
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
@@ -1961,7 +1976,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         waits ``pending_f[1]`` s from ``now`` and calls again with ``resume`` (a resumed round
         counts in that call's ``rounds``);
         then the state after the rounds kept, whether any of them prefilled, and the live
-        history rows (plan 3).
+        history rows (plan 3); and the controller's ``(last_round, last_target, above_since,
+        below_since, below_max_target)`` after them (-1 for None), or None without ``elastic``;
+        and the tower's depth after them (None without ``tower``).
 
     Raises:
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids;
@@ -2057,7 +2074,34 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double coh_alpha = coherence[0], coh = coherence[1]
     cdef i64 coh_updates = coherence[2]
     cdef bint per_tested = coherence[3]
+    # the tower coherence's levels (TowerCoherence): R_i and update counts, in place; R's depth
+    cdef double* tw_vals = NULL
+    cdef i64* tw_upd = NULL
+    cdef i64 tw_depth = 0, tw_levels = 0, n_pos, j, a_j, t_j
+    cdef double tw_prod
+    if tower is not None:
+        _check_fields(<tuple?>tower, "tower", 3)
+        tw_levels = cnp.PyArray_DIM(<cnp.ndarray?>tower[0], 0) if cnp.PyArray_NDIM(<cnp.ndarray?>tower[0]) == 1 else 0
+        tw_vals = _f64(_w(<cnp.ndarray?>tower[0], "tower values"), "tower values", tw_levels)
+        tw_upd = _i64(_w(<cnp.ndarray?>tower[1], "tower updates"), "tower updates", tw_levels)
+        tw_depth = tower[2]
+        if tw_levels < gamma or not 1 <= tw_depth <= tw_levels:
+            raise ValueError(f"tower: {tw_levels} levels and depth {tw_depth} for {gamma} positions")
     cdef object py_overhead_s = overhead_s, py_held_gib = held_gib, py_gamma = gamma, py_capacity = capacity
+    # the elastic ensemble's controller (DepthController): settings, and its state as of the last kept round
+    cdef bint is_elastic = elastic is not None
+    cdef i64 e_max_depth = 0, e_dwell = 0, e_wait = 0, e_last = -1, e_target = -1, e_above = -1, e_below = -1
+    cdef i64 e_below_max = 0, t_last_r = -1, t_target = -1, t_above = -1, t_below = -1, t_below_max = 0
+    cdef i64 e_mem_cap, e_margin_cap
+    cdef double e_cost = 1.0, e_lo = 0.0, e_hi = 1.0, e_margin = 0.0, e_eps = 0.0, e_base = 0.0, e_free, e_gate, e_x
+    cdef bint e_proposed = False
+    if is_elastic:
+        _check_fields(<tuple?>elastic, "elastic", 14)
+        e_max_depth, e_cost, e_lo, e_hi, e_dwell, e_margin, e_eps, e_base, e_wait = elastic[:9]
+        e_last, e_target, e_above, e_below, e_below_max = elastic[9:]
+        if not (1 <= gamma <= e_max_depth and e_cost > 0.0 and 0.0 <= e_lo < e_hi <= 1.0 and e_dwell >= 1
+                and e_margin >= 0.0 and e_wait >= 0):
+            raise ValueError(f"elastic: depth {gamma} and settings {elastic!r} are not a valid DepthController's")
 
     # scratch: offsets (N), noise and draws (N*L each), scan candidates (2*N*L), times (N*L + 1);
     # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L)
@@ -2116,6 +2160,48 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         l_max = b
                 if num == 0 or blocks_used + anchors > capacity or blocks_used + need > capacity:
                     break  # nothing to draft, or the round path preempts
+                if is_elastic and rounds > 0:  # Engine._resize_drafter (the caller resized for the call's first)
+                    # Engine._heads_free_gib: the memory left once the anchors and the waiting head have their KV
+                    e_free = e_base - <double>(blocks_used + (anchors + e_wait)) * block_gib
+                    e_free = e_free if e_free > 0.0 else 0.0
+                    if not (e_free < INFINITY and 0.0 <= coh <= 1.0) or ri <= e_last:
+                        break  # DepthController.propose raises: the round path
+                    # DepthController.propose: memtp_depth's target (coherence_gate, _heads_affordable)
+                    e_gate = 0.0 if coh <= e_lo else (1.0 if coh >= e_hi else (coh - e_lo) / (e_hi - e_lo))
+                    e_x = floor(e_free / e_cost * e_gate + e_eps)
+                    t_target = e_max_depth if e_x >= <double>e_max_depth else <i64>e_x
+                    t_target = t_target if t_target > 1 else 1
+                    e_x = floor(e_free / e_cost * 1.0 + e_eps)  # _memory_cap
+                    e_mem_cap = e_max_depth if e_x >= <double>e_max_depth else <i64>e_x
+                    e_mem_cap = e_mem_cap if e_mem_cap > 1 else 1
+                    if gamma > e_mem_cap:
+                        break  # rule 1, memory: the heads shrink (the round path)
+                    t_above, t_below, t_below_max = e_above, e_below, e_below_max
+                    if t_target < gamma:  # rule 2: shrink to the run's highest target after the dwell
+                        t_above = -1
+                        if t_below < 0:
+                            t_below, t_below_max = ri, t_target
+                        elif t_target > t_below_max:
+                            t_below_max = t_target
+                        if ri - t_below + 1 >= e_dwell:
+                            break
+                    elif t_target > gamma:  # rule 3: grow one head after the dwell, within the margin
+                        t_below, t_below_max = -1, 0
+                        if t_above < 0:
+                            t_above = ri
+                        if ri - t_above + 1 >= e_dwell:
+                            e_x = e_free - e_margin
+                            e_x = floor((e_x if e_x > 0.0 else 0.0) / e_cost * 1.0 + e_eps)
+                            e_margin_cap = e_max_depth if e_x >= <double>e_max_depth else <i64>e_x
+                            e_margin_cap = e_margin_cap if e_margin_cap > 1 else 1
+                            if e_margin_cap >= gamma + 1:
+                                break
+                    else:
+                        t_above, t_below, t_below_max = -1, -1, 0
+                    t_last_r = ri
+                    e_proposed = True  # kept once the round draws (below)
+                else:
+                    e_proposed = False
                 cells = num * width
                 # chunked prefill in the budget the drafts leave (Engine._place_prefill), first admitted first
                 chunk_total = 0
@@ -2198,6 +2284,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
                                   noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
                 code = 1  # drafted: from here on a round not kept goes on in Python from its plan
+                if e_proposed:  # the controller's answer for this round stands (the round path does not ask again)
+                    e_last, e_target, e_above, e_below, e_below_max = t_last_r, t_target, t_above, t_below, t_below_max
                 if plan_kind == _PLAN_STATIC:  # k each; where they overfill the pass the check below stops
                     for k in range(num):  # (fit_to_budget trims)
                         lengths[k] = fixed_k
@@ -2298,7 +2386,31 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 num_prefill, completed = more[0], more[1]
             totals[3] = nf
             tested = verify_tokens
-            if per_tested:  # positions compared against the target: the accepted run and the first rejection
+            if tw_vals != NULL:  # TowerCoherence.update_positions: every position's level, R their product
+                tested = 0
+                n_pos = 0
+                for k in range(num):
+                    if lengths[k] > n_pos:
+                        n_pos = lengths[k]
+                for j in range(n_pos):  # (Engine._update_coherence's counts)
+                    a_j = t_j = 0
+                    for k in range(num):
+                        if lengths[k] > j:
+                            a_j += acc[k] > j
+                            t_j += acc[k] >= j
+                    if t_j:  # CoherenceEWMA.update of level j
+                        new = (1.0 - coh_alpha) * tw_vals[j] + coh_alpha * (<double>a_j / <double>t_j)
+                        new = new if new > 0.0 else 0.0
+                        tw_vals[j] = new if new < 1.0 else 1.0
+                        tw_upd[j] += 1
+                if n_pos:
+                    tw_depth = n_pos if n_pos < tw_levels else tw_levels
+                    tw_prod = 1.0  # math.prod, left to right, clamped to [0, 1]
+                    for j in range(tw_depth):
+                        tw_prod = tw_prod * tw_vals[j]
+                    tw_prod = tw_prod if tw_prod > 0.0 else 0.0
+                    coh = tw_prod if tw_prod < 1.0 else 1.0
+            elif per_tested:  # positions compared against the target: the accepted run and the first rejection
                 tested = 0
                 for k in range(num):
                     tested += lengths[k] if lengths[k] < acc[k] + 1 else acc[k] + 1
@@ -2321,4 +2433,6 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         PyMem_Free(ibuf)
         PyMem_Free(would)
     return (code, rounds, now, blocks_used, gain, last_round, skipped, coh, coh_updates,
-            totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len)
+            totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len,
+            (e_last, e_target, e_above, e_below, e_below_max) if is_elastic else None,
+            tw_depth if tw_vals != NULL else None)

@@ -70,7 +70,8 @@ from .errors import CalibrationError, EngineInvariantError
 from .hardware import HardwareProfile
 from .hardware.cost import SPSTable
 from .kv_cache import KVCacheManager
-from .memtp import MEMTP_DEFAULTS, CoherenceEWMA, TowerCoherence
+from . import memtp as _memtp_module
+from .memtp import FLOOR_EPSILON, MEMTP_DEFAULTS, CoherenceEWMA, DepthController, TowerCoherence
 from .policies._candidates import FallbackGate
 from .policies.base import DraftView, Policy, RoundOutcome
 from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
@@ -144,16 +145,21 @@ def _mirrored() -> dict[tuple[object, str], object]:
              _candidates_module: ("survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate",
                                   "pass_time_s", "plain_rate", "plain_rate_of"),
              FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead", "_reset"), AlwaysDraft: ("cap",),
-             CoherenceEWMA: ("update",),
+             CoherenceEWMA: ("update",), TowerCoherence: ("update_positions", "value_at", "value"),
+             # the elastic ensemble's resize (Engine._resize_drafter) before each round but a block's first
+             DepthController: ("propose", "_memory_cap", "_set_depth"),
+             _memtp_module: ("memtp_depth", "coherence_gate", "_heads_affordable", "_check_free_gib", "_check_count",
+                             "_check_unit_interval", "_check_thresholds", "_check_head_cost", "_check_positive_int",
+                             "_as_real"),
              KVCacheManager: ("fit_lookahead", "lookahead_total", "anchor_blocks", "lookahead_blocks", "blocks_for"),
              SPSTable: ("at_context", "covers", "is_measured", "pass_time_s", "pass_time_range_s", "_context_one_s",
                         "_context_slice_s"),
-             Drafter: ("prefill_time_s",),
+             Drafter: ("prefill_time_s", "resize", "memory_at"),
              _dspark_module: ("plain_rate_of", "_compiled_scan", "_scan_compiled", "_plan_round", "_schedule",
                               "hardware_aware_prefix_scheduler", "survival", "draft_budget", "take_top",
                               "expected_rate"),
-             Engine: ("_admit", "_guarantee_anchors", "_draft_length", "_reserve_lookahead", "_place_prefill",
-                      "_round_tables", "_tables_at", "_draft_and_plan", "_draft_confidences_compiled", "_pass_time",
+             Engine: ("_admit", "_guarantee_anchors", "_resize_drafter", "_heads_free_gib", "_draft_length",
+                      "_reserve_lookahead", "_place_prefill", "_round_tables", "_tables_at", "_draft_and_plan", "_draft_confidences_compiled", "_pass_time",
                       "_check_pass", "_accept", "_accept_compiled", "_advance_prefill", "_update_coherence",
                       "_record_diag", "_apply_round")}
     return {(owner, name): getattr(owner, name) for owner, items in names.items() for name in items}
@@ -168,10 +174,14 @@ def _mirrored_replaced(engine: "Engine") -> bool:
               GoodputPolicy: (), FallbackGate: (),
               type(pol): (pol,),  # the policy's own class only: the others' functions are not its
               Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (engine.control,),
-              CoherenceEWMA: (engine.coherence,), Drafter: (engine.drafter,),
+              CoherenceEWMA: (engine.coherence,), TowerCoherence: (), Drafter: (engine.drafter,),
               SPSTable: (engine.profile.sps, engine.profile.decode_table)}
     if type(pol) in (DSparkPolicy, GoodputPolicy):  # the policies with a gate
         owners[FallbackGate] = (getattr(pol, "_gate", None),)
+    controller = engine.drafter.controller
+    owners[DepthController] = () if controller is None else (controller,)
+    if type(engine.coherence) is TowerCoherence:  # the tower's own functions, and its levels' EWMA's
+        owners[TowerCoherence], owners[CoherenceEWMA] = (engine.coherence,), tuple(engine.coherence._levels)
     for (owner, name), fn in _MIRRORED.items():
         objs = owners.get(owner)
         if objs is None:  # a module's function
@@ -771,7 +781,10 @@ class Engine:
     def _engine(self):
         env, drafter = self.env, self.drafter
         listens, plain_ok = self._listens(), self._plain_blocks_possible()
-        block = self._drafted_block_inputs() if plain_ok else None
+        # drafted blocks: as plain ones, but the elastic ensemble's too (inputs by its depth)
+        drafted_ok = self.PLAIN_BLOCKS and not self.control.dynamic
+        block = self._drafted_block_inputs() if drafted_ok else None
+        by_depth = {drafter.depth: block} if drafted_ok and drafter.elastic else None
         self._plain_fused = self._plain_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
@@ -798,7 +811,12 @@ class Engine:
                     round_index += rounds
                     continue
             drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
-            if block is not None and not num_preempted:  # drafted rounds at once (exact)
+            if by_depth is not None:  # the elastic ensemble: this depth's inputs
+                block = by_depth.get(gamma, False)
+                if block is False:
+                    block = by_depth[gamma] = self._drafted_block_inputs()
+            if block is not None and not num_preempted and not head_load_s:  # drafted rounds at once (exact;
+                # a round that loads heads stalls for them: the round path)
                 rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block)
                 while wait_s:  # a planned round's pass runs across the next event
                     round_index += rounds
@@ -1128,7 +1146,9 @@ class Engine:
         itself with its fallback gate, or ``static``, ``mtp1``, ``threshold``, ``dspark_async``
         (with a lag) or ``goodput`` (with its gate) themselves, the controller
         ``always``, the coherence the EWMA, and nothing else decides or learns per round (no
-        elastic depth, p_min, drift or observers) and both tables price from arrays."""
+        p_min, drift or observers) and both tables price from arrays. The elastic MEMTP
+        ensemble's depth controller (``memtp.DepthController`` itself) resizes inside the block;
+        its inputs are those of the drafter's depth now (the caller keeps them by depth)."""
         pol, drafter = self.policy, self.drafter
         gate = None  # the kernel's plan: DSpark's (with its gate), k each, a threshold, the lagged top K, goodput's
         if type(pol) is DSparkPolicy:
@@ -1147,9 +1167,10 @@ class Engine:
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
                 or _mirrored_replaced(self)
                 or (gate is not None and type(gate) is not FallbackGate) or type(self.control) is not AlwaysDraft
-                or drafter.elastic or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
+                or (drafter.elastic and type(drafter.controller) is not DepthController)
+                or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
                 or drafter.kind == "draft_model"
-                or self._listens() or type(self.coherence) is not CoherenceEWMA):
+                or self._listens() or not self._coherence_mirrored()):
             return None
         sps, dec_table = self.profile.sps, self.profile.decode_table
         prices = (_block_pricer(sps), _block_pricer(dec_table))
@@ -1181,6 +1202,15 @@ class Engine:
                  self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
         early_stop = bool(pol.params.early_stop) if type(pol) is DSparkPolicy else False
         return fixed, per_tested, self._overhead_s(True), diag, state, gate, plan, early_stop
+
+    def _coherence_mirrored(self) -> bool:
+        """Whether the kernel keeps this run's coherence: the EWMA, or the tower of EWMA levels
+        (one alpha, as ``TowerCoherence`` builds them) at least as tall as the drafts are long."""
+        coh = self.coherence
+        if type(coh) is CoherenceEWMA:
+            return True
+        return (type(coh) is TowerCoherence and coh.max_levels >= self.drafter.depth
+                and all(type(e) is CoherenceEWMA and e._alpha == coh._levels[0]._alpha for e in coh._levels))
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
                        resume: bool = False) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
@@ -1226,16 +1256,28 @@ class Engine:
             if num_hist + 2 > len(history):
                 history = state[8] = np.empty((2 * num_hist + 8, 2), dtype=np.int64)
             history[:num_hist] = pol._history
+        ctl, tower = drafter.controller, None
+        if type(coh) is TowerCoherence:  # its levels as arrays, written back below
+            levels = coh._levels
+            tower = (np.array([e._value for e in levels]), np.array([e._num_updates for e in levels], dtype=np.int64),
+                     coh._depth)
+            coh_args = (levels[0]._alpha, coh.value, 0, False)
+        else:
+            coh_args = (coh.alpha, coh.value, coh.num_updates, per_tested)
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
-         num_pre, had_prefill, h0, h_len) = self._kernels.drafted_block(
+         num_pre, had_prefill, h0, h_len, ctl_state, tower_depth) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
             _NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
                                            gate.probe_every),
-            (coh.alpha, coh.value, coh.num_updates, per_tested), round_index, max_rounds, log.rows, consts,
+            coh_args, round_index, max_rounds, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
-            pending_i, resume, pending_consts)
+            pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower)
+        if ctl_state is not None:  # the depth controller as the rounds left it (-1: None)
+            last, target, above, below, ctl._below_max_target = ctl_state
+            ctl._last_round, ctl._last_target = (None if last < 0 else last), (None if target < 0 else target)
+            ctl._above_since, ctl._below_since = (None if above < 0 else above), (None if below < 0 else below)
         if gate is not None:
             gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
         elif lag and (rounds or code):  # a round was planned: the history as the kernel left it, in place
@@ -1255,7 +1297,12 @@ class Engine:
         if rounds:
             self.env._now = now  # no event falls inside the rounds run (SimPy's clock, as the round path moves it)
             kv.blocks_used = blocks_used
-            coh._value, coh._num_updates = coh_value, coh_n
+            if tower is None:
+                coh._value, coh._num_updates = coh_value, coh_n
+            else:  # the levels the kept rounds folded in, and the tower's depth
+                for e, value, n in zip(coh._levels, tower[0].tolist(), tower[1].tolist()):
+                    e._value, e._num_updates = value, n
+                coh._depth = tower_depth
             self._spec_on = True
             if had_prefill:
                 self._run_ids = (run, None)  # "all decode" may have become true
@@ -1273,6 +1320,24 @@ class Engine:
         # copies: the round path keeps them (diagnostics) and the next block reuses the buffers
         return rounds, dec_ids[:num_dec].copy(), pre_ids[:num_pre].copy(), (
             probs[:num_dec].copy(), raw[:num_dec].copy(), conf[:num_dec].copy()), 0.0
+
+    def _elastic_args(self, ctl: DepthController) -> tuple:
+        """``_kernels.drafted_block``'s ``elastic``: the depth controller's settings and state (-1
+        for None), and what :meth:`_heads_free_gib` reads that stays fixed while a block runs: the
+        memory left after weights and reserve, and the blocks the head-of-line waiting request
+        holds back (nobody is admitted inside a block)."""
+        mem, kv, wait_blocks = self.profile.memory, self.kv, 0
+        if self.waiting:
+            i = self.waiting[0]
+            tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
+            wait_blocks = int(kv.blocks_for(tokens)) + kv.watermark
+        none = -1
+        return (ctl._max_depth, ctl._head_cost_gib, ctl._r_low, ctl._r_high, ctl._min_dwell_rounds,
+                ctl._grow_margin_gib, FLOOR_EPSILON, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib,
+                wait_blocks, none if ctl._last_round is None else ctl._last_round,
+                none if ctl._last_target is None else ctl._last_target,
+                none if ctl._above_since is None else ctl._above_since,
+                none if ctl._below_since is None else ctl._below_since, ctl._below_max_target)
 
     def _check_pass(self, round_index: int, batch_tokens: int, kv_peak: int, verify_s: float, draft_s: float,
                     overhead_s: float, head_load_s: float, duration: float) -> None:

@@ -599,6 +599,9 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
             raw=np.empty((1, 2)), conf=np.empty((1, 2)), finished=ints(0), diag_raw=None, diag_conf=None,
             diag_would=None, lengths_out=ints(0), chunks_out=ints(0), pending_f=np.zeros(6),
             pending_i=ints(0, 0, 0, 0, 0, 0, 0, 0), resume=False, pending_consts=None)
+# a valid elastic controller: max_depth 4, 1 GiB heads, R thresholds, dwell 2, no margin, epsilon,
+# 8 GiB left after weights, nobody waiting, no earlier round
+ELASTIC = (4, 1.0, 0.3, 0.9, 2, 0.0, 1e-9, 8.0, 0, -1, -1, -1, -1, 0)
 '''
 
 
@@ -613,6 +616,14 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
     "resume=True, pending_consts=(0, 1), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
     "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), lengths_out=ints(10**6)",
     "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, -1, 0, 0, 1, 0, 0, 0)",
+    # the elastic ensemble's controller: a short tuple, a list, a depth beyond max_depth, a head
+    # that costs nothing, thresholds the wrong way round, no dwell, a negative waiting head
+    "elastic=(4, 1.0)", "elastic=list(ELASTIC)", "elastic=(1,) + ELASTIC[1:]", "elastic=ELASTIC[:1] + (0.0,) + ELASTIC[2:]",
+    "elastic=ELASTIC[:2] + (0.9, 0.3) + ELASTIC[4:]", "elastic=ELASTIC[:4] + (0,) + ELASTIC[5:]",
+    "elastic=ELASTIC[:8] + (-1,) + ELASTIC[9:]",
+    # the tower coherence's levels: a short tuple, fewer levels than positions, depth 0, float counts
+    "tower=(np.ones(2),)", "tower=(np.ones(1), ints(0), 1)", "tower=(np.ones(2), ints(0, 0), 0)",
+    "tower=(np.ones(2), np.zeros(2), 1)",
 ])
 def test_the_kernel_refuses_bad_fields_instead_of_crashing(bad):
     # review: the module reads tuples and the pending round's ids without bounds checks; short
@@ -632,11 +643,13 @@ def test_the_valid_call_of_the_refusal_test_runs():
     import subprocess
     import sys
 
-    code = _KERNEL_CALL + "out = K.drafted_block(**args)\nprint(out[1], len(args['rows']))\n"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-300:]
-    rounds, rows = map(int, out.stdout.split())
-    assert rounds >= 1 and rows == rounds
+    for extra in ("", "args.update(elastic=ELASTIC)\n",  # a fixed drafter, the elastic ensemble, its tower
+                  "args.update(elastic=ELASTIC, tower=(np.ones(2), ints(0, 0), 2))\n"):
+        code = _KERNEL_CALL + extra + "out = K.drafted_block(**args)\nprint(out[1], len(args['rows']))\n"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-300:]
+        rounds, rows = map(int, out.stdout.split())
+        assert rounds >= 2 and rows == rounds  # a second round: the elastic call asked its controller
 
 
 @pytest.mark.parametrize("patch", ["coherence_instance", "table_class", "policy_instance", "module_function",
@@ -727,3 +740,181 @@ def test_the_run_long_arguments_are_still_the_engines_own_at_the_end(monkeypatch
         for args in calls:
             assert all(a is b for a, b in zip(args, want)), name
             assert args[19] is eng.temps and args[20] is eng.rng and args[21] is eng.head_rng, name
+
+
+# ---------------------------------------------------------------------------------------------
+# the elastic MEMTP ensemble: its depth controller resizes inside the blocks
+# ---------------------------------------------------------------------------------------------
+
+ELASTIC_KV = {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+              "memory": {"gpu_allocatable_gib": 4.5, "reserve_gib": 0.5, "weights_bytes": 1 << 30,
+                         "kv_bytes_per_token": 131072, "max_model_len": 8192}}
+ELASTIC = {
+    # KV binds: admission waits (the waiting head's KV counts against the heads: a prompt's KV is
+    # worth several 0.1-GiB heads), heads are released for memory and regrown, requests preempted
+    "elastic-kv": dict(workload={"concurrency": 16, "num_requests": 48}, hardware=ELASTIC_KV,
+                       memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 0.1, "min_dwell_rounds": 3}),
+    # coherence steers: acceptance falls along the block, the ensemble shrinks and grows after its dwell
+    "elastic-coherence": dict(workload={"concurrency": 4, "num_requests": 30},
+                              memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 1.0, "min_dwell_rounds": 3,
+                                     "r_low": 0.5, "r_high": 0.95},
+                              acceptance={"per_position": [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07, 0.05]}),
+    # prefill chunks in the passes (only decoding requests' anchors count), arrivals inside rounds,
+    # the per-tested coherence and a growth margin
+    "elastic-poisson-chunked": dict(workload={"mode": "poisson", "rate_per_s": 2.0, "num_requests": 40},
+                                    hardware=ELASTIC_KV, engine={"max_batch_tokens": 256, "prefill_chunk_tokens": 64},
+                                    memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 0.3,
+                                           "min_dwell_rounds": 3, "coherence_estimator": "per_tested"}),
+    # the tower coherence: R the product of every position's EWMA (issue 14)
+    "elastic-tower": dict(workload={"concurrency": 4, "num_requests": 30},
+                          memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 1.0, "min_dwell_rounds": 3,
+                                 "coherence": "tower", "r_low": 0.05, "r_high": 0.5},
+                          acceptance={"per_position": [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07, 0.05]}),
+    "elastic-disaggregated": dict(workload={"concurrency": 10, "num_requests": 40}, hardware=ELASTIC_KV,
+                                  engine={"prefill": "disaggregated", "prefill_gpus": 2},
+                                  memtp={"depth": "elastic", "max_depth": 6, "head_cost_gib": 0.2,
+                                         "min_dwell_rounds": 2}),
+}
+ELASTIC_POLICIES = {"dspark": {"name": "dspark"}, "dspark_async": {"name": "dspark_async", "lag_rounds": 2},
+                    "static-3": {"name": "static", "k": 3}, "threshold": {"name": "threshold", "threshold": 0.3},
+                    "goodput": {"name": "goodput"}}
+
+
+def _controller_state(ctl):  # noqa: ANN001, ANN202 - a DepthController
+    return (ctl.depth, ctl.changes, ctl._last_round, ctl._last_target, ctl._above_since, ctl._below_since,
+            ctl._below_max_target)
+
+
+def _coherence_state(coh):  # noqa: ANN001, ANN202 - a CoherenceEWMA or TowerCoherence
+    if hasattr(coh, "_levels"):
+        return coh._depth, [(e._value, e._num_updates) for e in coh._levels]
+    return coh._value, coh._num_updates
+
+
+def elastic_both_ways(monkeypatch, scen, seed: int = 2):
+    """The run both ways, asserted equal, with the controllers' states and changes equal too;
+    returns the blocked run's controller and its block calls ``(rounds, waiting at the call)``."""
+    engines, calls = [], []
+    real_run, real_block = Engine.run, Engine._drafted_block
+    monkeypatch.setattr(Engine, "run", lambda self: engines.append(self) or real_run(self))
+
+    def block(self, *a):  # noqa: ANN001, ANN202
+        waiting = len(self.waiting)
+        out = real_block(self, *a)
+        calls.append((out[0], waiting))
+        return out
+
+    monkeypatch.setattr(Engine, "_drafted_block", block)
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    slow = run(scen, seed=seed).state
+    assert not calls
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", True)
+    fast = run(scen, seed=seed).state
+    assert_same_state(slow, fast)
+    slow_ctl, fast_ctl = engines[0].drafter.controller, engines[1].drafter.controller
+    assert _controller_state(fast_ctl) == _controller_state(slow_ctl)
+    assert _coherence_state(engines[1].coherence) == _coherence_state(engines[0].coherence)
+    return fast_ctl, calls
+
+
+@pytest.mark.parametrize("policy", sorted(ELASTIC_POLICIES))
+@pytest.mark.parametrize("name", sorted(ELASTIC))
+def test_elastic_ensemble_drafted_blocks_match_round_by_round(name, policy, monkeypatch):
+    # Engine._resize_drafter runs before every round: inside a block the kernel asks the same
+    # questions (the memory left once the anchors and the waiting head have their KV, then
+    # DepthController.propose's target and rules) and stops before a round whose depth changes.
+    # The same rounds, state, round log and controller (every change, its round and reason)
+    scen = scenario(policy=ELASTIC_POLICIES[policy], **ELASTIC[name])
+    ctl, calls = elastic_both_ways(monkeypatch, scen)
+    assert max(r for r, _ in calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    if policy == "dspark":  # the oracle's reach: the depth changes in every scenario
+        assert ctl.changes, "the depth never changed: the controller's rules were not exercised"
+
+
+def test_elastic_scenarios_reach_every_rule_inside_blocks(monkeypatch):
+    # the oracle's reach: the KV-bound scenario releases heads for memory, shrinks for coherence
+    # and grows, with requests waiting for KV during blocks (their KV counts against the heads)
+    ctl, calls = elastic_both_ways(monkeypatch, scenario(policy={"name": "dspark"}, **ELASTIC["elastic-kv"]))
+    assert {c.reason for c in ctl.changes} == {"memory", "coherence", "grow"}
+    assert any(rounds > 1 and waiting for rounds, waiting in calls)
+
+
+def test_a_patched_depth_controller_runs_round_by_round(monkeypatch):
+    # DepthController.propose mirrored in the kernel: replaced, the run's rounds go one by one
+    # through the replacement (here: the same rule, counted)
+    from memtp_sim.memtp import DepthController
+
+    scen = scenario(policy={"name": "dspark"}, **ELASTIC["elastic-coherence"])
+    plain = run(scen, seed=2).state
+    asked, real = [], DepthController.propose
+    monkeypatch.setattr(DepthController, "propose", lambda self, *a: asked.append(a[2]) or real(self, *a))
+    calls = []
+    real_block = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block", lambda self, *a: calls.append(1) or real_block(self, *a))
+    assert_same_state(plain, run(scen, seed=2).state)
+    assert calls == [] and asked == sorted(set(asked)) and len(asked) == plain.rounds["start_s"].size
+
+
+@pytest.mark.parametrize("change", ["update_positions", "level_alpha"])
+def test_a_tower_the_kernel_does_not_mirror_runs_round_by_round(change, monkeypatch):
+    # the kernel keeps the tower's levels as EWMAs of one alpha: a replaced update_positions, or
+    # a level of another alpha, sends the run round by round (the same answers either way)
+    from memtp_sim.memtp import TowerCoherence
+
+    scen = scenario(policy={"name": "dspark"}, **ELASTIC["elastic-tower"])
+    if change == "update_positions":
+        real = TowerCoherence.update_positions
+        monkeypatch.setattr(TowerCoherence, "update_positions", lambda self, *a, **k: real(self, *a, **k))
+    else:
+        real_init = TowerCoherence.__init__
+
+        def init(self, *a, **k):  # noqa: ANN001, ANN202
+            real_init(self, *a, **k)
+            self._levels[1]._alpha *= 0.5
+
+        monkeypatch.setattr(TowerCoherence, "__init__", init)
+    calls = []
+    real_block = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block", lambda self, *a: calls.append(1) or real_block(self, *a))
+    fast = run(scen, seed=2).state
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    assert_same_state(run(scen, seed=2).state, fast)
+    assert calls == []
+
+
+def test_a_growth_margin_holds_back_growth_inside_blocks(monkeypatch):
+    # the engine builds its controllers without a growth margin; one that has one (here 1.5 GiB,
+    # set on the instance: not a replaced function) grows only with that much more memory free
+    from memtp_sim.memtp import DepthController
+
+    real_init = DepthController.__init__
+
+    def init(self, *a, **k):  # noqa: ANN001, ANN202
+        real_init(self, *a, **k)
+        self._grow_margin_gib = 1.5
+
+    monkeypatch.setattr(DepthController, "__init__", init)
+    sections = ELASTIC["elastic-kv"] | {"memtp": ELASTIC["elastic-kv"]["memtp"] | {"head_cost_gib": 0.2}}
+    ctl, calls = elastic_both_ways(monkeypatch, scenario(policy={"name": "dspark"}, **sections))
+    assert max(r for r, _ in calls) > 1 and any(c.reason == "grow" for c in ctl.changes)
+
+
+def test_the_memtp_study_s_elastic_runs_match_round_by_round(monkeypatch):
+    # the shipped study's elastic ensemble (Qwen3-32B on gfx1151, Mooncake prompts, a Poisson load
+    # ramp, 64 remote prefill GPUs), its ramp a sixth as long: DSpark's gate falls back to plain
+    # rounds (a block stops before the controller's answer counts), heads are loaded and released
+    from pathlib import Path
+
+    from memtp_sim.config import load_study
+
+    path = Path(__file__).resolve().parents[1] / "studies" / "memtp.yaml"
+    specs = {(lab["variant"], lab["policy"].split("(")[0], seed): sc
+             for lab, sc, seed in load_study(path).expand(source=str(path))}
+    for variant in ("elastic_ewma", "elastic_tower"):
+        scen = specs[(variant, "dspark", 0)]
+        doc = scen.model_dump()
+        doc["workload"]["rate_schedule"] = [dict(seg, duration_s=seg["duration_s"] / 6)
+                                            for seg in doc["workload"]["rate_schedule"]]
+        ctl, calls = elastic_both_ways(monkeypatch, type(scen).model_validate(doc), seed=0)
+        assert max(r for r, _ in calls) > 1 and len(ctl.changes) >= 5, variant
+        assert any(r == 0 for r, _ in calls), "no block stopped at its first round (the gate's plain rounds)"
