@@ -751,8 +751,9 @@ ELASTIC_KV = {"table": {1: 20.0, 64: 25.0, 512: 80.0},
                          "kv_bytes_per_token": 131072, "max_model_len": 8192}}
 ELASTIC = {
     # KV binds: admission waits (the waiting head's KV counts against the heads: a prompt's KV is
-    # worth several 0.1-GiB heads), heads are released for memory and regrown, requests preempted
-    "elastic-kv": dict(workload={"concurrency": 16, "num_requests": 48}, hardware=ELASTIC_KV,
+    # worth several 0.1-GiB heads), heads are released for memory inside what would be a block
+    # (before the dwell a coherence shrink would wait for) and regrown, requests preempted
+    "elastic-kv": dict(workload={"concurrency": 24, "num_requests": 48}, hardware=ELASTIC_KV,
                        memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 0.1, "min_dwell_rounds": 3}),
     # coherence steers: acceptance falls along the block, the ensemble shrinks and grows after its dwell
     "elastic-coherence": dict(workload={"concurrency": 4, "num_requests": 30},
@@ -770,6 +771,13 @@ ELASTIC = {
                           memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 1.0, "min_dwell_rounds": 3,
                                  "coherence": "tower", "r_low": 0.05, "r_high": 0.5},
                           acceptance={"per_position": [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07, 0.05]}),
+    # passes that cost more the more they verify: at 32 users drafting stops paying and the gate
+    # falls back inside blocks, after the controller answered for that round (the answer stands
+    # only for a round that drafts: the round path asks again)
+    "elastic-gate": dict(workload={"concurrency": 32, "num_requests": 96},
+                         hardware=ELASTIC_KV | {"table": {1: 10.0, 64: 60.0, 512: 400.0},
+                                                "memory": ELASTIC_KV["memory"] | {"gpu_allocatable_gib": 8.0}},
+                         memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 1.0, "min_dwell_rounds": 4}),
     "elastic-disaggregated": dict(workload={"concurrency": 10, "num_requests": 40}, hardware=ELASTIC_KV,
                                   engine={"prefill": "disaggregated", "prefill_gpus": 2},
                                   memtp={"depth": "elastic", "max_depth": 6, "head_cost_gib": 0.2,
