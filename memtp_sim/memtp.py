@@ -106,6 +106,8 @@ MEMTP_DEFAULTS = MemtpSettings()
 
 def _as_real(name: str, value: object) -> float:
     """Return ``value`` as a float, or raise ``InvalidArgumentError`` naming ``name``."""
+    if type(value) is float:  # the engine's every round: skip the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgumentError(f"{name} must be a real number; got {value!r}")
     return float(value)
@@ -155,6 +157,8 @@ def _check_head_cost(value: object) -> float:
 
 def _check_positive_int(name: str, value: object) -> int:
     """Return ``value`` as an int >= 1, or raise ``InvalidArgumentError`` naming ``name``."""
+    if type(value) is int and value >= 1:  # the engine's every round: skip the ABC check
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidArgumentError(f"{name} must be an int >= 1; got {value!r}")
     n = int(value)
