@@ -62,7 +62,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from .confidence import per_position_metrics, reliability_curve, survival_calibration
+from .confidence import _auc_rows, _ece_rows, reliability_curve, survival_calibration
 from .engine import FINISHED, REJECTED, EngineState
 
 __all__ = ["RunResult", "compute_metrics", "METRIC_NAMES"]
@@ -301,6 +301,22 @@ def _round_metrics(st: EngineState, t0: float, makespan: float) -> dict[str, Any
     }
 
 
+def _position_metrics(a: np.ndarray, y: np.ndarray, *, several: bool, auc: bool) -> tuple[float, float, float]:
+    """ECE (15 bins), AUC (NaN without ``auc``) and Brier score of one position's joint survivals
+    ``a`` ``(n,)`` against its outcomes ``y`` ``(n,)`` bool: bit for bit what
+    :func:`~memtp_sim.confidence.per_position_metrics` gives for the last of ``k`` positions
+    (``several``: k > 1). Its bins and ranks are row by row, and numpy sums the Brier score's
+    squared errors in row order over several columns (pairwise over one).
+
+    Source:
+        Guo et al. (2017, ICML) section 2 (binned ECE); DSpark paper section 3.2 (joint survival).
+    """
+    a_row, y_row = a[None, :], y[None, :]
+    sq = (a - y) ** 2
+    brier = np.cumsum(sq)[-1] / a.size if several else np.mean(sq[:, None], axis=0)[0]
+    return (_ece_rows(a_row, y_row, 15)[0], _auc_rows(a_row, y_row)[0] if auc else np.float64(np.nan), brier)
+
+
 def _calibration_metrics(st: EngineState) -> dict[str, Any]:
     """ECE / AUC / Brier of the cumulative confidence per position, raw head vs what the policy saw.
 
@@ -326,16 +342,17 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         if rows.sum() < 50:
             break
         if full:
-            m_raw, m_used, j = m_raw_all, m_used_all, k - 1
-        else:
-            m_raw = per_position_metrics(raw[rows, :k], ok[rows, :k], auc=False)
-            m_used = per_position_metrics(used[rows, :k], ok[rows, :k])
-            j = -1
-        ece_raw.append(m_raw.ece[j])
-        ece.append(m_used.ece[j])
-        auc.append(m_used.auc[j])
-        brier_raw.append(m_raw.brier[j])
-        brier.append(m_used.brier[j])
+            m_raw = (m_raw_all.ece[k - 1], m_raw_all.auc[k - 1], m_raw_all.brier[k - 1])
+            m_used = (m_used_all.ece[k - 1], m_used_all.auc[k - 1], m_used_all.brier[k - 1])
+        else:  # position k alone (per_position_metrics of the first k would score all k of them)
+            y = ok[rows, k - 1]
+            m_raw = _position_metrics(cum_raw[rows, k - 1], y, several=k > 1, auc=False)
+            m_used = _position_metrics(cum_used[rows, k - 1], y, several=k > 1, auc=True)
+        ece_raw.append(m_raw[0])
+        ece.append(m_used[0])
+        auc.append(m_used[1])
+        brier_raw.append(m_raw[2])
+        brier.append(m_used[2])
         counts.append(int(rows.sum()))
         for name in ("raw", "used"):
             if full:

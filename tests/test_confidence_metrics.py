@@ -401,3 +401,33 @@ def test_reliability_rows_equal_one_curve_per_row(n_bins):
         want = reliability_curve(probs[row], outcomes[row], n_bins=n_bins)
         for got_a, want_a in zip(curve, want):
             assert np.asarray(got_a).tobytes() == np.asarray(want_a).tobytes()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_one_position_of_ragged_rounds_scores_as_per_position_metrics(seed):
+    # an elastic ensemble drafts different depths round to round: the run's position-k metrics
+    # are those of the rounds that drafted k, and metrics._position_metrics scores position k
+    # alone. Oracle: per_position_metrics of those rounds' first k positions, its k-th values,
+    # bit for bit (the Brier sum in numpy's order: row by row over several columns, pairwise
+    # over one), on confidences with exact 0s, 1s and ties
+    from memtp_sim.confidence import per_position_metrics
+    from memtp_sim.metrics import _position_metrics
+
+    rng = np.random.default_rng(seed)
+    n, width = int(rng.integers(60, 4000)), int(rng.integers(1, 17))
+    conf = rng.random((n, width))
+    conf = np.where(rng.random((n, width)) < 0.3, np.round(conf, 1), conf)  # ties, and exact 0s and 1s
+    ok = np.cumprod(rng.random((n, width)) < conf, axis=1).astype(bool)  # prefix-shaped
+    widths = rng.integers(1, width + 1, n)
+    cum = np.cumprod(conf, axis=1)
+    checked = 0
+    for k in range(1, width + 1):
+        rows = widths >= k
+        if rows.sum() < 2:
+            continue
+        want = per_position_metrics(conf[rows, :k], ok[rows, :k])
+        got = _position_metrics(cum[rows, k - 1], ok[rows, k - 1], several=k > 1, auc=True)
+        for w, g in zip((want.ece[-1], want.auc[-1], want.brier[-1]), got):
+            assert np.array_equal(np.float64(w), np.float64(g), equal_nan=True), (k, w, g)
+        checked += 1
+    assert checked >= 1
