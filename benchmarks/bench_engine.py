@@ -19,8 +19,9 @@ Sections:
    included) and on long ones (``--steady-requests``, about an hour of simulated traffic: the
    rate a sweep of long runs sees). Then the main study's baselines at one user, MTP-1 and
    static 5, and the tuned threshold policy at 16 users (``--requests`` / 4 requests each, at least 25),
-   against the same runs with drafted rounds one by one (``Engine.DRAFT_BLOCKS = False``; the same
-   answers): what the drafted blocks buy them.
+   and ``studies/memtp.yaml``'s elastic MEMTP ensemble with DSpark (EWMA and tower coherence, seed
+   0), against the same runs with drafted rounds one by one (``Engine.DRAFT_BLOCKS = False``; the
+   same answers): what the drafted blocks buy them.
 3. Scaling: fitted exponent of wall time vs requests (concurrency 16) and of time a round vs
    batch (concurrency 1..64); 1.0 is linear.
 4. Start-up: ``import memtp_sim`` and a cold what-if point (a fresh ``python -c`` that loads
@@ -233,6 +234,17 @@ def main() -> None:
         same_answers(mm_rbr, mm, "drafted blocks")
         line(f"{label}, {conc} user{'s' if conc > 1 else ''}, {n_base} req, out tok/s",
              mm["output_tokens_total"] / w, "tok/s", baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
+    # studies/memtp.yaml's elastic MEMTP ensemble (its DepthController resizes inside drafted blocks)
+    from memtp_sim.config import load_study
+
+    memtp = load_study(ROOT / "studies" / "memtp.yaml")
+    for variant in ("elastic_ewma", "elastic_tower"):
+        sc = next(sc for lab, sc, sd in memtp.expand(source="studies/memtp.yaml")
+                  if lab["variant"] == variant and sc.policy.name == "dspark" and sd == 0)
+        (w, mm), (w_rbr, mm_rbr) = best_of_each(sc, args.repeat, [{}, {"drafted": False}])
+        same_answers(mm_rbr, mm, "drafted blocks")
+        line(f"memtp.yaml {variant} dspark, out tok/s", mm["output_tokens_total"] / w,
+             "tok/s", baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
 
     sizes = [100, 200, 400] if args.quick else [100, 200, 400, 800]
     walls = [best_of(scenario({"name": "dspark"}, 16, n), 1)[0] for n in sizes]
@@ -249,8 +261,6 @@ def main() -> None:
     t_cold = subprocess_s(COLD_POINT, rep)
     line("cold what-if point (studies/load.yaml, 1 run)", t_cold, "s", TARGET_COLD_S, higher_better=False,
          baseline=("bare python", t_py))
-    from memtp_sim.config import load_study
-
     study = load_study(ROOT / "studies" / "load.yaml")
     sc, seed = next((sc, sd) for lab, sc, sd in study.expand(source="studies/load.yaml")
                     if lab.get("workload.concurrency") == 8 and sc.policy.name == "dspark")
