@@ -781,10 +781,7 @@ class Engine:
     def _engine(self):
         env, drafter = self.env, self.drafter
         listens, plain_ok = self._listens(), self._plain_blocks_possible()
-        # drafted blocks: as plain ones, but the elastic ensemble's too (inputs by its depth)
-        drafted_ok = self.PLAIN_BLOCKS and not self.control.dynamic
-        block = self._drafted_block_inputs() if drafted_ok else None
-        by_depth = {drafter.depth: block} if drafted_ok and drafter.elastic else None
+        block, by_depth = self._drafted_setup()
         self._plain_fused = self._plain_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
@@ -812,9 +809,7 @@ class Engine:
                     continue
             drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
             if by_depth is not None:  # the elastic ensemble: this depth's inputs
-                block = by_depth.get(gamma, False)
-                if block is False:
-                    block = by_depth[gamma] = self._drafted_block_inputs()
+                block = self._inputs_at_depth(by_depth, gamma)
             if block is not None and not num_preempted and not head_load_s:  # drafted rounds at once (exact;
                 # a round that loads heads stalls for them: the round path)
                 rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block)
@@ -1139,6 +1134,22 @@ class Engine:
     #: (exact: see _drafted_block); tests switch it off to compare
     DRAFT_BLOCKS = True
 
+    def _drafted_setup(self) -> tuple[tuple | None, dict[int, tuple | None] | None]:
+        """The run's drafted-block inputs at the drafter's depth now (None: round by round), and for
+        the elastic ensemble the inputs by depth (:meth:`_inputs_at_depth`; else None). Drafted
+        blocks run where plain ones may, and for the elastic ensemble too."""
+        if not self.PLAIN_BLOCKS or self.control.dynamic:
+            return None, None
+        block = self._drafted_block_inputs()
+        return block, ({self.drafter.depth: block} if self.drafter.elastic else None)
+
+    def _inputs_at_depth(self, by_depth: dict[int, tuple | None], gamma: int) -> tuple | None:
+        """The elastic ensemble's drafted-block inputs at depth ``gamma``, made the first time."""
+        block = by_depth.get(gamma, False)
+        if block is False:
+            block = by_depth[gamma] = self._drafted_block_inputs()
+        return block
+
     def _drafted_block_inputs(self) -> tuple | None:
         """The run's fixed inputs of :meth:`_drafted_block` (the cost tables' pricing, whether the
         decode table is priced apart, the head's base logits, the gate, the plan), or None where
@@ -1229,7 +1240,7 @@ class Engine:
             (the caller waits them, then calls again with ``resume``).
         """
         fixed, per_tested, overhead_s, diag, state, gate, plan, early_stop = inputs
-        kv, coh, drafter, log = self.kv, self.coherence, self.drafter, self.log
+        kv, drafter, log = self.kv, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
         if resume:  # the pending round's requests, and its row's fields as they were before its pass
             run, pending_consts = state[3]
@@ -1256,14 +1267,8 @@ class Engine:
             if num_hist + 2 > len(history):
                 history = state[8] = np.empty((2 * num_hist + 8, 2), dtype=np.int64)
             history[:num_hist] = pol._history
-        ctl, tower = drafter.controller, None
-        if type(coh) is TowerCoherence:  # its levels as arrays, written back below
-            levels = coh._levels
-            tower = (np.array([e._value for e in levels]), np.array([e._num_updates for e in levels], dtype=np.int64),
-                     coh._depth)
-            coh_args = (levels[0]._alpha, coh.value, 0, False)
-        else:
-            coh_args = (coh.alpha, coh.value, coh.num_updates, per_tested)
+        ctl = drafter.controller
+        coh_args, tower = self._coherence_args(per_tested)
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
          num_pre, had_prefill, h0, h_len, ctl_state, tower_depth) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
@@ -1274,10 +1279,8 @@ class Engine:
             coh_args, round_index, max_rounds, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
             pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower)
-        if ctl_state is not None:  # the depth controller as the rounds left it (-1: None)
-            last, target, above, below, ctl._below_max_target = ctl_state
-            ctl._last_round, ctl._last_target = (None if last < 0 else last), (None if target < 0 else target)
-            ctl._above_since, ctl._below_since = (None if above < 0 else above), (None if below < 0 else below)
+        if ctl_state is not None:
+            self._kept_controller(ctl, ctl_state)
         if gate is not None:
             gate._gain, gate._last_round, gate._skipped = gain, last_round, skipped
         elif lag and (rounds or code):  # a round was planned: the history as the kernel left it, in place
@@ -1297,12 +1300,7 @@ class Engine:
         if rounds:
             self.env._now = now  # no event falls inside the rounds run (SimPy's clock, as the round path moves it)
             kv.blocks_used = blocks_used
-            if tower is None:
-                coh._value, coh._num_updates = coh_value, coh_n
-            else:  # the levels the kept rounds folded in, and the tower's depth
-                for e, value, n in zip(coh._levels, tower[0].tolist(), tower[1].tolist()):
-                    e._value, e._num_updates = value, n
-                coh._depth = tower_depth
+            self._kept_coherence(coh_value, coh_n, tower, tower_depth)
             self._spec_on = True
             if had_prefill:
                 self._run_ids = (run, None)  # "all decode" may have become true
@@ -1320,6 +1318,36 @@ class Engine:
         # copies: the round path keeps them (diagnostics) and the next block reuses the buffers
         return rounds, dec_ids[:num_dec].copy(), pre_ids[:num_pre].copy(), (
             probs[:num_dec].copy(), raw[:num_dec].copy(), conf[:num_dec].copy()), 0.0
+
+    def _coherence_args(self, per_tested: bool) -> tuple[tuple, tuple | None]:
+        """``_kernels.drafted_block``'s ``coherence`` and ``tower`` for this run's coherence: the
+        EWMA's fields, or the tower's levels as arrays (written back by :meth:`_kept_coherence`)."""
+        coh = self.coherence
+        if type(coh) is TowerCoherence:
+            levels = coh._levels
+            return (levels[0]._alpha, coh.value, 0, False), (
+                np.array([e._value for e in levels]), np.array([e._num_updates for e in levels], dtype=np.int64),
+                coh._depth)
+        return (coh.alpha, coh.value, coh.num_updates, per_tested), None
+
+    def _kept_coherence(self, value: float, num_updates: int, tower: tuple | None, tower_depth: int | None) -> None:
+        """The coherence after a block's kept rounds: the EWMA's value and count, or the tower's
+        levels (the kernel updated ``tower``'s arrays in place) and its depth."""
+        coh = self.coherence
+        if tower is None:
+            coh._value, coh._num_updates = value, num_updates
+            return
+        for e, v, n in zip(coh._levels, tower[0].tolist(), tower[1].tolist()):
+            e._value, e._num_updates = v, n
+        coh._depth = tower_depth
+
+    @staticmethod
+    def _kept_controller(ctl: DepthController, state: tuple) -> None:
+        """The depth controller as a block's rounds left it: ``(last_round, last_target,
+        above_since, below_since, below_max_target)``, -1 for None."""
+        last, target, above, below, ctl._below_max_target = state
+        ctl._last_round, ctl._last_target = (None if last < 0 else last), (None if target < 0 else target)
+        ctl._above_since, ctl._below_since = (None if above < 0 else above), (None if below < 0 else below)
 
     def _elastic_args(self, ctl: DepthController) -> tuple:
         """``_kernels.drafted_block``'s ``elastic``: the depth controller's settings and state (-1
