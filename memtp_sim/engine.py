@@ -808,8 +808,8 @@ class Engine:
                     round_index += rounds
                     continue
             drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
-            if by_depth is not None:  # the elastic ensemble: this depth's inputs
-                block = self._inputs_at_depth(by_depth, gamma)
+            if by_depth is not None:  # the elastic ensemble: this depth's inputs (none for a gate's plain round)
+                block = None if self.policy.plain_rounds_ahead(round_index) else self._inputs_at_depth(by_depth, gamma)
             if block is not None and not num_preempted and not head_load_s:  # drafted rounds at once (exact;
                 # a round that loads heads stalls for them: the round path)
                 rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block)
@@ -1156,7 +1156,7 @@ class Engine:
         drafted rounds run one by one: without the kernels, or unless the policy is ``dspark``
         itself with its fallback gate, or ``static``, ``mtp1``, ``threshold``, ``dspark_async``
         (with a lag) or ``goodput`` (with its gate) themselves, the controller
-        ``always``, the coherence the EWMA, and nothing else decides or learns per round (no
+        ``always``, the EWMA or tower coherence, and nothing else decides or learns per round (no
         p_min, drift or observers) and both tables price from arrays. The elastic MEMTP
         ensemble's depth controller (``memtp.DepthController`` itself) resizes inside the block;
         its inputs are those of the drafter's depth now (the caller keeps them by depth)."""
