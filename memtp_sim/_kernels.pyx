@@ -1806,6 +1806,17 @@ cdef double _goodput_core(double* v, Py_ssize_t num_req, Py_ssize_t width, i64 p
     return best_rate
 
 
+cdef inline i64 _heads_capped(double free_gib, double cost_gib, double gate, double eps, i64 max_depth) noexcept nogil:
+    # memtp: max(1, min(max_depth, _heads_affordable(free_gib, cost_gib, gate))), a quotient beyond
+    # float range counting as more than max_depth (and NaN, inf * a gate of 0, as no head)
+    cdef double x = floor(free_gib / cost_gib * gate + eps)
+    if x != x:
+        return 1
+    if x >= <double>max_depth:
+        return max_depth
+    return <i64>x if x > 1.0 else 1
+
+
 cdef i64 _async_capacity(i64* hist, Py_ssize_t* h0, Py_ssize_t* h_len, i64 t, i64 lag, i64 k_now) noexcept nogil:
     # DSparkAsyncPolicy.plan's bookkeeping on its (round, K) pairs, rows h0..h_len of hist (room
     # for one more): a round before the last starts a new run (cleared); the K in force is the
@@ -2168,12 +2179,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         break  # DepthController.propose raises: the round path
                     # DepthController.propose: memtp_depth's target (coherence_gate, _heads_affordable)
                     e_gate = 0.0 if coh <= e_lo else (1.0 if coh >= e_hi else (coh - e_lo) / (e_hi - e_lo))
-                    e_x = floor(e_free / e_cost * e_gate + e_eps)
-                    t_target = e_max_depth if e_x >= <double>e_max_depth else <i64>e_x
-                    t_target = t_target if t_target > 1 else 1
-                    e_x = floor(e_free / e_cost * 1.0 + e_eps)  # _memory_cap
-                    e_mem_cap = e_max_depth if e_x >= <double>e_max_depth else <i64>e_x
-                    e_mem_cap = e_mem_cap if e_mem_cap > 1 else 1
+                    t_target = _heads_capped(e_free, e_cost, e_gate, e_eps, e_max_depth)
+                    e_mem_cap = _heads_capped(e_free, e_cost, 1.0, e_eps, e_max_depth)  # _memory_cap
                     if gamma > e_mem_cap:
                         break  # rule 1, memory: the heads shrink (the round path)
                     t_above, t_below, t_below_max = e_above, e_below, e_below_max
@@ -2191,9 +2198,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                             t_above = ri
                         if ri - t_above + 1 >= e_dwell:
                             e_x = e_free - e_margin
-                            e_x = floor((e_x if e_x > 0.0 else 0.0) / e_cost * 1.0 + e_eps)
-                            e_margin_cap = e_max_depth if e_x >= <double>e_max_depth else <i64>e_x
-                            e_margin_cap = e_margin_cap if e_margin_cap > 1 else 1
+                            e_margin_cap = _heads_capped(e_x if e_x > 0.0 else 0.0, e_cost, 1.0, e_eps, e_max_depth)
                             if e_margin_cap >= gamma + 1:
                                 break
                     else:

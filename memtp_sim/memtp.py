@@ -179,9 +179,17 @@ def _check_count(name: str, value: object) -> int:
     return n
 
 
+#: heads "affordable" beyond float range (a head of 1e-310 GiB): more than any depth cap
+_HEADS_BEYOND = 1 << 62
+
+
 def _heads_affordable(free_gib: float, head_cost_gib: float, gate: float) -> int:
-    """``floor(free_gib / head_cost_gib * gate + FLOOR_EPSILON)`` for validated inputs."""
-    return math.floor(free_gib / head_cost_gib * gate + FLOOR_EPSILON)
+    """``floor(free_gib / head_cost_gib * gate + FLOOR_EPSILON)`` for validated inputs; a quotient
+    beyond float range counts :data:`_HEADS_BEYOND` heads (0 under a gate of 0: inf * 0 is NaN)."""
+    x = free_gib / head_cost_gib * gate + FLOOR_EPSILON
+    if x != x:
+        return 0
+    return math.floor(x) if x < _HEADS_BEYOND else _HEADS_BEYOND
 
 
 # --------------------------------------------------------------------------------------------
