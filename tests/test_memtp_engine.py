@@ -209,3 +209,50 @@ def test_coherence_estimators_against_the_truncated_geometric_closed_form(estima
         # tolerance: sampling over ~1,500 rounds of 8 requests, and the EWMA of per-round ratios
         # sits slightly below the ratio of sums (Jensen)
         assert coherence == pytest.approx(expected, abs=0.025), (k, coherence, expected)
+
+
+def test_the_most_heads_fit_the_round_log_s_8_bit_columns():
+    # a fresh user's report: memtp.depth 128 (or an elastic max_depth 128) simulated for a minute,
+    # then failed writing the round log, whose draft-length columns are 8-bit. The kind: a
+    # setting that can exceed the column it is logged in. The bounds at load fit the columns,
+    # and a depth beyond them is refused at load, naming the field
+    from pydantic import ValidationError
+
+    from memtp_sim.config import MAX_HEADS
+    from memtp_sim.engine import ROUND_DTYPES
+    from memtp_sim.policies import policy_class
+
+    for col in ("gamma", "depth"):
+        assert MAX_HEADS <= np.iinfo(ROUND_DTYPES[col]).max
+    for name in ("dspark", "threshold", "goodput", "dspark_async", "static"):
+        for field in ("gamma", "k"):
+            info = policy_class(name).Params.model_fields.get(field)
+            if info is not None:
+                le = [m.le for m in info.metadata if hasattr(m, "le")]
+                assert le and le[0] <= np.iinfo(ROUND_DTYPES["gamma"]).max, (name, field)
+    for memtp, field in (({"depth": MAX_HEADS + 1}, "memtp.depth"),
+                         ({"depth": "elastic", "max_depth": MAX_HEADS + 1}, "memtp.max_depth")):
+        with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+            scenario(policy={"name": "static"}, memtp=memtp)
+
+
+@pytest.mark.parametrize("coherence", ["ewma", "tower"])
+def test_heads_of_almost_no_memory_do_not_overflow(coherence, monkeypatch):
+    # a fresh user's report: head_cost_gib 1e-310 raised OverflowError (floor of inf) where the
+    # free memory over the head cost leaves float range. Now it counts as more heads than any
+    # cap (and as none under a gate of 0, where inf * 0 is NaN), in Python and in the kernel
+    from memtp_sim.engine import Engine
+    from memtp_sim.memtp import memtp_depth
+
+    for free, cost in ((100.0, 1e-310), (1e300, 5e-324), (0.0, 5e-324)):
+        for r in (0.0, 0.3, 0.5, 1.0):
+            d = memtp_depth(free, r, max_depth=16, head_cost_gib=cost, r_low=0.3, r_high=0.9)
+            assert d == (16 if r > 0.3 and free > 0 else 1)
+    scen = scenario(policy={"name": "dspark"}, workload={"concurrency": 4, "num_requests": 12},
+                    memtp={"depth": "elastic", "max_depth": 8, "head_cost_gib": 1e-310, "min_dwell_rounds": 2,
+                           "coherence": coherence, "r_low": 0.3, "r_high": 0.9})
+    fast = run(scen, seed=1).state
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    slow = run(scen, seed=1).state
+    assert np.array_equal(fast.rounds["depth"], slow.rounds["depth"]) and fast.rounds["depth"].max() == 8
+    assert np.array_equal(fast.finished_at_s, slow.finished_at_s)
