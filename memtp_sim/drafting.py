@@ -76,13 +76,16 @@ class DraftSpec:
             return cls(policy_name, params, width, None, **drafter)
         # elastic: the block is as wide as the deepest ensemble; fixed: exactly the heads there are
         width = int(memtp.max_depth) if memtp.elastic else int(memtp.depth)
+        where = "memtp.max_depth" if memtp.elastic else "memtp.depth"
+        if width > MAX_DRAFT_LEN:  # a policy without a gamma (static, mtp1) takes any width
+            raise InvalidArgumentError(f"{where}: {width} is wider than a run's round log holds (the draft length "
+                                       f"is kept in 8 bits); allowed: <= {MAX_DRAFT_LEN}")
         gamma = policy_class(policy_name).Params.model_fields.get("gamma")
         if gamma is not None:
             # the user wrote the depth, not this gamma: a width the policy cannot draft is named
             # by the memtp field that set it (pydantic would name the derived policy.gamma)
             widest = _upper_bound(gamma)
             if widest is not None and width > widest:
-                where = "memtp.max_depth" if memtp.elastic else "memtp.depth"
                 raise InvalidArgumentError(
                     f"{where}: {width} is wider than policy {policy_name!r} drafts (the ensemble sets its gamma, "
                     f"at most {widest}); allowed: <= {widest}")
@@ -108,6 +111,11 @@ class DraftSpec:
         if self.kind is not None and self.speculative:
             label += f" @{self.kind}" + (f" p_min={self.p_min:g}" if self.p_min else "")
         return label
+
+
+#: the widest draft block a run may have: the round log keeps the draft length (its ``gamma`` and
+#: ``depth`` columns, engine.ROUND_DTYPES) in 8 bits
+MAX_DRAFT_LEN = 127
 
 
 def _upper_bound(field_info: Any) -> int | None:

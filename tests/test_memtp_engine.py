@@ -211,29 +211,42 @@ def test_coherence_estimators_against_the_truncated_geometric_closed_form(estima
         assert coherence == pytest.approx(expected, abs=0.025), (k, coherence, expected)
 
 
-def test_the_most_heads_fit_the_round_log_s_8_bit_columns():
-    # a fresh user's report: memtp.depth 128 (or an elastic max_depth 128) simulated for a minute,
-    # then failed writing the round log, whose draft-length columns are 8-bit. The kind: a
-    # setting that can exceed the column it is logged in. The bounds at load fit the columns,
-    # and a depth beyond them is refused at load, naming the field
-    from pydantic import ValidationError
+def test_the_widest_draft_block_fits_the_round_log_s_8_bit_columns(tmp_path):
+    # a fresh user's report: memtp.depth 128 (or an elastic max_depth 128) under the static policy
+    # simulated for a minute, then failed writing the round log, whose draft-length columns are
+    # 8-bit (a policy with a gamma is held to 64; static, without one, took any width). The kind:
+    # a setting that can exceed the column it is logged in. Every bound fits the columns, and a
+    # wider MEMTP block is refused at load, naming the field
+    import yaml
 
-    from memtp_sim.config import MAX_HEADS
+    from memtp_sim.config import load_scenario
+    from memtp_sim.drafting import MAX_DRAFT_LEN
     from memtp_sim.engine import ROUND_DTYPES
+    from memtp_sim.errors import ConfigError
     from memtp_sim.policies import policy_class
 
     for col in ("gamma", "depth"):
-        assert MAX_HEADS <= np.iinfo(ROUND_DTYPES[col]).max
+        assert MAX_DRAFT_LEN <= np.iinfo(ROUND_DTYPES[col]).max
     for name in ("dspark", "threshold", "goodput", "dspark_async", "static"):
         for field in ("gamma", "k"):
             info = policy_class(name).Params.model_fields.get(field)
             if info is not None:
-                le = [m.le for m in info.metadata if hasattr(m, "le")]
-                assert le and le[0] <= np.iinfo(ROUND_DTYPES["gamma"]).max, (name, field)
-    for memtp, field in (({"depth": MAX_HEADS + 1}, "memtp.depth"),
-                         ({"depth": "elastic", "max_depth": MAX_HEADS + 1}, "memtp.max_depth")):
-        with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
-            scenario(policy={"name": "static"}, memtp=memtp)
+                assert [m.le for m in info.metadata if hasattr(m, "le")][0] <= MAX_DRAFT_LEN, (name, field)
+    wl = {"trace": str(Path(__file__).resolve().parents[1] / "data" / "traces" / "azure2023_conv.csv"),
+          "mode": "closed_loop", "concurrency": 2, "num_requests": 4}
+    f = tmp_path / "scen.yaml"
+    for memtp, field in (({"depth": MAX_DRAFT_LEN + 1}, "memtp.depth"),
+                         ({"depth": "elastic", "max_depth": MAX_DRAFT_LEN + 1}, "memtp.max_depth")):
+        f.write_text(yaml.safe_dump({"workload": wl, "memtp": {**memtp, "head_cost_gib": 1e-4},
+                                     "policy": {"name": "static"}}))
+        with pytest.raises(ConfigError) as exc:
+            load_scenario(f)
+        assert str(exc.value) == (f"{f}: {field}: {MAX_DRAFT_LEN + 1} is wider than a run's round log holds (the "
+                                  f"draft length is kept in 8 bits); allowed: <= {MAX_DRAFT_LEN}"), str(exc.value)
+    f.write_text(yaml.safe_dump({"workload": wl, "memtp": {"depth": MAX_DRAFT_LEN, "head_cost_gib": 1e-4},
+                                 "policy": {"name": "static"}}))
+    state = run(load_scenario(f), seed=0).state  # at the bound: it runs and logs
+    assert state.rounds["depth"].max() == MAX_DRAFT_LEN
 
 
 @pytest.mark.parametrize("coherence", ["ewma", "tower"])
