@@ -158,8 +158,9 @@ def _mirrored() -> dict[tuple[object, str], object]:
              _dspark_module: ("plain_rate_of", "_compiled_scan", "_scan_compiled", "_plan_round", "_schedule",
                               "hardware_aware_prefix_scheduler", "survival", "draft_budget", "take_top",
                               "expected_rate"),
-             Engine: ("_admit", "_guarantee_anchors", "_resize_drafter", "_heads_free_gib", "_draft_length",
-                      "_reserve_lookahead", "_place_prefill", "_round_tables", "_tables_at", "_draft_and_plan", "_draft_confidences_compiled", "_pass_time",
+             Engine: ("_admit", "_guarantee_anchors", "_resize_drafter", "_heads_free_gib", "_waiting_head_blocks",
+                      "_draft_length", "_reserve_lookahead", "_place_prefill", "_round_tables", "_tables_at",
+                      "_draft_and_plan", "_draft_confidences_compiled", "_pass_time",
                       "_check_pass", "_accept", "_accept_compiled", "_advance_prefill", "_update_coherence",
                       "_record_diag", "_apply_round")}
     return {(owner, name): getattr(owner, name) for owner, items in names.items() for name in items}
@@ -720,18 +721,23 @@ class Engine:
         request needs to be admitted (KV first: heads are released before KV would overflow or a
         request would wait for memory held by heads; a lone request's anchor cannot be made room
         for by preempting another)."""
-        mem = self.profile.memory
         pending = 0
         if self.running:  # the running ids as _guarantee_anchors keeps them (valid until the set changes)
             run, all_decode = self._run_ids if self._run_ids is not None else (
                 np.fromiter(self.running, dtype=np.int64, count=len(self.running)), None)
             pending = self.kv.anchor_blocks(run if all_decode else run[self.prefilled[run] >= self.prefill_target[run]])
-        if self.waiting:
-            i = self.waiting[0]
-            tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
-            pending += int(self.kv.blocks_for(tokens)) + self.kv.watermark
+        pending += self._waiting_head_blocks()
         kv_gib = (self.kv.blocks_used + pending) * self.block_gib
-        return max(0.0, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib - kv_gib)
+        return max(0.0, self.log.fixed_gib - kv_gib)  # fixed_gib: allocatable - weights - reserve
+
+    def _waiting_head_blocks(self) -> int:
+        """KV blocks the head-of-line waiting request needs to be admitted (its prompt, and the
+        tokens it generated unless its KV was transferred), with the watermark; 0 when none waits."""
+        if not self.waiting:
+            return 0
+        i = self.waiting[0]
+        tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
+        return int(self.kv.blocks_for(tokens)) + self.kv.watermark
 
     def _resize_drafter(self, round_index: int) -> float:
         """Elastic MEMTP: resize the ensemble and the KV capacity; returns head-load stall seconds."""
@@ -1354,15 +1360,9 @@ class Engine:
         for None), and what :meth:`_heads_free_gib` reads that stays fixed while a block runs: the
         memory left after weights and reserve, and the blocks the head-of-line waiting request
         holds back (nobody is admitted inside a block)."""
-        mem, kv, wait_blocks = self.profile.memory, self.kv, 0
-        if self.waiting:
-            i = self.waiting[0]
-            tokens = self.prompt[i] if self.kv_transferred[i] else self.prompt[i] + self.generated[i]
-            wait_blocks = int(kv.blocks_for(tokens)) + kv.watermark
         none = -1
         return (ctl._max_depth, ctl._head_cost_gib, ctl._r_low, ctl._r_high, ctl._min_dwell_rounds,
-                ctl._grow_margin_gib, FLOOR_EPSILON, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib,
-                wait_blocks, none if ctl._last_round is None else ctl._last_round,
+                ctl._grow_margin_gib, FLOOR_EPSILON, self.log.fixed_gib, self._waiting_head_blocks(), none if ctl._last_round is None else ctl._last_round,
                 none if ctl._last_target is None else ctl._last_target,
                 none if ctl._above_since is None else ctl._above_since,
                 none if ctl._below_since is None else ctl._below_since, ctl._below_max_target)
