@@ -1806,6 +1806,13 @@ cdef double _goodput_core(double* v, Py_ssize_t num_req, Py_ssize_t width, i64 p
     return best_rate
 
 
+cdef inline double _ewma_step(double value, double alpha, double ratio) noexcept nogil:
+    # memtp.CoherenceEWMA.update: (1 - alpha) R + alpha ratio, clamped to [0, 1] (min(1, max(0, .)))
+    cdef double new = (1.0 - alpha) * value + alpha * ratio
+    new = new if new > 0.0 else 0.0
+    return new if new < 1.0 else 1.0
+
+
 cdef inline i64 _heads_capped(double free_gib, double cost_gib, double gate, double eps, i64 max_depth) noexcept nogil:
     # memtp: max(1, min(max_depth, _heads_affordable(free_gib, cost_gib, gate))), a quotient beyond
     # float range counting as more than max_depth (and NaN, inf * a gate of 0, as no head)
@@ -2142,7 +2149,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64 more[2]
     totals[3] = 0
     cdef double req, d_l_max, d_kv, nd = 0.0, plain_t, vs, duration, end, start, low, plan_draft_s, draft_s
-    cdef double theta, theta_g, best_rate, plain_rate, t_gain, new, sum_a, t_plan
+    cdef double theta, theta_g, best_rate, plain_rate, t_gain, sum_a, t_plan
     cdef i64 cap, k_lag, k_best
     cdef i64 t_last
     cdef _Scan res
@@ -2404,9 +2411,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                             a_j += acc[k] > j
                             t_j += acc[k] >= j
                     if t_j:  # CoherenceEWMA.update of level j
-                        new = (1.0 - coh_alpha) * tw_vals[j] + coh_alpha * (<double>a_j / <double>t_j)
-                        new = new if new > 0.0 else 0.0
-                        tw_vals[j] = new if new < 1.0 else 1.0
+                        tw_vals[j] = _ewma_step(tw_vals[j], coh_alpha, <double>a_j / <double>t_j)
                         tw_upd[j] += 1
                 if n_pos:
                     tw_depth = n_pos if n_pos < tw_levels else tw_levels
@@ -2420,9 +2425,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 for k in range(num):
                     tested += lengths[k] if lengths[k] < acc[k] + 1 else acc[k] + 1
             if tested:  # CoherenceEWMA.update
-                new = (1.0 - coh_alpha) * coh + coh_alpha * (<double>totals[0] / <double>tested)
-                new = new if new > 0.0 else 0.0
-                coh = new if new < 1.0 else 1.0
+                coh = _ewma_step(coh, coh_alpha, <double>totals[0] / <double>tested)
                 coh_updates += 1
             rows.append((start, duration, draft_s, vs, num, num_prefill, chunk_total, b, py_gamma, verify_tokens,
                          totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
