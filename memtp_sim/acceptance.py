@@ -30,6 +30,7 @@ The per-position base logits ``base[d, k]`` (shape (n_domains, n_positions)) com
 
 from __future__ import annotations
 
+import os
 from collections import abc
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -121,6 +122,9 @@ class AcceptanceModel:
     confidence: Mapping[str, float] = field(default_factory=dict)
     # base_logits(gamma) of the per-position kind, built once per gamma (every drafted round asks)
     _base_by_gamma: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # summary()'s population conditional acceptance, computed once per model (every run's provenance asks)
+    _conditional_summary: dict[str, tuple[float, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                               compare=False)
 
     def __post_init__(self) -> None:
         # own C-contiguous copies: the compiled round reads them as flat arrays (a view of a
@@ -296,6 +300,15 @@ class AcceptanceModel:
         pos = np.arange(gamma, dtype=np.float64)
         return base[:, None] + self.slope[domain_idx][:, None] * pos[None, :]
 
+    def _population_summary(self) -> dict[str, tuple[float, ...]]:
+        # the population conditional acceptance at 16 positions per domain, rounded for reports
+        if not self._conditional_summary:
+            self._conditional_summary.update({
+                d: tuple(round(float(x), 4) for x in population_conditional_acceptance(row, self.sigma_total))
+                for d, row in zip(self.domains, self.base_logits(16))
+            })
+        return self._conditional_summary
+
     def summary(self) -> dict[str, Any]:
         """Provenance of the model as plain data (run summaries, reports)."""
         out: dict[str, Any] = {
@@ -309,10 +322,7 @@ class AcceptanceModel:
             "sigma_round": self.sigma_round,
             "fit_gamma": self.fit_gamma,
             "targets_tau": dict(self.targets),
-            "conditional_acceptance": {
-                d: [round(float(x), 4) for x in population_conditional_acceptance(row, self.sigma_total)]
-                for d, row in zip(self.domains, self.base_logits(16))
-            },
+            "conditional_acceptance": {d: list(row) for d, row in self._population_summary().items()},
         }
         if self.base is not None:
             out["measured_positions"] = self.measured_positions
@@ -508,6 +518,24 @@ def load_acceptance(name_or_path: str | Path | None = None) -> AcceptanceModel:
             (one line naming the file and the field), or a target tau no ``mu`` can reach.
     """
     key = DEFAULT_ACCEPTANCE if name_or_path is None else str(name_or_path)
+    # where a key was found (a relative path: from this folder), looked up once (resolving costs
+    # a system call per folder of the path, in every run); the file must still be there
+    where = (key, "" if os.path.isabs(key) else os.getcwd())
+    found = _FOUND_ACCEPTANCE.get(where)
+    if found is None or not os.path.isfile(found):
+        found = _FOUND_ACCEPTANCE[where] = _find_acceptance(key)
+    return _load_acceptance_cached(found)
+
+
+_FOUND_ACCEPTANCE: dict[tuple[str, str], str] = {}
+
+
+def _find_acceptance(key: str) -> str:
+    """The resolved path of acceptance profile ``key`` (a shipped name or a YAML path).
+
+    Raises:
+        CalibrationError: a folder, or no such profile.
+    """
     path = Path(key)
     if path.is_dir() and (path.name != key or key in (".", "..") or path.suffix in (".yaml", ".yml")):
         raise CalibrationError(not_a_file(key, "acceptance profile file"))  # not "not found": it exists
@@ -516,7 +544,7 @@ def load_acceptance(name_or_path: str | Path | None = None) -> AcceptanceModel:
     if not path.is_file():
         known = sorted(p.stem for p in acceptance_dir().glob("*.yaml"))
         raise CalibrationError(f"acceptance profile {key!r} not found; shipped: {', '.join(known)}")
-    return _load_acceptance_cached(str(path.resolve()))
+    return str(path.resolve())
 
 
 @lru_cache(maxsize=16)

@@ -116,11 +116,17 @@ def calibration_dir() -> Path:
     """Folder holding the shipped calibration profiles.
 
     Looks in the installed wheel first (``memtp_sim/_calibration``), then in the source tree
-    (``<repo>/calibration``) for editable installs.
+    (``<repo>/calibration``) for editable installs; found once per process (every run's acceptance
+    profile is looked up under it, and finding it costs a few file system calls).
 
     Raises:
         CalibrationError: neither exists.
     """
+    return _calibration_dir()
+
+
+@lru_cache(maxsize=1)  # an error is not cached: raised again on the next call
+def _calibration_dir() -> Path:
     try:
         packaged = Path(str(resources.files("memtp_sim") / "_calibration"))
         if packaged.is_dir():
