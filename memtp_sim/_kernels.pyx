@@ -1895,7 +1895,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
                   object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
                   cnp.ndarray pending_f not None, cnp.ndarray pending_i not None, bint resume,
-                  object pending_consts, object elastic=None, object tower=None):
+                  object pending_consts, object elastic=None, object tower=None, bint drafter_prefills=False):
     """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
     the plans below, the ``always`` controller and the EWMA coherence) one after another while nothing outside the
     engine happens: the same draws from the same generators, the same float operations, the same
@@ -1935,7 +1935,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         verify_price, decode_price: the verify and decode tables' pricing (``_Pricer``'s fields);
         separate_decode: the decode table is priced apart (the plan's no-draft pass time).
         draft_times: float64 ``(N + 1,)`` or longer: drafting time of a round of R decoding
-            requests at R, s (the drafter's own prefill costs nothing).
+            requests at R, s (the drafter's own prefill costs nothing; see ``drafter_prefills``).
         gamma: positions drafted (>= 1); max_batch_tokens, prefill_chunk_tokens, block_tokens,
             capacity, blocks_used: the pass and KV cache limits and state.
         now, next_event: the clock and SimPy's next event, s.
@@ -1983,6 +1983,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             (updated in place) and the levels ``R`` multiplies, L >= ``gamma``. Each kept round
             folds in its per-position counts (``TowerCoherence.update_positions``: position j
             tested where verified with every earlier one accepted).
+        drafter_prefills: the drafter prefills its own cache (a draft model: ``Drafter.prefill_time_s``
+            prices the prompt tokens of a round's chunks); a round with prefill chunks then stops
+            the block before it (nothing drawn for it), and the round path prices it.
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
@@ -2232,8 +2235,10 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 else:  # no room: every prefilling request's chunk is 0 (a pending round's are read back)
                     for k in range(num_pre):
                         chunks[k] = 0
+                if drafter_prefills and chunk_total > 0:
+                    break  # a draft model's own prefill of the chunks: the round path prices it
                 plan_draft_s = dts[num]
-                draft_s = plan_draft_s + 0.0  # + the drafter's prefill, 0 for heads
+                draft_s = plan_draft_s + 0.0  # + the drafter's prefill: 0 for heads, and without chunks
                 base_b = num + chunk_total
                 if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
                     break  # DSparkPolicy.plan_round's view checks fail: the public path raises

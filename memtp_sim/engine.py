@@ -1186,7 +1186,6 @@ class Engine:
                 or (gate is not None and type(gate) is not FallbackGate) or type(self.control) is not AlwaysDraft
                 or (drafter.elastic and type(drafter.controller) is not DepthController)
                 or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
-                or drafter.kind == "draft_model"
                 or self._listens() or not self._coherence_mirrored()):
             return None
         sps, dec_table = self.profile.sps, self.profile.decode_table
@@ -1284,7 +1283,8 @@ class Engine:
                                            gate.probe_every),
             coh_args, round_index, max_rounds, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
-            pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower)
+            pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower,
+            drafter.kind == "draft_model")
         if ctl_state is not None:
             self._kept_controller(ctl, ctl_state)
         if gate is not None:

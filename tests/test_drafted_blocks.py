@@ -96,6 +96,24 @@ def test_static_policies_drafted_blocks_match_round_by_round(name, policy, monke
     assert np.all(verified <= num_dec * k) and np.any(verified == num_dec * min(k, int(fast.rounds["gamma"].max())))
 
 
+DRAFT_MODEL = {"hardware": {"profile": "gfx1151-llama31-8b-q4km-vulkan"}, "drafter": {"kind": "draft_model"}}
+
+
+@pytest.mark.parametrize("policy", [{"name": "static", "k": 3}, {"name": "dspark"}, {"name": "threshold", "threshold": 0.3}])
+@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "closed-8-chunked", "disaggregated"])
+def test_draft_model_drafted_blocks_match_round_by_round(name, policy, monkeypatch):
+    # a draft model prefills its own cache: a round with prefill chunks pays its drafter's prefill
+    # of them (Drafter.prefill_time_s), which the kernel does not price; such a round stops the
+    # block and runs in Python, the others run in blocks, bit for bit
+    scen = scenario(**(SCENARIOS[name] | DRAFT_MODEL | {"policy": policy}))
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=6).state)
+    assert calls and max(calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    if name in ("poisson-colocated", "closed-8-chunked"):  # drafted rounds that prefilled, priced with the drafter's prefill
+        assert np.any((r["prefill_tokens"] > 0) & (r["verify_tokens"] > 0))
+
+
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.75, 1.0])
 @pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "disaggregated", "h200-context", "kv-pressure"])
 def test_threshold_drafted_blocks_match_round_by_round(name, threshold, monkeypatch):
