@@ -320,12 +320,15 @@ class MemtpConfig(StrictModel):
     r_low: float = Field(MEMTP_DEFAULTS.r_low, ge=0.0, le=1.0, description="coherence at or below which no head is funded")
     r_high: float = Field(MEMTP_DEFAULTS.r_high, ge=0.0, le=1.0,
                           description="coherence at or above which free memory is fully used")
-    coherence_half_life_rounds: PositiveFloat = Field(MEMTP_DEFAULTS.coherence_half_life_rounds,
-                                                      description="EWMA half-life of coherence R")
+    coherence_half_life_rounds: PositiveFloat = Field(
+        MEMTP_DEFAULTS.coherence_half_life_rounds,
+        description="EWMA half-life of coherence R (the elastic controller reads R; with a fixed depth R is only "
+        "reported: mean_coherence and the round log's coherence column)")
     coherence: Literal["ewma", "tower"] = Field(
         "ewma", description="ewma: one EWMA of the acceptance ratio (coherence_estimator says which); tower: the "
         "n-gram matryoshka tower's R = product over levels (block positions) of each level's acceptance EWMA; a "
-        "joint probability over the block, so set r_low / r_high for it")
+        "joint probability over the block, so set r_low / r_high for it. With a fixed depth R is only reported "
+        "(mean_coherence, the round log)")
     coherence_estimator: Literal["per_verified", "per_tested"] = Field(
         "per_verified", description="per_verified: accepted / verified draft tokens (the default, docs/model.md section 2); "
         "per_tested: accepted / positions actually compared (up to the first rejection), which does not "
