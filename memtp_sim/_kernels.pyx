@@ -1895,7 +1895,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
                   object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
                   cnp.ndarray pending_f not None, cnp.ndarray pending_i not None, bint resume,
-                  object pending_consts, object elastic=None, object tower=None, bint drafter_prefills=False):
+                  object pending_consts, object elastic=None, object tower=None, bint drafter_prefills=False,
+                  object control=None):
     """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
     the plans below, the ``always`` controller and the EWMA coherence) one after another while nothing outside the
     engine happens: the same draws from the same generators, the same float operations, the same
@@ -1986,6 +1987,20 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         drafter_prefills: the drafter prefills its own cache (a draft model: ``Drafter.prefill_time_s``
             prices the prompt tokens of a round's chunks); a round with prefill chunks then stops
             the block before it (nothing drawn for it), and the round path prices it.
+        control: None for the ``always`` controller; for a dynamic draft-length controller
+            (``policies.control``: ``batch_table``, ``disable_by_batch_size``, ``acceptance_target``),
+            ``(depth, num_dec, tax_factor, first_overhead_s, learn, alpha, low, high, k_min, k, ema)``:
+            the drafter's depth (the round log's gamma; ``gamma`` is the width the controller
+            chose), the decoding requests it chose it for, the pass's tax ``1 + tax_frac(num_dec)``
+            (``Engine._pass_time``), the call's first round's overhead (with the switch cost where
+            speculation was off), and with ``learn`` ``AcceptanceTarget``'s EMA factor, its band
+            ``target -/+ hysteresis``, ``k_min``, ``k`` (0 for its probe of one position) and EMA
+            (NaN for None). Every round but the
+            call's first, where the round path asks the controller (``Engine._draft_length``), stops
+            the block before it if its decoding requests are not ``num_dec`` (the controller's k and
+            the tax may differ) or the learned k (clamped to the depth, as ``cap`` does) is not
+            ``gamma``; each kept round that verified drafts updates the EMA and k as
+            ``AcceptanceTarget.observe``.
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
@@ -1999,7 +2014,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         then the state after the rounds kept, whether any of them prefilled, and the live
         history rows (plan 3); and the controller's ``(last_round, last_target, above_since,
         below_since, below_max_target)`` after them (-1 for None), or None without ``elastic``;
-        and the tower's depth after them (None without ``tower``).
+        and the tower's depth after them (None without ``tower``); and ``AcceptanceTarget``'s
+        ``(k, ema)`` after them (NaN for None), or None without ``control``'s ``learn``.
 
     Raises:
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids;
@@ -2124,6 +2140,22 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 and e_margin >= 0.0 and e_wait >= 0):
             raise ValueError(f"elastic: depth {gamma} and settings {elastic!r} are not a valid DepthController's")
 
+    # a dynamic draft-length controller: the depth, the k's batch, the tax, the first round's overhead, and
+    # AcceptanceTarget's settings and state
+    cdef bint has_control = control is not None, c_learn = False
+    cdef i64 c_depth = gamma, c_num = -1, c_k_min = 0, c_k = 0
+    cdef double c_tax = 1.0, c_first_ov = overhead_s, c_alpha = 0.0, c_lo = 0.0, c_hi = 0.0, c_ema = NAN, c_rate, ov
+    cdef object py_first_ov = py_overhead_s, py_depth = py_gamma, py_ov
+    if has_control:
+        _check_fields(<tuple?>control, "control", 11)
+        c_depth, c_num, c_tax, c_first_ov, c_learn, c_alpha, c_lo, c_hi, c_k_min, c_k, c_ema = control
+        py_depth, py_first_ov = control[0], control[3]
+        if not (c_depth >= gamma and c_num >= 1 and 1.0 <= c_tax < INFINITY and 0.0 <= c_first_ov < INFINITY
+                and (not c_learn or (0.0 < c_alpha <= 1.0 and c_lo <= c_hi and c_k_min >= 0
+                                     and ((c_k if c_k < c_depth else c_depth) == gamma or (c_k == 0 and gamma == 1))
+                                     and not c_ema == INFINITY))):
+            raise ValueError(f"control: {control!r} is not a dynamic controller's for {gamma} drafted positions")
+
     # scratch: offsets (N), noise and draws (N*L each), scan candidates (2*N*L), times (N*L + 1);
     # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L)
     cdef Py_ssize_t most = num_run * width
@@ -2159,6 +2191,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef _Pricer* table
     try:
         while rounds < max_rounds:
+            # the call's first round (a resumed one too): its overhead may carry a controller's switch
+            ov, py_ov = (c_first_ov, py_first_ov) if rounds == 0 else (overhead_s, py_overhead_s)
             if resume:  # the pending round: its pass ran across an event, the caller moved the clock to its end
                 resume = False
                 num, num_pre, chunk_total, verify_tokens = pi[0], pi[1], pi[2], pi[3]
@@ -2181,6 +2215,13 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         l_max = b
                 if num == 0 or blocks_used + anchors > capacity or blocks_used + need > capacity:
                     break  # nothing to draft, or the round path preempts
+                if has_control and rounds > 0:  # Engine._draft_length asks the controller (the caller asked for the first)
+                    if num != c_num:
+                        break  # its k and the tax were for another batch: the round path asks
+                    if c_learn:
+                        c_k = c_k if c_k < c_depth else c_depth  # AcceptanceTarget.cap's clamp (idempotent)
+                        if c_k != gamma:
+                            break  # the learned k changed: the round path drafts it
                 if is_elastic and rounds > 0:  # Engine._resize_drafter (the caller resized for the call's first)
                     # Engine._heads_free_gib: the memory left once the anchors and the waiting head have their KV
                     e_free = e_base - <double>(blocks_used + (anchors + e_wait)) * block_gib
@@ -2354,13 +2395,15 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 b = num + verify_tokens + chunk_total
                 table = &vp if verify_tokens else &dp
                 vs = _price_one(table, b, req, d_l_max, d_kv)
+                if has_control:  # Engine._pass_time: a dynamic controller's tax on the pass
+                    vs = vs * c_tax
                 extrapolated = not (table.bt0 <= b <= table.max_b)
-                duration = ((0.0 + draft_s) + overhead_s) + vs
+                duration = ((0.0 + draft_s) + ov) + vs
                 start = now
                 end = start + duration
                 low = draft_s  # min(draft_s, overhead_s, head_load_s = 0.0), as Python's min compares
-                if overhead_s < low:
-                    low = overhead_s
+                if ov < low:
+                    low = ov
                 if 0.0 < low:
                     low = 0.0
                 if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
@@ -2432,10 +2475,19 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             if tested:  # CoherenceEWMA.update
                 coh = _ewma_step(coh, coh_alpha, <double>totals[0] / <double>tested)
                 coh_updates += 1
+            if c_learn and verify_tokens:  # AcceptanceTarget.observe: accepted / verified drafts
+                c_rate = <double>totals[0] / <double>verify_tokens
+                c_ema = c_rate if c_ema != c_ema else c_ema + c_alpha * (c_rate - c_ema)
+                if c_ema < c_lo:
+                    c_k = c_k_min if c_k_min > c_k - 1 else c_k - 1
+                elif c_ema > c_hi:
+                    c_k = c_k + 1  # clamped to the depth by the next round's cap
+                if c_k == 0:
+                    c_ema = NAN  # re-learn from the probes
             rows.append((start, duration, draft_s, vs, num, num_prefill, chunk_total, b, py_gamma, verify_tokens,
                          totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
-                         theta_g, 0, 0, py_gamma, coh, py_held_gib, py_capacity, 0.0, consts[2], kv_read,
-                         py_overhead_s, 1 if extrapolated else 0))
+                         theta_g, 0, 0, py_depth, coh, py_held_gib, py_capacity, 0.0, consts[2], kv_read,
+                         py_ov, 1 if extrapolated else 0))
             rounds += 1
             code = 0
             if nf or blocks_used > capacity:
@@ -2448,4 +2500,4 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     return (code, rounds, now, blocks_used, gain, last_round, skipped, coh, coh_updates,
             totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len,
             (e_last, e_target, e_above, e_below, e_below_max) if is_elastic else None,
-            tw_depth if tw_vals != NULL else None)
+            tw_depth if tw_vals != NULL else None, (c_k, c_ema) if c_learn else None)

@@ -74,7 +74,8 @@ from . import memtp as _memtp_module
 from .memtp import FLOOR_EPSILON, MEMTP_DEFAULTS, CoherenceEWMA, DepthController, TowerCoherence
 from .policies._candidates import FallbackGate
 from .policies.base import DraftView, Policy, RoundOutcome
-from .policies.control import AlwaysDraft, DraftControl, dynamic_tax_frac
+from .policies import control as _control_module
+from .policies.control import AcceptanceTarget, AlwaysDraft, BatchTable, DisableByBatchSize, DraftControl
 from .policies import dspark as _dspark_module
 from .policies.dspark import DSparkAsyncPolicy, DSparkPolicy
 from .policies import goodput as _goodput_module
@@ -145,6 +146,9 @@ def _mirrored() -> dict[tuple[object, str], object]:
              _candidates_module: ("survival", "draft_budget", "ranked_candidates", "take_top", "expected_rate",
                                   "pass_time_s", "plain_rate", "plain_rate_of"),
              FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead", "_reset"), AlwaysDraft: ("cap",),
+             # the dynamic draft-length controllers a block keeps asking (and AcceptanceTarget's learning)
+             BatchTable: ("cap",), DisableByBatchSize: ("cap",), AcceptanceTarget: ("cap", "observe"),
+             _control_module: ("dynamic_tax_frac", "_lookup"),
              CoherenceEWMA: ("update",), TowerCoherence: ("update_positions", "value_at", "value"),
              # the elastic ensemble's resize (Engine._resize_drafter) before each round but a block's first
              DepthController: ("propose", "_memory_cap", "_set_depth"),
@@ -162,7 +166,7 @@ def _mirrored() -> dict[tuple[object, str], object]:
                       "_draft_length", "_reserve_lookahead", "_place_prefill", "_round_tables", "_tables_at",
                       "_draft_and_plan", "_draft_confidences_compiled", "_pass_time",
                       "_check_pass", "_accept", "_accept_compiled", "_advance_prefill", "_update_coherence",
-                      "_record_diag", "_apply_round")}
+                      "_record_diag", "_apply_round", "_observe", "_overhead_s")}
     return {(owner, name): getattr(owner, name) for owner, items in names.items() for name in items}
 
 
@@ -174,7 +178,8 @@ def _mirrored_replaced(engine: "Engine") -> bool:
     owners = {DSparkPolicy: (), StaticPolicy: (), Mtp1Policy: (), ThresholdPolicy: (), DSparkAsyncPolicy: (),
               GoodputPolicy: (), FallbackGate: (),
               type(pol): (pol,),  # the policy's own class only: the others' functions are not its
-              Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (engine.control,),
+              Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (), BatchTable: (), DisableByBatchSize: (),
+              AcceptanceTarget: (), type(engine.control): (engine.control,),  # the controller's own class only
               CoherenceEWMA: (engine.coherence,), TowerCoherence: (), Drafter: (engine.drafter,),
               SPSTable: (engine.profile.sps, engine.profile.decode_table)}
     if type(pol) in (DSparkPolicy, GoodputPolicy):  # the policies with a gate
@@ -788,12 +793,12 @@ class Engine:
         env, drafter = self.env, self.drafter
         listens, plain_ok = self._listens(), self._plain_blocks_possible()
         block, by_depth = self._drafted_setup()
+        dynamic = by_depth is not None and self.control.dynamic  # blocks at the width the controller chooses
         self._plain_fused = self._plain_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
-            busy = drafter.elastic and (self.running or self.waiting)
-            head_load_s = self._resize_drafter(round_index) if busy else 0.0
-            gamma = drafter.depth
+            elastic = drafter.elastic and (self.running or self.waiting)
+            head_load_s, gamma = (self._resize_drafter(round_index) if elastic else 0.0), drafter.depth
             self._admit()
             if not self.running:
                 if self.waiting:
@@ -813,20 +818,20 @@ class Engine:
                         self.policy.skip_plain_rounds(round_index, rounds)
                     round_index += rounds
                     continue
-            drafted = None  # a round the drafted block drew but did not keep: (probs, raw, conf)
-            if by_depth is not None:  # the elastic ensemble: this depth's inputs (none for a gate's plain round)
-                block = None if self.policy.plain_rounds_ahead(round_index) else self._inputs_at_depth(by_depth, gamma)
+            drafted, width = None, gamma  # a round the block drew but did not keep: (probs, raw, conf); its width
+            if by_depth is not None:  # the elastic ensemble's depth or a dynamic controller's k, and its inputs
+                width, block = self._inputs_this_round(by_depth, dynamic, dec, gamma, round_index)
             if block is not None and not num_preempted and not head_load_s:  # drafted rounds at once (exact;
                 # a round that loads heads stalls for them: the round path)
-                rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block)
+                rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block)
                 while wait_s:  # a planned round's pass runs across the next event
                     round_index += rounds
                     yield env.timeout(wait_s)
-                    rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, gamma, round_index, block, True)
+                    rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block, True)
                 round_index += rounds
                 if rounds and drafted is None:
                     continue
-            k = gamma if drafted is not None else self._draft_length(dec, gamma, round_index)
+            k = width if drafted is not None or dynamic else self._draft_length(dec, gamma, round_index)  # (asked once)
             if k:  # each decoding request reserves 1 + k KV slots (vLLM allocate_slots lookahead)
                 dec, pre, more = self._reserve_lookahead(dec, pre, k)
                 num_preempted += more
@@ -1143,35 +1148,64 @@ class Engine:
     def _drafted_setup(self) -> tuple[tuple | None, dict[int, tuple | None] | None]:
         """The run's drafted-block inputs at the drafter's depth now (None: round by round), and for
         the elastic ensemble the inputs by depth (:meth:`_inputs_at_depth`; else None). Drafted
-        blocks run where plain ones may, and for the elastic ensemble too."""
-        if not self.PLAIN_BLOCKS or self.control.dynamic:
+        blocks run where plain ones may, for the elastic ensemble too, and with the dynamic
+        controllers the kernel keeps (:meth:`_controls_in_blocks`): None and an empty dict, the
+        inputs by the width each round's controller chooses."""
+        if not self.PLAIN_BLOCKS:
             return None, None
+        if self.control.dynamic:
+            return None, ({} if self._controls_in_blocks() else None)
         block = self._drafted_block_inputs()
         return block, ({self.drafter.depth: block} if self.drafter.elastic else None)
 
+    def _controls_in_blocks(self) -> bool:
+        """Whether this run's dynamic draft-length controller runs inside drafted blocks: exactly
+        ``batch_table``, ``disable_by_batch_size`` (their k follows the batch, which a block holds)
+        or ``acceptance_target`` (its learning mirrored), beside a policy without a gate (the
+        controller is asked before the block's first round, the gate inside it) that learns
+        nothing, at a fixed depth."""
+        pol = self.policy
+        return (type(self.control) in (BatchTable, DisableByBatchSize, AcceptanceTarget) and not self.drafter.elastic
+                and type(pol) in (StaticPolicy, Mtp1Policy, ThresholdPolicy, DSparkAsyncPolicy)
+                and type(pol).observe is Policy.observe)
+
+    def _inputs_this_round(self, by_depth: dict[int, tuple | None], dynamic: bool, dec: np.ndarray, gamma: int,
+                           round_index: int) -> tuple[int, tuple | None]:
+        """A round's drafted width and block inputs (None: the round path): with a dynamic
+        controller, the k it answers (the round path's one :meth:`_draft_length` this round; none
+        for k = 0); for the elastic ensemble, its depth ``gamma`` (none for a gate's plain round)."""
+        if dynamic:
+            width = self._draft_length(dec, gamma, round_index)
+            return width, (self._inputs_at_depth(by_depth, width) if width else None)
+        return gamma, (None if self.policy.plain_rounds_ahead(round_index) else self._inputs_at_depth(by_depth, gamma))
+
     def _inputs_at_depth(self, by_depth: dict[int, tuple | None], gamma: int) -> tuple | None:
-        """The elastic ensemble's drafted-block inputs at depth ``gamma``, made the first time."""
+        """The drafted-block inputs at depth (or a controller's width) ``gamma``, made the first time."""
         block = by_depth.get(gamma, False)
         if block is False:
-            block = by_depth[gamma] = self._drafted_block_inputs()
+            block = by_depth[gamma] = self._drafted_block_inputs(gamma)
         return block
 
-    def _drafted_block_inputs(self) -> tuple | None:
+    def _drafted_block_inputs(self, width: int | None = None) -> tuple | None:
         """The run's fixed inputs of :meth:`_drafted_block` (the cost tables' pricing, whether the
         decode table is priced apart, the head's base logits, the gate, the plan), or None where
         drafted rounds run one by one: without the kernels, or unless the policy is ``dspark``
         itself with its fallback gate, or ``static``, ``mtp1``, ``threshold``, ``dspark_async``
-        (with a lag) or ``goodput`` (with its gate) themselves, the controller
-        ``always``, the EWMA or tower coherence, and nothing else decides or learns per round (no
-        p_min, drift or observers) and both tables price from arrays. The elastic MEMTP
+        (with a lag) or ``goodput`` (with its gate) themselves, the controller ``always`` (or a
+        dynamic one the kernel keeps, :meth:`_controls_in_blocks`), the EWMA or tower coherence,
+        and nothing else decides or learns per round (no p_min, drift or observers but
+        ``acceptance_target``'s) and both tables price from arrays. The elastic MEMTP
         ensemble's depth controller (``memtp.DepthController`` itself) resizes inside the block;
-        its inputs are those of the drafter's depth now (the caller keeps them by depth)."""
+        its inputs are those of the drafter's depth now (the caller keeps them by depth). With a
+        dynamic controller (:meth:`_controls_in_blocks`) they are those of ``width`` positions,
+        the k it chose (default: the drafter's depth)."""
         pol, drafter = self.policy, self.drafter
         gate = None  # the kernel's plan: DSpark's (with its gate), k each, a threshold, the lagged top K, goodput's
+        width = drafter.depth if width is None else width
         if type(pol) is DSparkPolicy:
             gate, plan = pol._gate, (0, 0, 0.0)
         elif type(pol) in (StaticPolicy, Mtp1Policy):  # their plan: min(k, drafted) each (_every_request)
-            plan = (1, min(1 if type(pol) is Mtp1Policy else pol.params.k, drafter.depth), 0.0)
+            plan = (1, min(1 if type(pol) is Mtp1Policy else pol.params.k, width), 0.0)
         elif type(pol) is ThresholdPolicy and drafter.depth <= pol.params.gamma:  # (wider: survival() raises)
             plan = (2, 0, float(pol.params.threshold))
         elif (type(pol) is DSparkAsyncPolicy and pol.params.lag_rounds >= 1  # lag 0 keeps every K: round by round
@@ -1183,17 +1217,18 @@ class Engine:
             return None
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
                 or _mirrored_replaced(self)
-                or (gate is not None and type(gate) is not FallbackGate) or type(self.control) is not AlwaysDraft
+                or (gate is not None and type(gate) is not FallbackGate)
+                or not (type(self.control) is AlwaysDraft or self._controls_in_blocks())
                 or (drafter.elastic and type(drafter.controller) is not DepthController)
-                or drafter.spec.p_min > 0 or drafter.depth < 1 or self.logit_shift is not None
-                or self._listens() or not self._coherence_mirrored()):
+                or drafter.spec.p_min > 0 or not 1 <= width <= drafter.depth or self.logit_shift is not None
+                or (self._listens() and type(self.control) is not AcceptanceTarget) or not self._coherence_mirrored()):
             return None
         sps, dec_table = self.profile.sps, self.profile.decode_table
         prices = (_block_pricer(sps), _block_pricer(dec_table))
         if prices[0] is None or prices[1] is None:
             return None
         separate = sps.has_context_term or dec_table.has_context_term or sps is not dec_table  # _tables_at's views
-        acc, gamma = self.acc, drafter.depth
+        acc, gamma = self.acc, width
         base = None if acc.base is None else np.ascontiguousarray(acc.base_logits(gamma), dtype=np.float64)
         memtp = drafter.spec.memtp
         per_tested = memtp is not None and memtp.coherence_estimator == "per_tested"
@@ -1248,10 +1283,13 @@ class Engine:
         kv, drafter, log = self.kv, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
         if resume:  # the pending round's requests, and its row's fields as they were before its pass
-            run, pending_consts = state[3]
+            run, pending_consts, first_ov = state[3]
             max_rounds = 1 if self.waiting else _MAX_BLOCK_ROUNDS  # an arrival may be admitted now
         else:
             run, pending_consts, max_rounds = self._run_ids[0], None, _MAX_BLOCK_ROUNDS
+            # a dynamic controller's switch: its first round turns speculation on (Engine._pass_time)
+            dyn = self.control
+            first_ov = overhead_s + dyn.params.switch_s if dyn.dynamic and not self._spec_on else overhead_s
         num_run = run.size
         views = state[4].get(num_run)
         if views is None:  # the run's buffers as arrays of this many requests (the kernel's shapes)
@@ -1275,7 +1313,7 @@ class Engine:
         ctl = drafter.controller
         coh_args, tower = self._coherence_args(per_tested)
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
-         num_pre, had_prefill, h0, h_len, ctl_state, tower_depth) = self._kernels.drafted_block(
+         num_pre, had_prefill, h0, h_len, ctl_state, tower_depth, learned) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
@@ -1284,7 +1322,11 @@ class Engine:
             coh_args, round_index, max_rounds, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
             pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower,
-            drafter.kind == "draft_model")
+            drafter.kind == "draft_model",
+            self._control_args(dec.size, gamma, first_ov) if self.control.dynamic else None)
+        if learned is not None:  # AcceptanceTarget as the kept rounds left it
+            self.control._k, ema = learned
+            self.control._ema = None if ema != ema else ema
         if ctl_state is not None:
             self._kept_controller(ctl, ctl_state)
         if gate is not None:
@@ -1293,16 +1335,7 @@ class Engine:
             pol._history.clear()
             pol._history.extend(map(tuple, history[h0:h_len].tolist()))
         if diag_rows:
-            parts, first = self._diag_parts, state[6]
-            if first is not None and parts and parts[-1][0].base is diag[0] and len(parts[-1][0]) == at - first:
-                # the last part is this buffer's and ends here: one longer part (fewer to lay out)
-                parts[-1] = (diag[0][first: at + diag_rows], diag[1][first: at + diag_rows],
-                             diag[2][first: at + diag_rows])
-            else:
-                state[6] = at
-                parts.append((d_raw[:diag_rows], d_conf[:diag_rows], d_would[:diag_rows]))
-            self.diag_n += diag_rows
-            state[2] = at + diag_rows
+            self._kept_diag(diag, state, at, diag_rows)
         if rounds:
             self.env._now = now  # no event falls inside the rounds run (SimPy's clock, as the round path moves it)
             kv.blocks_used = blocks_used
@@ -1317,13 +1350,38 @@ class Engine:
                 log.set_last_kv_after(kv.blocks_used)
             log.flush_if_full()
         if code == 3:  # the next round's pass runs across an event: wait for its end, then resume
-            state[3] = (run, consts)
+            state[3] = (run, consts, first_ov if not rounds else overhead_s)  # the pending round's overhead
             return rounds, dec, pre, None, float(pending_f[1])
         if code != 1:
             return rounds, dec, pre, None, 0.0
         # copies: the round path keeps them (diagnostics) and the next block reuses the buffers
         return rounds, dec_ids[:num_dec].copy(), pre_ids[:num_pre].copy(), (
             probs[:num_dec].copy(), raw[:num_dec].copy(), conf[:num_dec].copy()), 0.0
+
+    def _kept_diag(self, diag: tuple, state: list, at: int, num: int) -> None:
+        """A block's calibration diagnostics: its ``num`` request-rounds the kernel wrote into the
+        ``diag`` buffers from row ``at``, kept as a part of them (the last part made longer where it
+        is this buffer's and ends there: fewer to lay out)."""
+        parts, first = self._diag_parts, state[6]
+        if first is not None and parts and parts[-1][0].base is diag[0] and len(parts[-1][0]) == at - first:
+            parts[-1] = (diag[0][first: at + num], diag[1][first: at + num], diag[2][first: at + num])
+        else:
+            state[6] = at
+            parts.append((diag[0][at: at + num], diag[1][at: at + num], diag[2][at: at + num]))
+        self.diag_n += num
+        state[2] = at + num
+
+    def _control_args(self, num_dec: int, width: int, first_overhead_s: float) -> tuple:
+        """``_kernels.drafted_block``'s ``control`` for this run's dynamic controller, asked for
+        ``width`` positions at ``num_dec`` decoding requests: the depth, the batch, the pass's tax
+        (``Engine._pass_time``), the first round's overhead, and ``AcceptanceTarget``'s learning
+        (its EMA factor, band, ``k_min``, ``k`` and EMA, NaN for None)."""
+        ctl, p = self.control, self.control.params
+        tax = 1.0 + _control_module.dynamic_tax_frac(p.tax, num_dec)
+        if type(ctl) is not AcceptanceTarget:
+            return (self.drafter.depth, num_dec, tax, first_overhead_s, False, 0.0, 0.0, 0.0, 0, width, np.nan)
+        return (self.drafter.depth, num_dec, tax, first_overhead_s, True, ctl._alpha, p.target - p.hysteresis,
+                p.target + p.hysteresis, p.k_min, ctl._k, np.nan if ctl._ema is None else ctl._ema)
 
     def _coherence_args(self, per_tested: bool) -> tuple[tuple, tuple | None]:
         """``_kernels.drafted_block``'s ``coherence`` and ``tower`` for this run's coherence: the
@@ -1399,7 +1457,8 @@ class Engine:
         extrapolated = 0 if table.is_measured(batch_tokens) else 1
         overhead_s = self._overhead_s(drafted)
         if self.control.dynamic and num_dec:  # the dynamic mechanism's tax, and its on/off switches
-            verify_s *= 1.0 + dynamic_tax_frac(self.control.params.tax, num_dec)
+            # (the module's function: a patch of it applies here and sends drafted blocks round by round)
+            verify_s *= 1.0 + _control_module.dynamic_tax_frac(self.control.params.tax, num_dec)
             if (k > 0) != self._spec_on:
                 overhead_s += self.control.params.switch_s
         if num_dec:

@@ -114,6 +114,92 @@ def test_draft_model_drafted_blocks_match_round_by_round(name, policy, monkeypat
         assert np.any((r["prefill_tokens"] > 0) & (r["verify_tokens"] > 0))
 
 
+# dynamic draft-length controllers (policies.control) in blocks: the k each round drafts and the
+# tax on its pass follow the batch (a block holds its batch), or the acceptance EMA
+CONTROLS = {
+    # k from the batch; 0 beyond 6 decoding requests (plain rounds, switches that cost 2 ms)
+    "batch-table": {"name": "batch_table", "table": {"1-2": 5, "3-4": 3, "5-6": 2, "7-4096": 0}, "switch_s": 0.002},
+    "disable-by-batch": {"name": "disable_by_batch_size", "max_batch": 3, "hysteresis": 1, "tax": 0.1,
+                         "switch_s": 0.001},
+    # k steps with the acceptance EMA, down to 0 (plain rounds, probes of one position) and back up
+    "acceptance-target": {"name": "acceptance_target", "target": 0.6},
+    "acceptance-target-steps": {"name": "acceptance_target", "target": 0.75, "hysteresis": 0.0,
+                                "half_life_rounds": 2.0, "k_min": 0, "probe_every": 3},
+}
+CONTROL_POLICIES = {"static-5": {"name": "static", "k": 5}, "mtp1": {"name": "mtp1"},
+                    "threshold": {"name": "threshold", "threshold": 0.3},
+                    "async": {"name": "dspark_async", "gamma": 5, "lag_rounds": 2}}
+
+
+def control_both_ways(monkeypatch, name: str, control: str, policy: str, seed: int):
+    scen = scenario(**(SCENARIOS[name] | {"policy": CONTROL_POLICIES[policy], "draft_control": CONTROLS[control]}))
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=seed).state)
+    assert calls and max(calls) > 1, "no drafted block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+    return fast.rounds
+
+
+@pytest.mark.parametrize("control", sorted(CONTROLS))
+@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "closed-8-chunked", "disaggregated", "h200-context",
+                                  "kv-pressure"])
+def test_dynamic_controllers_drafted_blocks_match_round_by_round(name, control, monkeypatch):
+    # the controller's k, its tax on every pass and its switch cost, and acceptance_target's
+    # learning, kept by the kernel round after round: bit for bit the rounds one by one
+    r = control_both_ways(monkeypatch, name, control, "static-5", seed=7)
+    assert len(np.unique(r["gamma"][r["num_decode"] > 0])) >= 2, "k never changed: the controller decided nothing"
+
+
+@pytest.mark.parametrize("policy", ["mtp1", "threshold", "async"])
+@pytest.mark.parametrize("control", sorted(CONTROLS))
+def test_dynamic_controllers_with_other_policies_match_round_by_round(control, policy, monkeypatch):
+    control_both_ways(monkeypatch, "poisson-colocated", control, policy, seed=8)
+
+
+def test_acceptance_target_learning_steps_inside_blocks(monkeypatch):
+    # reach: the EMA moves k up and down while blocks run (a block stops at each change) and the
+    # overhead column carries the switches of the rounds that turn speculation back on
+    r = control_both_ways(monkeypatch, "closed-8-chunked", "acceptance-target-steps", "static-5", seed=7)
+    k = r["gamma"][r["num_decode"] > 0]
+    assert {0, 1}.issubset(set(k.tolist())) and k.max() >= 3
+    assert np.any(np.diff(k) > 0) and np.any(np.diff(k) < 0)
+
+
+@pytest.mark.parametrize("patch", ["cap_instance", "observe_instance", "tax_function"])
+def test_a_replaced_dynamic_controller_runs_round_by_round(patch, monkeypatch):
+    # the kernel keeps the controller's answer and learning in its place: a patched cap or
+    # observe (or the tax's function) must run instead, round by round, and change the run
+    import memtp_sim.policies.control as control_mod
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.policies import make_policy
+    from memtp_sim.policies.control import make_control
+
+    def build() -> Engine:
+        control = make_control("acceptance_target", {"target": 0.6, "tax": 0.1})
+        return Engine(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7),
+                      workload([8, 8, 8], [60, 50, 40]), make_policy("static", {"k": 4}),
+                      EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
+                      np.random.default_rng(0), control=control)
+
+    calls = []
+    orig = Engine._drafted_block
+    monkeypatch.setattr(Engine, "_drafted_block", lambda self, *a: calls.append(1) or orig(self, *a))
+    plain = build().run()
+    assert calls
+    calls.clear()
+    eng = build()
+    if patch == "cap_instance":
+        orig_cap = eng.control.cap
+        eng.control.cap = lambda view: min(orig_cap(view), 1)
+    elif patch == "observe_instance":
+        eng.control.observe = lambda outcome: None  # k never learns
+    else:
+        monkeypatch.setattr(control_mod, "dynamic_tax_frac", lambda tax, n: 0.5)
+    patched = eng.run()
+    assert calls == []
+    with pytest.raises(AssertionError):
+        assert_same_state(plain, patched)
+
+
 @pytest.mark.parametrize("threshold", [0.0, 0.3, 0.75, 1.0])
 @pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "disaggregated", "h200-context", "kv-pressure"])
 def test_threshold_drafted_blocks_match_round_by_round(name, threshold, monkeypatch):
@@ -620,6 +706,9 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
 # a valid elastic controller: max_depth 4, 1 GiB heads, R thresholds, dwell 2, no margin, epsilon,
 # 8 GiB left after weights, nobody waiting, no earlier round
 ELASTIC = (4, 1.0, 0.3, 0.9, 2, 0.0, 1e-9, 8.0, 0, -1, -1, -1, -1, 0)
+# a valid acceptance_target: depth 4, 1 decoding request, 10% tax, its first round's overhead,
+# learning (EMA factor, a band no EMA leaves, k_min 1, k 2 = the width, no EMA yet)
+CONTROL = (4, 1, 1.1, 0.001, True, 0.1, 0.0, 1.0, 1, 2, float("nan"))
 '''
 
 
@@ -642,6 +731,11 @@ ELASTIC = (4, 1.0, 0.3, 0.9, 2, 0.0, 1e-9, 8.0, 0, -1, -1, -1, -1, 0)
     # the tower coherence's levels: a short tuple, fewer levels than positions, depth 0, float counts
     "tower=(np.ones(2),)", "tower=(np.ones(1), ints(0), 1)", "tower=(np.ones(2), ints(0, 0), 0)",
     "tower=(np.ones(2), np.zeros(2), 1)",
+    # a dynamic controller: a short tuple, a list, a depth under the width, a tax under 1, a
+    # learned k that is not the width, no EMA factor, a band the wrong way round
+    "control=CONTROL[:3]", "control=list(CONTROL)", "control=(1,) + CONTROL[1:]",
+    "control=CONTROL[:2] + (0.9,) + CONTROL[3:]", "control=CONTROL[:9] + (1,) + CONTROL[10:]",
+    "control=CONTROL[:5] + (0.0,) + CONTROL[6:]", "control=CONTROL[:6] + (0.8, 0.4) + CONTROL[8:]",
 ])
 def test_the_kernel_refuses_bad_fields_instead_of_crashing(bad):
     # review: the module reads tuples and the pending round's ids without bounds checks; short
@@ -661,8 +755,9 @@ def test_the_valid_call_of_the_refusal_test_runs():
     import subprocess
     import sys
 
-    for extra in ("", "args.update(elastic=ELASTIC)\n",  # a fixed drafter, the elastic ensemble, its tower
-                  "args.update(elastic=ELASTIC, tower=(np.ones(2), ints(0, 0), 2))\n"):
+    for extra in ("", "args.update(elastic=ELASTIC)\n",  # a fixed drafter, the elastic ensemble, its tower,
+                  "args.update(elastic=ELASTIC, tower=(np.ones(2), ints(0, 0), 2))\n",  # a dynamic controller
+                  "args.update(control=CONTROL, plan_kind=1, fixed_k=2)\n"):
         code = _KERNEL_CALL + extra + "out = K.drafted_block(**args)\nprint(out[1], len(args['rows']))\n"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr[-300:]
