@@ -1878,6 +1878,38 @@ cdef bitgen_t* _bitgen(object generator) except NULL:
     return <bitgen_t*>PyCapsule_GetPointer(capsule, "BitGenerator")
 
 
+cdef inline double _round_overhead(i64 k, double drafted_s, i64 kind, double plain_s, bint spec_on,
+                                   double switch_s) noexcept nogil:
+    # Engine._pass_time's overhead: a drafted or a plain round's, and a dynamic controller's switch
+    # where the round turns speculation on or off
+    cdef double ov = drafted_s if k else plain_s
+    if kind and (k > 0) != spec_on:
+        ov = ov + switch_s
+    return ov
+
+
+cdef inline void _commit_control(i64 kind, i64 t_off, i64 t_since, bint t_probing, i64* off, i64* since,
+                                 bint* probing) noexcept nogil:
+    # a controller's answer stands once its round draws or is kept: AcceptanceTarget's off rounds,
+    # Probing's rounds since the probe and whether this round probes
+    if kind == 2:
+        off[0] = t_off
+    elif kind == 3:
+        since[0], probing[0] = t_since, t_probing
+
+
+cdef object _control_state(i64 kind, bint spec_on, i64 k, double ema, i64 off, i64 since, bint probing,
+                           i64 measured):
+    # drafted_block's last result: a dynamic controller's (spec_on, state) after the kept rounds
+    if not kind:
+        return None
+    if kind == 1:
+        return (spec_on, ())
+    if kind == 2:
+        return (spec_on, (k, ema, off))
+    return (spec_on, (since, probing, measured))
+
+
 def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.ndarray target not None,
                   cnp.ndarray domain not None, cnp.ndarray difficulty not None, cnp.ndarray generated not None,
                   cnp.ndarray output not None, cnp.ndarray num_rounds not None, cnp.ndarray verified not None,
@@ -1966,7 +1998,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             calibration diagnostics' rows (raw logits, confidences, whether each position would be
             accepted) of the kept rounds' request-rounds, the first D of them (``Engine._record_diag``).
         lengths_out, chunks_out: int64 out ``(N,)``: the last round's verify lengths and prefill chunks.
-        pending_f, pending_i: float64 ``(6,)`` and int64 ``(8,)``: a pending round's fields (code 3),
+        pending_f, pending_i: float64 ``(6,)`` and int64 ``(9,)``: a pending round's fields (code 3),
             read back when ``resume``.
         resume: first finish the pending round (its pass ran across an event: the caller moved the
             clock to its end), with the row fields ``pending_consts`` (``row_consts`` of its call).
@@ -1988,19 +2020,25 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             prices the prompt tokens of a round's chunks); a round with prefill chunks then stops
             the block before it (nothing drawn for it), and the round path prices it.
         control: None for the ``always`` controller; for a dynamic draft-length controller
-            (``policies.control``: ``batch_table``, ``disable_by_batch_size``, ``acceptance_target``),
-            ``(depth, num_dec, tax_factor, first_overhead_s, learn, alpha, low, high, k_min, k, ema)``:
-            the drafter's depth (the round log's gamma; ``gamma`` is the width the controller
-            chose), the decoding requests it chose it for, the pass's tax ``1 + tax_frac(num_dec)``
-            (``Engine._pass_time``), the call's first round's overhead (with the switch cost where
-            speculation was off), and with ``learn`` ``AcceptanceTarget``'s EMA factor, its band
-            ``target -/+ hysteresis``, ``k_min``, ``k`` (0 for its probe of one position) and EMA
-            (NaN for None). Every round but the
-            call's first, where the round path asks the controller (``Engine._draft_length``), stops
-            the block before it if its decoding requests are not ``num_dec`` (the controller's k and
-            the tax may differ) or the learned k (clamped to the depth, as ``cap`` does) is not
-            ``gamma``; each kept round that verified drafts updates the EMA and k as
-            ``AcceptanceTarget.observe``.
+            (``policies.control``), ``(kind, depth, num_dec, tax_factor, spec_on, switch_s,
+            plain_overhead_s, first_k, settings, state)``: kind 1 for ``batch_table`` and
+            ``disable_by_batch_size`` (their k follows the batch), 2 for ``acceptance_target``, 3 for
+            ``probing``; the drafter's depth (the round log's depth; ``gamma`` is the width the
+            block drafts); the decoding requests the controller answered for; the pass's tax
+            ``1 + tax_frac(num_dec)``; whether speculation is on, the switch cost, a plain round's
+            overhead (``Engine._pass_time``); the call's first round's k (``gamma``, or 0 for a
+            round without drafts: kinds 2 and 3), which the caller asked. ``settings`` and
+            ``state``: kind 1 none; kind 2 ``(alpha, target - hysteresis, target + hysteresis,
+            k_min, probe_every)`` and ``(k, ema, off_rounds)`` (NaN for None); kind 3
+            ``(probe_every, fixed_s, draft_times_by_k, acceptance)``, float64 ``(depth + 1,)``
+            (``Drafter.round_time_s(num_dec, k)``) and ``(depth,)`` (updated in place), and
+            ``(since, probing, measured)`` (-1: no probe yet). Every round but the call's first asks
+            the controller as ``Engine._draft_length`` does (``AcceptanceTarget.cap``,
+            ``Probing.cap`` with ``DraftView.expected_rate`` at the round's context); a round whose
+            batch is not ``num_dec`` or whose k is neither ``gamma`` nor 0 stops the block before
+            it (the controller as it was: its answer stands once the round draws or is kept). A
+            round of k 0 drafts nothing: a plain pass of the decode table, every request emits
+            its bonus token. Each kept round that drafted updates the learning (``observe``).
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
@@ -2014,8 +2052,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         then the state after the rounds kept, whether any of them prefilled, and the live
         history rows (plan 3); and the controller's ``(last_round, last_target, above_since,
         below_since, below_max_target)`` after them (-1 for None), or None without ``elastic``;
-        and the tower's depth after them (None without ``tower``); and ``AcceptanceTarget``'s
-        ``(k, ema)`` after them (NaN for None), or None without ``control``'s ``learn``.
+        and the tower's depth after them (None without ``tower``); and with ``control``,
+        ``(spec_on, state)`` after them (``state`` as given, empty for kind 1), else None.
 
     Raises:
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids;
@@ -2068,20 +2106,21 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* lengths = _i64(_w(lengths_out, "lengths_out"), "lengths_out", num_run)
     cdef i64* chunks = _i64(_w(chunks_out, "chunks_out"), "chunks_out", num_run)
     cdef double* pf = _f64(_w(pending_f, "pending_f"), "pending_f", 6)
-    cdef i64* pi = _i64(_w(pending_i, "pending_i"), "pending_i", 8)
+    cdef i64* pi = _i64(_w(pending_i, "pending_i"), "pending_i", 9)
     cdef object consts = row_consts
     _check_fields(gate, "gate", 6)
     _check_fields(coherence, "coherence", 4)
     _check_fields(row_consts, "row_consts", 3)
     if resume:  # the pending round's fields as the last call left them: checked as any input
-        if pending_consts is None or pi[0] < 1 or pi[1] < 0 or pi[0] + pi[1] > num_run:
+        if (pending_consts is None or pi[0] < 1 or pi[1] < 0 or pi[0] + pi[1] > num_run
+                or not (pi[8] == gamma or (pi[8] == 0 and control is not None))):
             raise ValueError("resume: no pending round of these requests")
         _check_fields(<tuple?>pending_consts, "pending_consts", 3)
         _check_ids(dec, pi[0], size)
         _check_ids(pre, pi[1], size)
         for k in range(pi[0]):
-            if lengths[k] < 0 or lengths[k] > gamma:
-                raise ValueError(f"lengths_out: {lengths[k]} outside 0..{gamma}")
+            if lengths[k] < 0 or lengths[k] > pi[8]:
+                raise ValueError(f"lengths_out: {lengths[k]} outside 0..{pi[8]}")
         for k in range(pi[1]):
             if chunks[k] < 0:
                 raise ValueError(f"chunks_out: {chunks[k]} is negative")
@@ -2140,21 +2179,41 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 and e_margin >= 0.0 and e_wait >= 0):
             raise ValueError(f"elastic: depth {gamma} and settings {elastic!r} are not a valid DepthController's")
 
-    # a dynamic draft-length controller: the depth, the k's batch, the tax, the first round's overhead, and
-    # AcceptanceTarget's settings and state
-    cdef bint has_control = control is not None, c_learn = False
-    cdef i64 c_depth = gamma, c_num = -1, c_k_min = 0, c_k = 0
-    cdef double c_tax = 1.0, c_first_ov = overhead_s, c_alpha = 0.0, c_lo = 0.0, c_hi = 0.0, c_ema = NAN, c_rate, ov
-    cdef object py_first_ov = py_overhead_s, py_depth = py_gamma, py_ov
-    if has_control:
-        _check_fields(<tuple?>control, "control", 11)
-        c_depth, c_num, c_tax, c_first_ov, c_learn, c_alpha, c_lo, c_hi, c_k_min, c_k, c_ema = control
-        py_depth, py_first_ov = control[0], control[3]
-        if not (c_depth >= gamma and c_num >= 1 and 1.0 <= c_tax < INFINITY and 0.0 <= c_first_ov < INFINITY
-                and (not c_learn or (0.0 < c_alpha <= 1.0 and c_lo <= c_hi and c_k_min >= 0
-                                     and ((c_k if c_k < c_depth else c_depth) == gamma or (c_k == 0 and gamma == 1))
-                                     and not c_ema == INFINITY))):
-            raise ValueError(f"control: {control!r} is not a dynamic controller's for {gamma} drafted positions")
+    # a dynamic draft-length controller (kind 1 the batch's k, 2 AcceptanceTarget, 3 Probing): the depth,
+    # the k's batch, the tax, speculation on, the switch cost, a plain round's overhead, the first round's
+    # k; AcceptanceTarget's and Probing's settings and state (committed once a round draws or is kept)
+    cdef i64 c_kind = 0, c_depth = gamma, c_num = -1, c_first_k = gamma, c_k_min = 0, c_every = 1, c_k = 0
+    cdef i64 c_off = 0, c_since = 0, c_acc_len = -1, t_off = 0, t_since = 0, k_r = gamma, kk, b_k, best_k
+    cdef bint c_spec = True, c_probing = False, t_probing = False, c_asked = False
+    cdef double c_tax = 1.0, c_switch = 0.0, c_plain_ov = overhead_s, c_alpha = 0.0, c_lo = 0.0, c_hi = 0.0
+    cdef double c_ema = NAN, c_fixed = 0.0, c_rate, c_best, c_cum, c_pt, c_nd, ov
+    cdef double* c_dbk = NULL
+    cdef double* c_acc = NULL
+    cdef object py_depth = py_gamma
+    if control is not None:
+        _check_fields(<tuple?>control, "control", 10)
+        c_kind, c_depth, c_num, c_tax, c_spec, c_switch, c_plain_ov, c_first_k = control[:8]
+        py_depth = control[1]
+        if not (1 <= c_kind <= 3 and c_depth >= gamma and c_num >= 1 and 1.0 <= c_tax < INFINITY
+                and 0.0 <= c_switch < INFINITY and 0.0 <= c_plain_ov < INFINITY
+                and (c_first_k == gamma or (c_first_k == 0 and c_kind != 1))):
+            raise ValueError(f"control: {control[:8]!r} is not a dynamic controller's for {gamma} drafted positions")
+        _check_fields(<tuple?>control[8], "control settings", (0, 5, 4)[c_kind - 1])
+        _check_fields(<tuple?>control[9], "control state", (0, 3, 3)[c_kind - 1])
+        if c_kind == 2:  # AcceptanceTarget: EMA factor, band, k_min, probe_every; k, EMA (NaN: None), off rounds
+            c_alpha, c_lo, c_hi, c_k_min, c_every = control[8]
+            c_k, c_ema, c_off = control[9]
+            if not (0.0 < c_alpha <= 1.0 and c_lo <= c_hi and c_k_min >= 0 and c_every >= 1 and c_k >= 0
+                    and c_off >= 0 and not c_ema == INFINITY):
+                raise ValueError(f"control: {control[8:]!r} is not an acceptance_target's")
+        elif c_kind == 3:  # Probing: probe_every, fixed time, drafting time by k; since, probing, measured length
+            c_every, c_fixed = control[8][0], control[8][1]
+            c_dbk = _f64(<cnp.ndarray?>control[8][2], "control drafting times", c_depth + 1)
+            c_acc = _f64(_w(<cnp.ndarray?>control[8][3], "control acceptance"), "control acceptance", c_depth)
+            c_since, c_probing, c_acc_len = control[9]
+            if not (c_every >= 1 and 0.0 <= c_fixed < INFINITY and c_since >= 0 and -1 <= c_acc_len <= c_depth
+                    and c_acc_len != 0):
+                raise ValueError(f"control: {control[8][:2]!r} and {control[9]!r} are not a probing controller's")
 
     # scratch: offsets (N), noise and draws (N*L each), scan candidates (2*N*L), times (N*L + 1);
     # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L)
@@ -2191,15 +2250,14 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef _Pricer* table
     try:
         while rounds < max_rounds:
-            # the call's first round (a resumed one too): its overhead may carry a controller's switch
-            ov, py_ov = (c_first_ov, py_first_ov) if rounds == 0 else (overhead_s, py_overhead_s)
             if resume:  # the pending round: its pass ran across an event, the caller moved the clock to its end
                 resume = False
                 num, num_pre, chunk_total, verify_tokens = pi[0], pi[1], pi[2], pi[3]
                 b, peak, kv_read = pi[4], pi[5], pi[6]
-                extrapolated = pi[7]
+                extrapolated, k_r = pi[7], pi[8]
                 start, duration, vs, theta, theta_g, draft_s = pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]
-                cells = num * width
+                cells = num * k_r
+                ov = _round_overhead(k_r, overhead_s, c_kind, c_plain_ov, c_spec, c_switch)
                 end = start + duration
                 consts = pending_consts
             else:
@@ -2207,21 +2265,58 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 num = _split_core(ids, num_run, done, want, tok, block_tokens, dec, pre, more)  # Engine._guarantee_anchors
                 num_pre, anchors = more[0], more[1]
                 need = kv_read = l_max = 0
-                for k in range(num):  # the lookahead (Engine._reserve_lookahead) and the context
+                for k in range(num):  # the decoding requests' context
                     b = tok[dec[k]]
-                    need += _blocks_for(b + 1 + gamma, block_tokens) - blk[dec[k]]
                     kv_read += b
                     if b > l_max:
                         l_max = b
-                if num == 0 or blocks_used + anchors > capacity or blocks_used + need > capacity:
+                if num == 0 or blocks_used + anchors > capacity:
                     break  # nothing to draft, or the round path preempts
-                if has_control and rounds > 0:  # Engine._draft_length asks the controller (the caller asked for the first)
-                    if num != c_num:
-                        break  # its k and the tax were for another batch: the round path asks
-                    if c_learn:
-                        c_k = c_k if c_k < c_depth else c_depth  # AcceptanceTarget.cap's clamp (idempotent)
-                        if c_k != gamma:
-                            break  # the learned k changed: the round path drafts it
+                k_r, c_asked = gamma, False  # this round's drafted positions; whether the controller was asked
+                if c_kind:  # Engine._draft_length asks the controller (the caller asked for the call's first round)
+                    k_r, c_asked = c_first_k, rounds > 0
+                    if c_asked:
+                        if num != c_num:
+                            break  # its k and the tax were for another batch: the round path asks
+                        if c_kind == 2:  # AcceptanceTarget.cap
+                            c_k = c_k if c_k < c_depth else c_depth  # its clamp (idempotent)
+                            t_off, k_r = c_off, c_k
+                            if c_k == 0:  # off: one position every probe_every rounds
+                                t_off += 1
+                                k_r = 0
+                                if t_off >= c_every:
+                                    t_off, k_r = 0, 1
+                        elif c_kind == 3:  # Probing.cap
+                            t_since = c_since + 1
+                            if c_acc_len < 0 or t_since >= c_every:
+                                t_since, t_probing, k_r = 0, True, c_depth
+                            else:  # the best expected rate (DraftView.expected_rate at this round's context)
+                                t_probing = False
+                                c_nd = _price_one(&dp, num, <double>num, <double>l_max, <double>kv_read)
+                                if c_nd != c_nd:
+                                    break  # the table's other rules price it: the round path
+                                best_k, c_best, c_cum, c_pt = 0, <double>num / (c_nd + c_fixed), 0.0, 0.0
+                                for kk in range(1, (c_acc_len if c_acc_len < c_depth else c_depth) + 1):
+                                    c_cum = c_acc[0] if kk == 1 else c_cum + c_acc[kk - 1]  # np.cumsum's order
+                                    b_k = num * (1 + kk)
+                                    c_rate = NAN
+                                    if b_k <= max_batch_tokens and _covers(&vp, b_k):
+                                        c_pt = _price_one(&vp, b_k, <double>num, <double>l_max, <double>kv_read)
+                                        if c_pt != c_pt:
+                                            break
+                                        c_rate = <double>num * (1.0 + c_cum) / ((c_dbk[kk] + c_pt) + c_fixed)
+                                    if c_rate == c_rate and c_rate > c_best * (1.0 + 1e-9):
+                                        best_k, c_best = kk, c_rate
+                                if c_pt != c_pt:
+                                    break  # the table's other rules price it: the round path
+                                k_r = best_k
+                        if k_r != 0 and k_r != gamma:
+                            break  # another k than the block's: the round path drafts it
+                if k_r:  # the lookahead (Engine._reserve_lookahead: only where the round drafts)
+                    for k in range(num):
+                        need += _blocks_for(tok[dec[k]] + 1 + k_r, block_tokens) - blk[dec[k]]
+                    if blocks_used + need > capacity:
+                        break  # the round path preempts
                 if is_elastic and rounds > 0:  # Engine._resize_drafter (the caller resized for the call's first)
                     # Engine._heads_free_gib: the memory left once the anchors and the waiting head have their KV
                     e_free = e_base - <double>(blocks_used + (anchors + e_wait)) * block_gib
@@ -2258,11 +2353,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     e_proposed = True  # kept once the round draws (below)
                 else:
                     e_proposed = False
-                cells = num * width
+                cells = num * k_r
                 # chunked prefill in the budget the drafts leave (Engine._place_prefill), first admitted first
                 chunk_total = 0
                 num_req = num
-                budget = max_batch_tokens - num * (1 + gamma)
+                budget = max_batch_tokens - num * (1 + k_r)
                 if num_pre and budget > 0:
                     limit = prefill_chunk_tokens if prefill_chunk_tokens < budget else budget
                     chunk_total = _place_core(pre, num_pre, done, want, limit, chunks)
@@ -2278,115 +2373,122 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                         chunks[k] = 0
                 if drafter_prefills and chunk_total > 0:
                     break  # a draft model's own prefill of the chunks: the round path prices it
-                plan_draft_s = dts[num]
-                draft_s = plan_draft_s + 0.0  # + the drafter's prefill: 0 for heads, and without chunks
-                base_b = num + chunk_total
-                if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
-                    break  # DSparkPolicy.plan_round's view checks fail: the public path raises
-                req = <double>num_req if <double>num_req > 1.0 else 1.0
+                req = <double>num_req if <double>num_req > 1.0 else 1.0  # the pass's context
                 d_l_max = <double>l_max
                 d_kv = <double>kv_read
-                if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:
-                    # no gate (the survivals' range is checked below; their width is the engine's: depth <= gamma)
-                    if separate_decode:  # Engine._draft_and_plan prices the no-draft pass
+                if k_r == 0:  # a round without drafts (the controller's k 0): Engine._draft_and_plan's
+                    draft_s, verify_tokens, theta, theta_g = 0.0, 0, NAN, NAN  # answer, every length 0
+                    for k in range(num):
+                        lengths[k] = 0
+                else:
+                    plan_draft_s = dts[num]
+                    draft_s = plan_draft_s + 0.0  # + the drafter's prefill: 0 for heads, and without chunks
+                    base_b = num + chunk_total
+                    if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
+                        break  # DSparkPolicy.plan_round's view checks fail: the public path raises
+                    if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:
+                        # no gate (the survivals' range is checked below; their width is the engine's: depth <= gamma)
+                        if separate_decode:  # Engine._draft_and_plan prices the no-draft pass
+                            nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
+                            if not (0.0 < nd < INFINITY):
+                                break
+                        n_limit = n_cov_limit = 0
+                    elif separate_decode:  # the plan's no-draft pass
                         nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
                         if not (0.0 < nd < INFINITY):
                             break
-                    n_limit = n_cov_limit = 0
-                elif separate_decode:  # the plan's no-draft pass
-                    nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
-                    if not (0.0 < nd < INFINITY):
-                        break
-                    plain_t = nd
-                elif _covers(&vp, base_b):
-                    plain_t = _price_one(&vp, base_b, req, d_l_max, d_kv)
-                    if plain_t != plain_t:
-                        break
-                else:
-                    plain_t = NAN  # plain_rate_of: no value at this B
-                if plan_kind == _PLAN_ASYNC and h_len == h_cap:  # the history is full: its live pairs to the front
-                    if h0 == 0:
-                        break  # no room (the caller gives more): the round path
-                    for k in range(h_len - h0):
-                        hist[2 * k], hist[2 * k + 1] = hist[2 * (h0 + k)], hist[2 * (h0 + k) + 1]
-                    h_len -= h0
-                    h0 = 0
-                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_ASYNC:  # the scan's view and table checks
-                    if not _covers(&vp, base_b):
-                        break
-                    n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
-                    n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
-                    if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
-                                                           times):
-                        break
-                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
-                    # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
-                    t_gain, t_last, t_skipped = gain, last_round, skipped
-                    if ri < t_last:  # a new run
-                        t_gain, t_last, t_skipped = 0.0, -1, 0
-                    if not enabled or t_gain > 0.0 or t_last < 0:
-                        t_skipped = 0
-                    else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
-                        t_skipped += 1
-                        if t_skipped < probe_every:
+                        plain_t = nd
+                    elif _covers(&vp, base_b):
+                        plain_t = _price_one(&vp, base_b, req, d_l_max, d_kv)
+                        if plain_t != plain_t:
                             break
-                        t_skipped = 0
-                    gain, last_round, skipped = t_gain, t_last, t_skipped
-                # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
-                if sigma_round > 0.0:
-                    for k in range(num):
-                        offsets[k] = random_normal(acc_gen, 0.0, sigma_round)
-                if use_noise:
-                    for k in range(cells):
-                        noise[k] = random_normal(head_gen, 0.0, noise_sd)
-                _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
-                                  noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
-                code = 1  # drafted: from here on a round not kept goes on in Python from its plan
-                if e_proposed:  # the controller's answer for this round stands (the round path does not ask again)
-                    e_last, e_target, e_above, e_below, e_below_max = t_last_r, t_target, t_above, t_below, t_below_max
-                if plan_kind == _PLAN_STATIC:  # k each; where they overfill the pass the check below stops
-                    for k in range(num):  # (fit_to_budget trims)
-                        lengths[k] = fixed_k
-                    theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
-                    verify_tokens = num * fixed_k
-                elif plan_kind == _PLAN_GOODPUT:  # GoodputPolicy.plan: the one k of the best expected rate
-                    theta = _goodput_core(c, num, width, chunk_total, max_batch_tokens, &vp, req, d_l_max, d_kv,
-                                          plan_draft_s, separate_decode, nd, surv, &k_best)
-                    if k_best < 0:
-                        break  # a confidence outside [0, 1], or a B its table rules must price: the round path
-                    for k in range(num):
-                        lengths[k] = k_best
-                    theta_g = NAN
-                    verify_tokens = num * k_best
-                elif plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:  # ThresholdPolicy.plan, and
-                    cap, t_plan, theta_g = max_batch_tokens - base_b, threshold, NAN  # DSparkAsyncPolicy.plan's:
-                    if plan_kind == _PLAN_ASYNC:  # the global search's K now, the top K of lag_rounds before
-                        res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
-                                         False, lengths, surv, picked)
-                        if not res.in_range or res.n_cov < res.n_max:
-                            break  # a confidence outside [0, 1], or a search beyond the table: plan() raises
-                        theta_g = res.theta_best
-                        k_lag = _async_capacity(hist, &h0, &h_len, ri, lag_rounds, res.n_star)
-                        cap, t_plan = (k_lag if k_lag < cap else cap), 0.0
-                    verify_tokens = _take_top_core(c, num, width, t_plan, cap, lengths, surv, picked, &sum_a)
-                    if verify_tokens < 0:
-                        break  # a confidence outside [0, 1]: survival() raises
-                    b = num + verify_tokens + chunk_total
-                    if not _covers(&vp, b):  # expected_rate
-                        theta = NAN
                     else:
-                        vs = nd if verify_tokens == 0 and separate_decode else _price_one(&vp, b, req, d_l_max, d_kv)
-                        if vs != vs:
-                            break  # the table's other rules price it: the round path
-                        theta = (<double>num + sum_a) / (plan_draft_s + vs)
-                else:
-                    res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
-                                     early_stop, lengths, surv, picked)
-                    if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
-                        break
-                    theta = res.theta_star
-                    theta_g = res.theta_best if res.n_cov == res.n_max else NAN
-                    verify_tokens = res.n_star
+                        plain_t = NAN  # plain_rate_of: no value at this B
+                    if plan_kind == _PLAN_ASYNC and h_len == h_cap:  # the history is full: its live pairs to the front
+                        if h0 == 0:
+                            break  # no room (the caller gives more): the round path
+                        for k in range(h_len - h0):
+                            hist[2 * k], hist[2 * k + 1] = hist[2 * (h0 + k)], hist[2 * (h0 + k) + 1]
+                        h_len -= h0
+                        h0 = 0
+                    if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_ASYNC:  # the scan's view and table checks
+                        if not _covers(&vp, base_b):
+                            break
+                        n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
+                        n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
+                        if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
+                                                               times):
+                            break
+                    if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
+                        # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
+                        t_gain, t_last, t_skipped = gain, last_round, skipped
+                        if ri < t_last:  # a new run
+                            t_gain, t_last, t_skipped = 0.0, -1, 0
+                        if not enabled or t_gain > 0.0 or t_last < 0:
+                            t_skipped = 0
+                        else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
+                            t_skipped += 1
+                            if t_skipped < probe_every:
+                                break
+                            t_skipped = 0
+                        gain, last_round, skipped = t_gain, t_last, t_skipped
+                    # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
+                    if sigma_round > 0.0:
+                        for k in range(num):
+                            offsets[k] = random_normal(acc_gen, 0.0, sigma_round)
+                    if use_noise:
+                        for k in range(cells):
+                            noise[k] = random_normal(head_gen, 0.0, noise_sd)
+                    _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
+                                      noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
+                    code = 1  # drafted: from here on a round not kept goes on in Python from its plan
+                    if c_asked:  # the controller's answer for this round stands (the round path does not ask again)
+                        _commit_control(c_kind, t_off, t_since, t_probing, &c_off, &c_since, &c_probing)
+                    if e_proposed:  # the controller's answer for this round stands (the round path does not ask again)
+                        e_last, e_target, e_above, e_below, e_below_max = t_last_r, t_target, t_above, t_below, t_below_max
+                    if plan_kind == _PLAN_STATIC:  # k each; where they overfill the pass the check below stops
+                        for k in range(num):  # (fit_to_budget trims)
+                            lengths[k] = fixed_k
+                        theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
+                        verify_tokens = num * fixed_k
+                    elif plan_kind == _PLAN_GOODPUT:  # GoodputPolicy.plan: the one k of the best expected rate
+                        theta = _goodput_core(c, num, width, chunk_total, max_batch_tokens, &vp, req, d_l_max, d_kv,
+                                              plan_draft_s, separate_decode, nd, surv, &k_best)
+                        if k_best < 0:
+                            break  # a confidence outside [0, 1], or a B its table rules must price: the round path
+                        for k in range(num):
+                            lengths[k] = k_best
+                        theta_g = NAN
+                        verify_tokens = num * k_best
+                    elif plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:  # ThresholdPolicy.plan, and
+                        cap, t_plan, theta_g = max_batch_tokens - base_b, threshold, NAN  # DSparkAsyncPolicy.plan's:
+                        if plan_kind == _PLAN_ASYNC:  # the global search's K now, the top K of lag_rounds before
+                            res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                                             False, lengths, surv, picked)
+                            if not res.in_range or res.n_cov < res.n_max:
+                                break  # a confidence outside [0, 1], or a search beyond the table: plan() raises
+                            theta_g = res.theta_best
+                            k_lag = _async_capacity(hist, &h0, &h_len, ri, lag_rounds, res.n_star)
+                            cap, t_plan = (k_lag if k_lag < cap else cap), 0.0
+                        verify_tokens = _take_top_core(c, num, width, t_plan, cap, lengths, surv, picked, &sum_a)
+                        if verify_tokens < 0:
+                            break  # a confidence outside [0, 1]: survival() raises
+                        b = num + verify_tokens + chunk_total
+                        if not _covers(&vp, b):  # expected_rate
+                            theta = NAN
+                        else:
+                            vs = nd if verify_tokens == 0 and separate_decode else _price_one(&vp, b, req, d_l_max, d_kv)
+                            if vs != vs:
+                                break  # the table's other rules price it: the round path
+                            theta = (<double>num + sum_a) / (plan_draft_s + vs)
+                    else:
+                        res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                                         early_stop, lengths, surv, picked)
+                        if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
+                            break
+                        theta = res.theta_star
+                        theta_g = res.theta_best if res.n_cov == res.n_max else NAN
+                        verify_tokens = res.n_star
                 peak = blocks_used
                 for k in range(num):
                     peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
@@ -2395,8 +2497,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 b = num + verify_tokens + chunk_total
                 table = &vp if verify_tokens else &dp
                 vs = _price_one(table, b, req, d_l_max, d_kv)
-                if has_control:  # Engine._pass_time: a dynamic controller's tax on the pass
+                if c_kind:  # Engine._pass_time: a dynamic controller's tax on the pass
                     vs = vs * c_tax
+                ov = _round_overhead(k_r, overhead_s, c_kind, c_plain_ov, c_spec, c_switch)
                 extrapolated = not (table.bt0 <= b <= table.max_b)
                 duration = ((0.0 + draft_s) + ov) + vs
                 start = now
@@ -2409,7 +2512,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
                         or not (vs > 0.0 and duration < INFINITY and low >= 0.0)):
                     break  # Engine._check_pass raises
-                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:  # planned: FallbackGate.report
+                if c_asked and k_r == 0:  # kept (or pending): the controller's answer for this round stands
+                    _commit_control(c_kind, t_off, t_since, t_probing, &c_off, &c_since, &c_probing)
+                if k_r and (plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT):  # planned: FallbackGate.report
                     # (DSparkPolicy.plan_round and GoodputPolicy.plan report before the pass)
                     best_rate = theta_g if isfinite(theta_g) else theta
                     plain_rate = <double>num / plain_t
@@ -2421,16 +2526,17 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 if not (next_event > end):  # an event falls inside the pass: the caller waits for its end
                     pi[0], pi[1], pi[2], pi[3] = num, num_pre, chunk_total, verify_tokens
                     pi[4], pi[5], pi[6] = b, peak, kv_read
-                    pi[7] = extrapolated
+                    pi[7], pi[8] = extrapolated, k_r
                     pf[0], pf[1], pf[2], pf[3], pf[4], pf[5] = start, duration, vs, theta, theta_g, draft_s
                     code = 3
                     break
                 consts = row_consts
             # kept: the clock, acceptance, prefill, coherence, the row
             now = end
-            random_standard_uniform_fill(acc_gen, cells, draws)
-            take = diag_left - diag_rows if diag_left - diag_rows < num else num
-            _accept_core(dec, num, width, draws, p, lengths, gen, out, nr, ver, acd, tok, blk, block_tokens, acc,
+            if k_r:  # (a round without drafts draws nothing, and every request emits its bonus token)
+                random_standard_uniform_fill(acc_gen, cells, draws)
+            take = 0 if k_r == 0 else (diag_left - diag_rows if diag_left - diag_rows < num else num)
+            _accept_core(dec, num, k_r, draws, p, lengths, gen, out, nr, ver, acd, tok, blk, block_tokens, acc,
                          would if take > 0 else NULL, fin, totals)
             if take > 0:  # the first request-rounds' diagnostics, row by row as the round path keeps them
                 memcpy(dg_raw + diag_rows * width, rw, take * width * sizeof(double))
@@ -2475,7 +2581,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             if tested:  # CoherenceEWMA.update
                 coh = _ewma_step(coh, coh_alpha, <double>totals[0] / <double>tested)
                 coh_updates += 1
-            if c_learn and verify_tokens:  # AcceptanceTarget.observe: accepted / verified drafts
+            if c_kind == 2 and verify_tokens:  # AcceptanceTarget.observe: accepted / verified drafts
                 c_rate = <double>totals[0] / <double>verify_tokens
                 c_ema = c_rate if c_ema != c_ema else c_ema + c_alpha * (c_rate - c_ema)
                 if c_ema < c_lo:
@@ -2484,10 +2590,22 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     c_k = c_k + 1  # clamped to the depth by the next round's cap
                 if c_k == 0:
                     c_ema = NAN  # re-learn from the probes
-            rows.append((start, duration, draft_s, vs, num, num_prefill, chunk_total, b, py_gamma, verify_tokens,
+            elif c_kind == 3 and k_r and c_probing:  # Probing.observe after a probe: the joint acceptance
+                c_acc_len = k_r  # by position, np.cumprod of accepted / tested (0 where none was tested)
+                for j in range(k_r):
+                    a_j = t_j = 0
+                    for k in range(num):
+                        if lengths[k] > j:
+                            a_j += acc[k] > j
+                            t_j += acc[k] >= j
+                    c_rate = <double>a_j / <double>t_j if t_j > 0 else 0.0
+                    c_acc[j] = c_rate if j == 0 else c_acc[j - 1] * c_rate
+            if c_kind:
+                c_spec = k_r > 0  # Engine._pass_time: speculation on after a round that drafted
+            rows.append((start, duration, draft_s, vs, num, num_prefill, chunk_total, b, k_r, verify_tokens,
                          totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
                          theta_g, 0, 0, py_depth, coh, py_held_gib, py_capacity, 0.0, consts[2], kv_read,
-                         py_ov, 1 if extrapolated else 0))
+                         ov, 1 if extrapolated else 0))
             rounds += 1
             code = 0
             if nf or blocks_used > capacity:
@@ -2500,4 +2618,5 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     return (code, rounds, now, blocks_used, gain, last_round, skipped, coh, coh_updates,
             totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len,
             (e_last, e_target, e_above, e_below, e_below_max) if is_elastic else None,
-            tw_depth if tw_vals != NULL else None, (c_k, c_ema) if c_learn else None)
+            tw_depth if tw_vals != NULL else None,
+            _control_state(c_kind, c_spec, c_k, c_ema, c_off, c_since, c_probing, c_acc_len))

@@ -75,7 +75,7 @@ from .memtp import FLOOR_EPSILON, MEMTP_DEFAULTS, CoherenceEWMA, DepthController
 from .policies._candidates import FallbackGate
 from .policies.base import DraftView, Policy, RoundOutcome
 from .policies import control as _control_module
-from .policies.control import AcceptanceTarget, AlwaysDraft, BatchTable, DisableByBatchSize, DraftControl
+from .policies.control import AcceptanceTarget, AlwaysDraft, BatchTable, DisableByBatchSize, DraftControl, Probing
 from .policies import dspark as _dspark_module
 from .policies.dspark import DSparkAsyncPolicy, DSparkPolicy
 from .policies import goodput as _goodput_module
@@ -129,6 +129,10 @@ def _per_position_temperatures(temperatures: np.ndarray | None, width: int) -> n
     return np.full(width, temps[0]) if temps.size == 1 else temps[:width]
 
 
+#: the dynamic draft-length controllers drafted blocks keep, and their kind in ``_kernels.drafted_block``
+_CONTROL_KINDS = {BatchTable: 1, DisableByBatchSize: 1, AcceptanceTarget: 2, Probing: 3}
+
+
 def _mirrored() -> dict[tuple[object, str], object]:
     # the functions whose work the drafted-block kernel does in their place, by class or module:
     # a run where one of them is another function (a subclass's, one set on an instance, a patch)
@@ -148,7 +152,7 @@ def _mirrored() -> dict[tuple[object, str], object]:
              FallbackGate: ("report", "draft_lengths", "plain_rounds_ahead", "_reset"), AlwaysDraft: ("cap",),
              # the dynamic draft-length controllers a block keeps asking (and AcceptanceTarget's learning)
              BatchTable: ("cap",), DisableByBatchSize: ("cap",), AcceptanceTarget: ("cap", "observe"),
-             _control_module: ("dynamic_tax_frac", "_lookup"),
+             Probing: ("cap", "observe"), DraftView: ("expected_rate",), _control_module: ("dynamic_tax_frac", "_lookup"),
              CoherenceEWMA: ("update",), TowerCoherence: ("update_positions", "value_at", "value"),
              # the elastic ensemble's resize (Engine._resize_drafter) before each round but a block's first
              DepthController: ("propose", "_memory_cap", "_set_depth"),
@@ -179,7 +183,7 @@ def _mirrored_replaced(engine: "Engine") -> bool:
               GoodputPolicy: (), FallbackGate: (),
               type(pol): (pol,),  # the policy's own class only: the others' functions are not its
               Engine: (engine,), KVCacheManager: (engine.kv,), AlwaysDraft: (), BatchTable: (), DisableByBatchSize: (),
-              AcceptanceTarget: (), type(engine.control): (engine.control,),  # the controller's own class only
+              AcceptanceTarget: (), Probing: (), type(engine.control): (engine.control,),  # the controller's own class
               CoherenceEWMA: (engine.coherence,), TowerCoherence: (), Drafter: (engine.drafter,),
               SPSTable: (engine.profile.sps, engine.profile.decode_table)}
     if type(pol) in (DSparkPolicy, GoodputPolicy):  # the policies with a gate
@@ -458,6 +462,7 @@ class Engine:
         self.control = control if control is not None else AlwaysDraft(AlwaysDraft.Params())
         self.logit_shift = logit_shift
         self._spec_on = True
+        self._probe_buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # probing's in blocks, by batch
         self.drafter = drafter if drafter is not None else Drafter(
             DraftSpec(policy.name, policy.params.model_dump(), int(policy.draft_len)), profile)
         memtp = self.drafter.spec.memtp
@@ -818,12 +823,12 @@ class Engine:
                         self.policy.skip_plain_rounds(round_index, rounds)
                     round_index += rounds
                     continue
-            drafted, width = None, gamma  # a round the block drew but did not keep: (probs, raw, conf); its width
+            drafted, k, width = None, gamma, gamma  # a round the block drew but did not keep: (probs, raw, conf)
             if by_depth is not None:  # the elastic ensemble's depth or a dynamic controller's k, and its inputs
-                width, block = self._inputs_this_round(by_depth, dynamic, dec, gamma, round_index)
+                k, width, block = self._inputs_this_round(by_depth, dynamic, dec, gamma, round_index)
             if block is not None and not num_preempted and not head_load_s:  # drafted rounds at once (exact;
                 # a round that loads heads stalls for them: the round path)
-                rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block)
+                rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block, False, k)
                 while wait_s:  # a planned round's pass runs across the next event
                     round_index += rounds
                     yield env.timeout(wait_s)
@@ -831,7 +836,7 @@ class Engine:
                 round_index += rounds
                 if rounds and drafted is None:
                     continue
-            k = width if drafted is not None or dynamic else self._draft_length(dec, gamma, round_index)  # (asked once)
+            k = width if drafted is not None else (k if dynamic else self._draft_length(dec, gamma, round_index))
             if k:  # each decoding request reserves 1 + k KV slots (vLLM allocate_slots lookahead)
                 dec, pre, more = self._reserve_lookahead(dec, pre, k)
                 num_preempted += more
@@ -1160,24 +1165,29 @@ class Engine:
 
     def _controls_in_blocks(self) -> bool:
         """Whether this run's dynamic draft-length controller runs inside drafted blocks: exactly
-        ``batch_table``, ``disable_by_batch_size`` (their k follows the batch, which a block holds)
-        or ``acceptance_target`` (its learning mirrored), beside a policy without a gate (the
-        controller is asked before the block's first round, the gate inside it) that learns
-        nothing, at a fixed depth."""
+        ``batch_table``, ``disable_by_batch_size`` (their k follows the batch, which a block holds),
+        ``acceptance_target`` or ``probing`` (their choice and learning mirrored), beside a policy
+        without a gate (the controller is asked before the block's first round, the gate inside it)
+        that learns nothing, at a fixed depth."""
         pol = self.policy
-        return (type(self.control) in (BatchTable, DisableByBatchSize, AcceptanceTarget) and not self.drafter.elastic
+        return (type(self.control) in _CONTROL_KINDS and not self.drafter.elastic
                 and type(pol) in (StaticPolicy, Mtp1Policy, ThresholdPolicy, DSparkAsyncPolicy)
                 and type(pol).observe is Policy.observe)
 
     def _inputs_this_round(self, by_depth: dict[int, tuple | None], dynamic: bool, dec: np.ndarray, gamma: int,
-                           round_index: int) -> tuple[int, tuple | None]:
-        """A round's drafted width and block inputs (None: the round path): with a dynamic
-        controller, the k it answers (the round path's one :meth:`_draft_length` this round; none
-        for k = 0); for the elastic ensemble, its depth ``gamma`` (none for a gate's plain round)."""
+                           round_index: int) -> tuple[int, int, tuple | None]:
+        """A round's k, the width a block from it drafts and the block's inputs (None: the round
+        path): with a dynamic controller, the k it answers (the round path's one
+        :meth:`_draft_length` this round), and the block's width: k, or for k = 0 the next draft's
+        (``acceptance_target``'s probe of 1, ``probing``'s probe of the depth; the batch's
+        controllers then run round by round); for the elastic ensemble, its depth ``gamma`` (no
+        block for a gate's plain round)."""
         if dynamic:
-            width = self._draft_length(dec, gamma, round_index)
-            return width, (self._inputs_at_depth(by_depth, width) if width else None)
-        return gamma, (None if self.policy.plain_rounds_ahead(round_index) else self._inputs_at_depth(by_depth, gamma))
+            k = self._draft_length(dec, gamma, round_index)
+            width = k or (dec.size and {AcceptanceTarget: 1, Probing: gamma}.get(type(self.control), 0))
+            return k, width, (self._inputs_at_depth(by_depth, width) if width else None)
+        return gamma, gamma, (None if self.policy.plain_rounds_ahead(round_index)
+                              else self._inputs_at_depth(by_depth, gamma))
 
     def _inputs_at_depth(self, by_depth: dict[int, tuple | None], gamma: int) -> tuple | None:
         """The drafted-block inputs at depth (or a controller's width) ``gamma``, made the first time."""
@@ -1221,7 +1231,8 @@ class Engine:
                 or not (type(self.control) is AlwaysDraft or self._controls_in_blocks())
                 or (drafter.elastic and type(drafter.controller) is not DepthController)
                 or drafter.spec.p_min > 0 or not 1 <= width <= drafter.depth or self.logit_shift is not None
-                or (self._listens() and type(self.control) is not AcceptanceTarget) or not self._coherence_mirrored()):
+                or (self._listens() and type(self.control) not in (AcceptanceTarget, Probing))
+                or not self._coherence_mirrored()):
             return None
         sps, dec_table = self.profile.sps, self.profile.decode_table
         prices = (_block_pricer(sps), _block_pricer(dec_table))
@@ -1239,7 +1250,7 @@ class Engine:
         # a pending round's requests and row fields, and the buffers the kernel writes into: the
         # drafts, the ids, lengths and chunks of a round, a pending round's fields (by requests, views)
         buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64),
-                   (np.empty(6), np.empty(8, dtype=np.int64)))
+                   (np.empty(6), np.empty(9, dtype=np.int64)))
         # ... and where the diagnostics' last part starts in their buffers, when it is this block's;
         # the asynchronous scheduler's lag, and rows for its (round, K) history (live pairs: <= lag + 1)
         lag = pol.params.lag_rounds if plan[0] == 3 else 0
@@ -1264,13 +1275,16 @@ class Engine:
                 and all(type(e) is CoherenceEWMA and e._alpha == coh._levels[0]._alpha for e in coh._levels))
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
-                       resume: bool = False) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
+                       resume: bool = False, first_k: int | None = None
+                       ) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
         """Run the drafted rounds from now at once while nothing outside the engine happens
         (``_kernels.drafted_block``): the same draws, clock, state and round-log rows as round by
         round, bit for bit. Called where the round path has admitted, found the anchors fit
         without preempting and the policy not planning a plain block; with ``resume``, where a
         pending round's pass (``wait_s`` of the last call) has run across an event: the call
-        finishes that round first, and goes on only if nothing waits for admission.
+        finishes that round first, and goes on only if nothing waits for admission. ``gamma``: the
+        positions its rounds draft; ``first_k``: with a dynamic controller, its answer for the
+        first round (``gamma`` or 0).
 
         Returns:
             ``(rounds, dec, pre, drafted, wait_s)``: the rounds run; the next round's decoding and
@@ -1283,13 +1297,10 @@ class Engine:
         kv, drafter, log = self.kv, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
         if resume:  # the pending round's requests, and its row's fields as they were before its pass
-            run, pending_consts, first_ov = state[3]
+            run, pending_consts = state[3]
             max_rounds = 1 if self.waiting else _MAX_BLOCK_ROUNDS  # an arrival may be admitted now
         else:
             run, pending_consts, max_rounds = self._run_ids[0], None, _MAX_BLOCK_ROUNDS
-            # a dynamic controller's switch: its first round turns speculation on (Engine._pass_time)
-            dyn = self.control
-            first_ov = overhead_s + dyn.params.switch_s if dyn.dynamic and not self._spec_on else overhead_s
         num_run = run.size
         views = state[4].get(num_run)
         if views is None:  # the run's buffers as arrays of this many requests (the kernel's shapes)
@@ -1313,7 +1324,7 @@ class Engine:
         ctl = drafter.controller
         coh_args, tower = self._coherence_args(per_tested)
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
-         num_pre, had_prefill, h0, h_len, ctl_state, tower_depth, learned) = self._kernels.drafted_block(
+         num_pre, had_prefill, h0, h_len, ctl_state, tower_depth, control) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
@@ -1323,10 +1334,9 @@ class Engine:
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
             pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower,
             drafter.kind == "draft_model",
-            self._control_args(dec.size, gamma, first_ov) if self.control.dynamic else None)
-        if learned is not None:  # AcceptanceTarget as the kept rounds left it
-            self.control._k, ema = learned
-            self.control._ema = None if ema != ema else ema
+            self._control_args(dec.size, gamma, gamma if first_k is None else first_k) if self.control.dynamic else None)
+        if control is not None:
+            self._kept_control(*control)
         if ctl_state is not None:
             self._kept_controller(ctl, ctl_state)
         if gate is not None:
@@ -1340,7 +1350,8 @@ class Engine:
             self.env._now = now  # no event falls inside the rounds run (SimPy's clock, as the round path moves it)
             kv.blocks_used = blocks_used
             self._kept_coherence(coh_value, coh_n, tower, tower_depth)
-            self._spec_on = True
+            if control is None:  # (a dynamic controller's: as its rounds left it)
+                self._spec_on = True
             if had_prefill:
                 self._run_ids = (run, None)  # "all decode" may have become true
             if kv.blocks_used > kv.capacity:
@@ -1350,7 +1361,7 @@ class Engine:
                 log.set_last_kv_after(kv.blocks_used)
             log.flush_if_full()
         if code == 3:  # the next round's pass runs across an event: wait for its end, then resume
-            state[3] = (run, consts, first_ov if not rounds else overhead_s)  # the pending round's overhead
+            state[3] = (run, consts)
             return rounds, dec, pre, None, float(pending_f[1])
         if code != 1:
             return rounds, dec, pre, None, 0.0
@@ -1371,17 +1382,41 @@ class Engine:
         self.diag_n += num
         state[2] = at + num
 
-    def _control_args(self, num_dec: int, width: int, first_overhead_s: float) -> tuple:
-        """``_kernels.drafted_block``'s ``control`` for this run's dynamic controller, asked for
-        ``width`` positions at ``num_dec`` decoding requests: the depth, the batch, the pass's tax
-        (``Engine._pass_time``), the first round's overhead, and ``AcceptanceTarget``'s learning
-        (its EMA factor, band, ``k_min``, ``k`` and EMA, NaN for None)."""
-        ctl, p = self.control, self.control.params
-        tax = 1.0 + _control_module.dynamic_tax_frac(p.tax, num_dec)
-        if type(ctl) is not AcceptanceTarget:
-            return (self.drafter.depth, num_dec, tax, first_overhead_s, False, 0.0, 0.0, 0.0, 0, width, np.nan)
-        return (self.drafter.depth, num_dec, tax, first_overhead_s, True, ctl._alpha, p.target - p.hysteresis,
-                p.target + p.hysteresis, p.k_min, ctl._k, np.nan if ctl._ema is None else ctl._ema)
+    def _control_args(self, num_dec: int, width: int, first_k: int) -> tuple:
+        """``_kernels.drafted_block``'s ``control`` for this run's dynamic controller, asked for the
+        first round at ``num_dec`` decoding requests (``first_k``; a block of ``width``): its kind,
+        the depth, the batch, the pass's tax and the overheads (``Engine._pass_time``), and
+        ``acceptance_target``'s or ``probing``'s settings and state."""
+        ctl, p, depth = self.control, self.control.params, self.drafter.depth
+        head = (_CONTROL_KINDS[type(ctl)], depth, num_dec, 1.0 + _control_module.dynamic_tax_frac(p.tax, num_dec),
+                self._spec_on, p.switch_s, self._overhead_s(False), first_k)
+        if type(ctl) is AcceptanceTarget:
+            return (*head, (ctl._alpha, p.target - p.hysteresis, p.target + p.hysteresis, p.k_min, p.probe_every),
+                    (ctl._k, np.nan if ctl._ema is None else ctl._ema, ctl._off_rounds))
+        if type(ctl) is Probing:
+            buf = self._probe_buffers.get(num_dec)
+            if buf is None:  # drafting times by k at this batch, and the measured acceptance's buffer
+                buf = self._probe_buffers[num_dec] = (
+                    np.array([self.drafter.round_time_s(num_dec, k) for k in range(depth + 1)]), np.empty(depth))
+            measured = -1 if ctl._accept is None else min(ctl._accept.size, depth)
+            if measured > 0:
+                buf[1][:measured] = ctl._accept[:measured]
+            self._probe_acceptance = buf[1]  # (read back by _kept_control)
+            return (*head, (p.probe_every, self.profile.overheads.host_s, buf[0], buf[1]),
+                    (ctl._since, ctl._probing, measured))
+        return (*head, (), ())
+
+    def _kept_control(self, spec_on: bool, state: tuple) -> None:
+        """The dynamic controller as a block's rounds left it (``_kernels.drafted_block``'s last
+        result): whether speculation is on, and ``acceptance_target``'s or ``probing``'s state."""
+        ctl = self.control
+        self._spec_on = spec_on
+        if type(ctl) is AcceptanceTarget:
+            ctl._k, ema, ctl._off_rounds = state
+            ctl._ema = None if ema != ema else ema
+        elif type(ctl) is Probing:
+            ctl._since, ctl._probing, measured = state
+            ctl._accept = None if measured < 0 else self._probe_acceptance[:measured].copy()
 
     def _coherence_args(self, per_tested: bool) -> tuple[tuple, tuple | None]:
         """``_kernels.drafted_block``'s ``coherence`` and ``tower`` for this run's coherence: the

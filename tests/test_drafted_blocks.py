@@ -125,6 +125,9 @@ CONTROLS = {
     "acceptance-target": {"name": "acceptance_target", "target": 0.6},
     "acceptance-target-steps": {"name": "acceptance_target", "target": 0.75, "hysteresis": 0.0,
                                 "half_life_rounds": 2.0, "k_min": 0, "probe_every": 3},
+    # a full-block probe every few rounds, in between the k of the best expected rate (often 0)
+    "probing": {"name": "probing", "probe_every": 4},
+    "probing-taxed": {"name": "probing", "probe_every": 9, "tax": 0.2, "switch_s": 0.003},
 }
 CONTROL_POLICIES = {"static-5": {"name": "static", "k": 5}, "mtp1": {"name": "mtp1"},
                     "threshold": {"name": "threshold", "threshold": 0.3},
@@ -164,7 +167,21 @@ def test_acceptance_target_learning_steps_inside_blocks(monkeypatch):
     assert np.any(np.diff(k) > 0) and np.any(np.diff(k) < 0)
 
 
-@pytest.mark.parametrize("patch", ["cap_instance", "observe_instance", "tax_function"])
+@pytest.mark.parametrize("control", ["acceptance-target-steps", "probing"])
+def test_rounds_without_drafts_run_inside_blocks(control, monkeypatch):
+    # reach: a controller's rounds of k 0 (plain passes, taxed, with switches) run in the kernel
+    # between its drafted ones, not one by one in Python
+    scen = scenario(**(SCENARIOS["closed-8-chunked"] | {"policy": CONTROL_POLICIES["static-5"],
+                                                        "draft_control": CONTROLS[control]}))
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=7).state)
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    plain = int(np.count_nonzero((r["gamma"] == 0) & (r["num_decode"] > 0)))
+    in_python = r["start_s"].size - sum(calls)  # rounds not kept by a block
+    assert plain >= 20 and in_python < plain / 2, (plain, in_python)
+
+
+@pytest.mark.parametrize("patch", ["cap_instance", "observe_instance", "tax_function", "expected_rate"])
 def test_a_replaced_dynamic_controller_runs_round_by_round(patch, monkeypatch):
     # the kernel keeps the controller's answer and learning in its place: a patched cap or
     # observe (or the tax's function) must run instead, round by round, and change the run
@@ -174,7 +191,8 @@ def test_a_replaced_dynamic_controller_runs_round_by_round(patch, monkeypatch):
     from memtp_sim.policies.control import make_control
 
     def build() -> Engine:
-        control = make_control("acceptance_target", {"target": 0.6, "tax": 0.1})
+        control = make_control("probing", {"probe_every": 4, "tax": 0.1}) if patch == "expected_rate" else \
+            make_control("acceptance_target", {"target": 0.6, "tax": 0.1})
         return Engine(flat_profile(pass_ms=10.0, kv_blocks=64), AcceptanceModel.fixed(0.7),
                       workload([8, 8, 8], [60, 50, 40]), make_policy("static", {"k": 4}),
                       EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32, kv_watermark_frac=0.0),
@@ -192,8 +210,12 @@ def test_a_replaced_dynamic_controller_runs_round_by_round(patch, monkeypatch):
         eng.control.cap = lambda view: min(orig_cap(view), 1)
     elif patch == "observe_instance":
         eng.control.observe = lambda outcome: None  # k never learns
-    else:
+    elif patch == "tax_function":
         monkeypatch.setattr(control_mod, "dynamic_tax_frac", lambda tax, n: 0.5)
+    else:  # probing's view of the rates: drafting always looks best
+        from memtp_sim.policies.base import DraftView
+        orig_rate = DraftView.expected_rate
+        monkeypatch.setattr(DraftView, "expected_rate", lambda self, k, a: orig_rate(self, k, a) * (1 + k))
     patched = eng.run()
     assert calls == []
     with pytest.raises(AssertionError):
@@ -702,13 +724,17 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
             rows=[], row_consts=(0, 1, 0), dec_out=ints(0), pre_out=ints(0), probs=np.empty((1, 2)),
             raw=np.empty((1, 2)), conf=np.empty((1, 2)), finished=ints(0), diag_raw=None, diag_conf=None,
             diag_would=None, lengths_out=ints(0), chunks_out=ints(0), pending_f=np.zeros(6),
-            pending_i=ints(0, 0, 0, 0, 0, 0, 0, 0), resume=False, pending_consts=None)
+            pending_i=ints(0, 0, 0, 0, 0, 0, 0, 0, 0), resume=False, pending_consts=None)
 # a valid elastic controller: max_depth 4, 1 GiB heads, R thresholds, dwell 2, no margin, epsilon,
 # 8 GiB left after weights, nobody waiting, no earlier round
 ELASTIC = (4, 1.0, 0.3, 0.9, 2, 0.0, 1e-9, 8.0, 0, -1, -1, -1, -1, 0)
-# a valid acceptance_target: depth 4, 1 decoding request, 10% tax, its first round's overhead,
-# learning (EMA factor, a band no EMA leaves, k_min 1, k 2 = the width, no EMA yet)
-CONTROL = (4, 1, 1.1, 0.001, True, 0.1, 0.0, 1.0, 1, 2, float("nan"))
+# a valid acceptance_target (kind 2): depth 4, 1 decoding request, 10% tax, speculation on, a 1 ms
+# switch, a plain round's overhead, the first round's k 2 = the width; EMA factor, a band no EMA
+# leaves, k_min 1, probe_every 4; k 2, no EMA yet, no round off
+CONTROL = (2, 4, 1, 1.1, True, 0.001, 0.0005, 2, (0.1, 0.0, 1.0, 1, 4), (2, float("nan"), 0))
+# probing (kind 3) at depth 2: probe every 4 rounds, no host time, drafting times by k, the
+# acceptance's buffer; no round since the probe, no probe yet
+PROBING = (3, 2, 1, 1.1, True, 0.001, 0.0005, 2, (4, 0.0, np.zeros(3), np.zeros(2)), (0, False, -1))
 '''
 
 
@@ -718,11 +744,14 @@ CONTROL = (4, 1, 1.1, 0.001, True, 0.1, 0.0, 1.0, 1, 2, float("nan"))
     "plan_kind=3, lag_rounds=0",
     "history=np.zeros((4, 3), dtype=np.int64)", "history=np.zeros((4, 2))", "history_len=5", "history_len=-1",
     # a resume whose pending fields are not a round of these requests
-    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), dec_out=ints(10**12)",
-    "resume=True, pending_consts=[], pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
-    "resume=True, pending_consts=(0, 1), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0)",
-    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0), lengths_out=ints(10**6)",
-    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, -1, 0, 0, 1, 0, 0, 0)",
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0, 2), dec_out=ints(10**12)",
+    "resume=True, pending_consts=[], pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0, 2)",
+    "resume=True, pending_consts=(0, 1), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0, 2)",
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0, 2), lengths_out=ints(10**6)",
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, -1, 0, 0, 1, 0, 0, 0, 2)",
+    # a pending round of another width, or one without drafts where no controller decides so
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0, 1)",
+    "resume=True, pending_consts=(0, 1, 0), pending_i=ints(1, 0, 0, 0, 1, 0, 0, 0, 0)",
     # the elastic ensemble's controller: a short tuple, a list, a depth beyond max_depth, a head
     # that costs nothing, thresholds the wrong way round, no dwell, a negative waiting head
     "elastic=(4, 1.0)", "elastic=list(ELASTIC)", "elastic=(1,) + ELASTIC[1:]", "elastic=ELASTIC[:1] + (0.0,) + ELASTIC[2:]",
@@ -731,11 +760,14 @@ CONTROL = (4, 1, 1.1, 0.001, True, 0.1, 0.0, 1.0, 1, 2, float("nan"))
     # the tower coherence's levels: a short tuple, fewer levels than positions, depth 0, float counts
     "tower=(np.ones(2),)", "tower=(np.ones(1), ints(0), 1)", "tower=(np.ones(2), ints(0, 0), 0)",
     "tower=(np.ones(2), np.zeros(2), 1)",
-    # a dynamic controller: a short tuple, a list, a depth under the width, a tax under 1, a
-    # learned k that is not the width, no EMA factor, a band the wrong way round
-    "control=CONTROL[:3]", "control=list(CONTROL)", "control=(1,) + CONTROL[1:]",
-    "control=CONTROL[:2] + (0.9,) + CONTROL[3:]", "control=CONTROL[:9] + (1,) + CONTROL[10:]",
-    "control=CONTROL[:5] + (0.0,) + CONTROL[6:]", "control=CONTROL[:6] + (0.8, 0.4) + CONTROL[8:]",
+    # a dynamic controller: a short tuple, a list, no such kind, settings of another kind, a depth
+    # under the width, a tax under 1, a first k neither the width nor 0, no EMA factor, a band the
+    # wrong way round, a short state, probing's drafting times too short for its depth
+    "control=CONTROL[:3]", "control=list(CONTROL)", "control=(9,) + CONTROL[1:]", "control=(1,) + CONTROL[1:]",
+    "control=CONTROL[:1] + (1,) + CONTROL[2:]", "control=CONTROL[:3] + (0.9,) + CONTROL[4:]",
+    "control=CONTROL[:7] + (1,) + CONTROL[8:]", "control=CONTROL[:8] + ((0.0, 0.0, 1.0, 1, 4),) + CONTROL[9:]",
+    "control=CONTROL[:8] + ((0.1, 0.8, 0.4, 1, 4),) + CONTROL[9:]", "control=CONTROL[:9] + ((2, float('nan')),)",
+    "control=PROBING[:8] + ((4, 0.0, np.zeros(2), np.zeros(2)),) + PROBING[9:]",
 ])
 def test_the_kernel_refuses_bad_fields_instead_of_crashing(bad):
     # review: the module reads tuples and the pending round's ids without bounds checks; short
@@ -756,8 +788,10 @@ def test_the_valid_call_of_the_refusal_test_runs():
     import sys
 
     for extra in ("", "args.update(elastic=ELASTIC)\n",  # a fixed drafter, the elastic ensemble, its tower,
-                  "args.update(elastic=ELASTIC, tower=(np.ones(2), ints(0, 0), 2))\n",  # a dynamic controller
-                  "args.update(control=CONTROL, plan_kind=1, fixed_k=2)\n"):
+                  "args.update(elastic=ELASTIC, tower=(np.ones(2), ints(0, 0), 2))\n",  # dynamic controllers
+                  "args.update(control=CONTROL, plan_kind=1, fixed_k=2)\n",
+                  "args.update(control=(1,) + CONTROL[1:8] + ((), ()), plan_kind=1, fixed_k=2)\n",
+                  "args.update(control=PROBING, plan_kind=1, fixed_k=2)\n"):
         code = _KERNEL_CALL + extra + "out = K.drafted_block(**args)\nprint(out[1], len(args['rows']))\n"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr[-300:]
