@@ -49,6 +49,9 @@ SCENARIOS = {
     "poisson-colocated": {"workload": {"mode": "poisson", "rate_per_s": 2.0, "num_requests": 40}},
     "closed-8-chunked": {"workload": {"concurrency": 8, "num_requests": 40},
                          "engine": {"max_batch_tokens": 256, "prefill_chunk_tokens": 64}},
+    # a pass the drafts nearly fill: the prefill chunks get what they leave (more in a round without drafts)
+    "closed-8-tight-pass": {"workload": {"concurrency": 8, "num_requests": 40},
+                            "engine": {"max_batch_tokens": 64, "prefill_chunk_tokens": 56}},
     "disaggregated": {"workload": {"concurrency": 6, "num_requests": 36},
                       "engine": {"prefill": "disaggregated", "prefill_gpus": 2}},
     # context-priced verify and decode tables: every round priced at its own context
@@ -143,8 +146,8 @@ def control_both_ways(monkeypatch, name: str, control: str, policy: str, seed: i
 
 
 @pytest.mark.parametrize("control", sorted(CONTROLS))
-@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "closed-8-chunked", "disaggregated", "h200-context",
-                                  "kv-pressure"])
+@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "closed-8-chunked", "closed-8-tight-pass",
+                                  "disaggregated", "h200-context", "kv-pressure"])
 def test_dynamic_controllers_drafted_blocks_match_round_by_round(name, control, monkeypatch):
     # the controller's k, its tax on every pass and its switch cost, and acceptance_target's
     # learning, kept by the kernel round after round: bit for bit the rounds one by one
@@ -179,6 +182,42 @@ def test_rounds_without_drafts_run_inside_blocks(control, monkeypatch):
     plain = int(np.count_nonzero((r["gamma"] == 0) & (r["num_decode"] > 0)))
     in_python = r["start_s"].size - sum(calls)  # rounds not kept by a block
     assert plain >= 20 and in_python < plain / 2, (plain, in_python)
+
+
+@pytest.mark.parametrize("case", ["cheap-drafts-static", "dear-drafts-threshold"])
+def test_probing_with_host_and_planner_overheads_matches_round_by_round(case, monkeypatch):
+    # the host time is in probing's expected rates (DraftView.fixed_s): with 20 ms of it cheap
+    # drafts pay off where they would not without, and dear ones (22 ms for one position) do not
+    # where they would if it were left out of the drafting rounds' time; a plain round pays the
+    # host time alone where a drafted one of a planning policy (threshold) pays the planner's too
+    from dataclasses import replace
+
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.hardware.cost import Overheads
+    from memtp_sim.policies import make_policy
+    from memtp_sim.policies.control import make_control
+
+    from _sim_helpers import zero_drafter
+
+    cheap = case.startswith("cheap")
+    drafter = zero_drafter(t_seq_s=0.004 if cheap else 0.02, t_small_s=0.002)
+    prof = replace(flat_profile(pass_ms=10.0, kv_blocks=512, drafter=drafter),
+                   overheads=Overheads(host_s=0.02, planner_s=0.003))
+    policy = ("static", {"k": 3}) if cheap else ("threshold", {"threshold": 0.2, "gamma": 3})
+
+    def go():
+        return Engine(prof, AcceptanceModel.fixed(0.55), workload([8] * 6, [60, 50, 40, 70, 30, 45]),
+                      make_policy(*policy), EngineSettings(max_batch_tokens=64, prefill_chunk_tokens=32,
+                                                           kv_watermark_frac=0.0),
+                      np.random.default_rng(3), control=make_control("probing", {"probe_every": 5, "switch_s": 0.001})
+                      ).run()
+
+    slow, fast, calls = both_ways(monkeypatch, go)
+    assert calls and max(calls) > 1
+    assert_same_state(slow, fast)
+    k = fast.rounds["gamma"][fast.rounds["num_decode"] > 0]
+    # (without the host time in the rates the cheap case drafts nothing in 31 of its 54 rounds)
+    assert (k == 0).sum() < (k > 0).sum() / 4 if cheap else ((k == 0).sum() > 20 and (k > 0).sum() > 5)
 
 
 @pytest.mark.parametrize("patch", ["cap_instance", "observe_instance", "tax_function", "expected_rate"])
