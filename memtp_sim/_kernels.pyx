@@ -1930,7 +1930,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   object pending_consts, object elastic=None, object tower=None, bint drafter_prefills=False,
                   object control=None):
     """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
-    the plans below, the ``always`` controller and the EWMA coherence) one after another while nothing outside the
+    the plans below; the ``always`` controller or a dynamic one, ``control``; the EWMA or tower
+    coherence; a fixed depth or the elastic ensemble) one after another while nothing outside the
     engine happens: the same draws from the same generators, the same float operations, the same
     state and round-log rows as round by round (docs/model.md section 1 steps 2-7; DSpark paper
     Algorithm 1).
@@ -2204,7 +2205,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             c_alpha, c_lo, c_hi, c_k_min, c_every = control[8]
             c_k, c_ema, c_off = control[9]
             if not (0.0 < c_alpha <= 1.0 and c_lo <= c_hi and c_k_min >= 0 and c_every >= 1 and c_k >= 0
-                    and c_off >= 0 and not c_ema == INFINITY):
+                    and c_off >= 0 and (c_ema != c_ema or -INFINITY < c_ema < INFINITY)):
                 raise ValueError(f"control: {control[8:]!r} is not an acceptance_target's")
         elif c_kind == 3:  # Probing: probe_every, fixed time, drafting time by k; since, probing, measured length
             c_every, c_fixed = control[8][0], control[8][1]
@@ -2275,9 +2276,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 k_r, c_asked = gamma, False  # this round's drafted positions; whether the controller was asked
                 if c_kind:  # Engine._draft_length asks the controller (the caller asked for the call's first round)
                     k_r, c_asked = c_first_k, rounds > 0
+                    if num != c_num:
+                        break  # its k and the tax were for another batch: the round path asks
                     if c_asked:
-                        if num != c_num:
-                            break  # its k and the tax were for another batch: the round path asks
                         if c_kind == 2:  # AcceptanceTarget.cap
                             c_k = c_k if c_k < c_depth else c_depth  # its clamp (idempotent)
                             t_off, k_r = c_off, c_k

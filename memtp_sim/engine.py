@@ -798,12 +798,12 @@ class Engine:
         env, drafter = self.env, self.drafter
         listens, plain_ok = self._listens(), self._plain_blocks_possible()
         block, by_depth = self._drafted_setup()
-        dynamic = by_depth is not None and self.control.dynamic  # blocks at the width the controller chooses
+        dynamic = by_depth is not None and self.control.dynamic  # a controller the kernel keeps (asked once a round)
         self._plain_fused = self._plain_block_inputs() if plain_ok else None
         round_index = 0
         while self.num_done < self.n:
-            elastic = drafter.elastic and (self.running or self.waiting)
-            head_load_s, gamma = (self._resize_drafter(round_index) if elastic else 0.0), drafter.depth
+            busy = drafter.elastic and (self.running or self.waiting)
+            head_load_s, gamma = (self._resize_drafter(round_index) if busy else 0.0), drafter.depth
             self._admit()
             if not self.running:
                 if self.waiting:

@@ -170,6 +170,18 @@ def test_acceptance_target_learning_steps_inside_blocks(monkeypatch):
     assert np.any(np.diff(k) > 0) and np.any(np.diff(k) < 0)
 
 
+def test_acceptance_target_past_the_depth_keeps_its_blocks(monkeypatch):
+    # a low target: the EMA stays above the band, k steps up every round and cap clamps it to the
+    # depth; the kernel clamps it too and goes on (the review's mutant without the clamp stopped
+    # every block after a round: the same state, most rounds one by one)
+    scen = scenario(policy={"name": "static", "k": 3}, workload={"concurrency": 4, "num_requests": 24},
+                    draft_control={"name": "acceptance_target", "target": 0.2, "hysteresis": 0.0})
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=2).state)
+    assert_same_state(slow, fast)
+    assert (fast.rounds["gamma"][fast.rounds["num_decode"] > 0] == 3).all()
+    assert sum(calls) / len(calls) >= 4, f"{sum(calls)} rounds in {len(calls)} blocks"
+
+
 @pytest.mark.parametrize("control", ["acceptance-target-steps", "probing"])
 def test_rounds_without_drafts_run_inside_blocks(control, monkeypatch):
     # reach: a controller's rounds of k 0 (plain passes, taxed, with switches) run in the kernel
