@@ -2204,7 +2204,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         if c_kind == 2:  # AcceptanceTarget: EMA factor, band, k_min, probe_every; k, EMA (NaN: None), off rounds
             c_alpha, c_lo, c_hi, c_k_min, c_every = control[8]
             c_k, c_ema, c_off = control[9]
-            if not (0.0 < c_alpha <= 1.0 and c_lo <= c_hi and c_k_min >= 0 and c_every >= 1 and c_k >= 0
+            if not (0.0 <= c_alpha <= 1.0 and c_lo <= c_hi and c_k_min >= 0 and c_every >= 1 and c_k >= 0
                     and c_off >= 0 and (c_ema != c_ema or -INFINITY < c_ema < INFINITY)):
                 raise ValueError(f"control: {control[8:]!r} is not an acceptance_target's")
         elif c_kind == 3:  # Probing: probe_every, fixed time, drafting time by k; since, probing, measured length

@@ -812,11 +812,11 @@ PROBING = (3, 2, 1, 1.1, True, 0.001, 0.0005, 2, (4, 0.0, np.zeros(3), np.zeros(
     "tower=(np.ones(2),)", "tower=(np.ones(1), ints(0), 1)", "tower=(np.ones(2), ints(0, 0), 0)",
     "tower=(np.ones(2), np.zeros(2), 1)",
     # a dynamic controller: a short tuple, a list, no such kind, settings of another kind, a depth
-    # under the width, a tax under 1, a first k neither the width nor 0, no EMA factor, a band the
+    # under the width, a tax under 1, a first k neither the width nor 0, an EMA factor over 1, a band the
     # wrong way round, a short state, probing's drafting times too short for its depth
     "control=CONTROL[:3]", "control=list(CONTROL)", "control=(9,) + CONTROL[1:]", "control=(1,) + CONTROL[1:]",
     "control=CONTROL[:1] + (1,) + CONTROL[2:]", "control=CONTROL[:3] + (0.9,) + CONTROL[4:]",
-    "control=CONTROL[:7] + (1,) + CONTROL[8:]", "control=CONTROL[:8] + ((0.0, 0.0, 1.0, 1, 4),) + CONTROL[9:]",
+    "control=CONTROL[:7] + (1,) + CONTROL[8:]", "control=CONTROL[:8] + ((1.5, 0.0, 1.0, 1, 4),) + CONTROL[9:]",
     "control=CONTROL[:8] + ((0.1, 0.8, 0.4, 1, 4),) + CONTROL[9:]", "control=CONTROL[:9] + ((2, float('nan')),)",
     "control=PROBING[:8] + ((4, 0.0, np.zeros(2), np.zeros(2)),) + PROBING[9:]",
 ])
@@ -1143,3 +1143,20 @@ def test_the_elastic_ensemble_skips_the_kernel_for_the_gate_s_plain_rounds(monke
     state = run(scenario(policy={"name": "dspark"}, **ELASTIC["elastic-gate"]), seed=2).state
     assert calls and plain == []
     assert (state.rounds["verify_tokens"] == 0).sum() >= 20  # the gate did fall back to plain rounds
+
+
+@pytest.mark.parametrize("control", [
+    {"name": "acceptance_target", "half_life_rounds": 1e17},  # its EMA factor rounds to 0: k never moves
+    {"name": "acceptance_target", "half_life_rounds": 1e-300, "k_min": 0, "probe_every": 1},  # factor 1
+    {"name": "acceptance_target", "k_min": 127, "target": 0.01, "probe_every": 100000, "tax": 4.99},
+    {"name": "probing", "probe_every": 100000, "switch_s": 10.0},
+    {"name": "probing", "probe_every": 2, "tax": 0.0, "switch_s": 0.0},
+    {"name": "batch_table", "table": {"1-4096": 0}, "tax": 0.0},
+])
+def test_extreme_controller_settings_run_in_blocks_as_round_by_round(control, monkeypatch):
+    # the kind (a fresh user's report): a setting validation accepts must run, and give the same
+    # answers, in the compiled blocks; the kernel refused a half-life of 1e17 (an EMA factor of 0)
+    scen = scenario(policy={"name": "static", "k": 3}, workload={"concurrency": 4, "num_requests": 16},
+                    draft_control=control)
+    slow, fast, _ = both_ways(monkeypatch, lambda: run(scen, seed=1).state)
+    assert_same_state(slow, fast)
