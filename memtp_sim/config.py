@@ -525,6 +525,11 @@ class ControlSpec(BaseModel):
         """The controller's parameters (every key but ``name``)."""
         return dict(self.model_extra or {})
 
+    @property
+    def param_paths(self) -> set[str]:
+        """``draft_control.<param>`` for every parameter given: the paths the no-effect rule checks."""
+        return {f"draft_control.{k}" for k in self.model_extra or {}}
+
     def resolved_params(self) -> dict[str, Any]:
         """Every parameter of the controller as a run uses it: those given and the defaults of the rest."""
         return control_class(self.name).Params(**self.params).model_dump(mode="json")
@@ -684,6 +689,10 @@ class Scenario(StrictModel):
             for f in DrafterConfig.model_fields:
                 out[f"drafter.{f}"] = f"policy {self.policy.name!r} drafts nothing"
             out["draft_control"] = f"policy {self.policy.name!r} drafts nothing"
+        elif not control_class(self.draft_control.name).dynamic:
+            for f in ("tax", "switch_s"):  # (the params every controller takes; only the dynamic ones pay them)
+                out[f"draft_control.{f}"] = (f"draft_control {self.draft_control.name!r} is not dynamic: it never "
+                                             "taxes a pass or switches speculation off")
         elif self.drafter.kind != "ngram":
             out["drafter.cpu_ms_per_request"] = "only used with drafter.kind: ngram"
         return out
@@ -890,7 +899,8 @@ class Study(StrictModel):
                         raise ConfigError(format_validation_error(e, f"{source} ({where})" if where else source)) from None
                     reasons = scen.ignored_fields()
                     run_policy = pol if pol is not None else self.base.policy
-                    for path in (user_paths | set(overrides) | run_policy.param_paths) - dropped:
+                    for path in (user_paths | set(overrides) | run_policy.param_paths
+                                 | scen.draft_control.param_paths) - dropped:
                         applicable[path] = applicable.get(path, 0) + 1
                         if path in reasons:
                             ignored.setdefault(path, []).append(reasons[path])
@@ -1028,7 +1038,8 @@ def _set_dotted(doc: dict[str, Any], key: str, value: Any, source: str) -> None:
         if not isinstance(node.get(p), dict):
             raise ConfigError(f"{source}: sweep.{key}: {p!r} is not a section of the scenario")
         node = node[p]
-    if parts[-1] not in node and parts[0] != "policy":
+    # a policy's or a controller's parameter may be new here: their own models check the names
+    if parts[-1] not in node and parts[0] not in ("policy", "draft_control"):
         raise ConfigError(f"{source}: sweep.{key}: unknown field; allowed in {'.'.join(parts[:-1]) or 'scenario'}: "
                           f"{', '.join(sorted(node))}")
     node[parts[-1]] = value
@@ -1240,7 +1251,7 @@ def check_no_ignored_fields(scenario: Scenario, source: str) -> None:
         ConfigError: one line naming ``source``, the field and why it has no effect.
     """
     reasons = scenario.ignored_fields()
-    for path in sorted(set_paths(scenario) | scenario.policy.param_paths):
+    for path in sorted(set_paths(scenario) | scenario.policy.param_paths | scenario.draft_control.param_paths):
         if path in reasons:
             raise ConfigError(f"{source}: {path}: has no effect in this scenario ({reasons[path]}); "
                               "remove it or change the setting it depends on")

@@ -668,3 +668,50 @@ def test_static_k_under_a_fixed_depth_is_refused_only_when_it_changes_nothing(tm
     assert run(scen, seed=0).metrics["mean_verify_len"] == pytest.approx(2.0, abs=0.05)
     # without MEMTP the same gamma and k are the policy's own
     load_scenario(_write(tmp_path, {"workload": dict(_WL), "policy": {"name": "dspark", "gamma": 3}}))
+
+
+# ------------------------------------------- draft-length controller settings
+# The kinds (a fresh user's report): ``always`` took ``tax`` and ``switch_s`` and ran the same as
+# without them (a sweep of them gave identical runs); integers beyond 64 bits passed validation and
+# failed in the run (OverflowError in the compiled rounds); a bad tax named the error twice.
+@pytest.mark.parametrize("field", ["tax", "switch_s"])
+def test_a_tax_or_switch_cost_on_the_always_controller_is_refused(tmp_path, field):
+    doc = {"workload": dict(_WL), "draft_control": {"name": "always", field: 0.5}}
+    with pytest.raises(ConfigError, match=rf"draft_control\.{field}: has no effect in this scenario .*not dynamic"):
+        load_scenario(_write(tmp_path, doc))
+    # a dynamic controller pays them
+    load_scenario(_write(tmp_path, {**doc, "draft_control": {"name": "probing", field: 0.5}}))
+
+
+@pytest.mark.parametrize("control, field", [
+    ({"name": "acceptance_target", "probe_every": 10**20}, "probe_every"),
+    ({"name": "acceptance_target", "k_min": 10**20}, "k_min"),
+    ({"name": "probing", "probe_every": 2**63}, "probe_every"),
+])
+def test_controller_integers_beyond_their_range_are_refused_at_load(tmp_path, control, field):
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(_write(tmp_path, {"workload": dict(_WL), "draft_control": control}))
+    msg = str(exc.value)
+    assert f"draft_control.{field}" in msg and "less than or equal to" in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("tax", [5, -0.1, True, "0.2", None])
+def test_a_bad_tax_gets_one_plain_line(tmp_path, tax):
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(_write(tmp_path, {"workload": dict(_WL), "draft_control": {"name": "probing", "tax": tax}}))
+    msg = str(exc.value)
+    assert "draft_control.tax" in msg and "[0, 5)" in msg and msg.count("(got") <= 1 and ".float" not in msg, msg
+
+
+def test_a_sweep_of_a_controller_parameter_the_base_leaves_out_runs(tmp_path):
+    # a fresh user's report: sweep.draft_control.tax was refused as an unknown field ("allowed:
+    # name, probe_every", the base's keys) though every controller takes it; a misspelt one is
+    # still refused, by the controller's own parameter list
+    f = tmp_path / "study.yaml"
+    base = {"workload": dict(_WL), "draft_control": {"name": "probing", "probe_every": 2}}
+    f.write_text(yaml.safe_dump({"name": "t", "base": base, "sweep": {"draft_control.tax": [0.0, "measured", 0.5]}}))
+    taxes = [s.draft_control.params["tax"] for _, s, _ in load_study(f).expand(source=str(f))]
+    assert taxes == [0.0, "measured", 0.5]
+    f.write_text(yaml.safe_dump({"name": "t", "base": base, "sweep": {"draft_control.taks": [0.0, 0.5]}}))
+    with pytest.raises(ConfigError, match=r"draft_control.*taks.*allowed: .*tax"):
+        load_study(f).expand(source=str(f))

@@ -140,20 +140,24 @@ class ControlParams(PolicyParams):
 
     Attributes:
         tax: per-pass tax fraction while the mechanism is on (a number, or ``measured``: the
-            vLLM issue #49548 points interpolated over the batch); ignored by ``always``.
+            vLLM issue #49548 points interpolated over the batch); a scenario refuses it with
+            ``always``, which is not dynamic (as ``switch_s``).
         switch_s: time paid each time speculation is switched on or off, seconds.
     """
 
-    tax: float | str = Field("measured", description="per-pass tax while dynamic: a fraction, or 'measured'")
+    # (Any and one validator: a union's member names would show in pydantic's messages)
+    tax: Any = Field("measured", description="per-pass tax while dynamic: a fraction in [0, 5), or 'measured'")
     switch_s: float = Field(0.001, ge=0.0, description="cost of each on/off switch, seconds (stated assumption: "
                                                        "one drafter catch-up step, ~1 ms)")
 
-    @field_validator("tax")
+    @field_validator("tax", mode="before")
     @classmethod
     def _tax(cls, v: Any) -> Any:
-        if v == "measured" or (isinstance(v, float) and 0.0 <= v < 5.0):
+        if v == "measured" and isinstance(v, str):
             return v
-        raise ValueError(f"allowed: 'measured' or a fraction >= 0 (got {v!r})")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v < 5.0:
+            return float(v)
+        raise ValueError("allowed: 'measured' or a fraction in [0, 5)")
 
 
 class DraftControl(ABC):
@@ -332,8 +336,9 @@ class AcceptanceTargetParams(ControlParams):
     target: float = Field(0.6, gt=0.0, lt=1.0, description="acceptance rate to hold")
     hysteresis: float = Field(0.05, ge=0.0, lt=0.5, description="dead band around the target")
     half_life_rounds: float = Field(8.0, gt=0.0, description="EMA half-life, rounds")
-    k_min: int = Field(1, ge=0, description="smallest k (0 lets it turn speculation off)")
-    probe_every: int = Field(32, ge=1, description="at k = 0, draft one position every this many rounds")
+    # (bounded: the compiled rounds read them as 64-bit integers; 127 is the widest drafter, MAX_DRAFT_LEN)
+    k_min: int = Field(1, ge=0, le=127, description="smallest k (0 lets it turn speculation off)")
+    probe_every: int = Field(32, ge=1, le=100000, description="at k = 0, draft one position every this many rounds")
 
 
 @register_control("acceptance_target")
@@ -394,7 +399,7 @@ class AcceptanceTarget(DraftControl):
 class ProbingParams(ControlParams):
     """``probing``: a full-block probe every ``probe_every`` rounds."""
 
-    probe_every: int = Field(32, ge=2, description="rounds between full-block probes")
+    probe_every: int = Field(32, ge=2, le=100000, description="rounds between full-block probes")
 
 
 @register_control("probing")
