@@ -20,8 +20,9 @@ Sections:
    rate a sweep of long runs sees). Then the main study's baselines at one user, MTP-1 and
    static 5, and the tuned threshold policy at 16 users (``--requests`` / 4 requests each, at least 25),
    and ``studies/memtp.yaml``'s elastic MEMTP ensemble with DSpark (EWMA and tower coherence, seed
-   0), against the same runs with drafted rounds one by one (``Engine.DRAFT_BLOCKS = False``; the
-   same answers): what the drafted blocks buy them.
+   0), and ``studies/drafters.yaml``'s probing and acceptance-target controllers and draft model
+   (one user, gfx1151, seed 0), against the same runs with drafted rounds one by one
+   (``Engine.DRAFT_BLOCKS = False``; the same answers): what the drafted blocks buy them.
 3. Scaling: fitted exponent of wall time vs requests (concurrency 16) and of time a round vs
    batch (concurrency 1..64); 1.0 is linear.
 4. Start-up: ``import memtp_sim`` and a cold what-if point (a fresh ``python -c`` that loads
@@ -244,6 +245,17 @@ def main() -> None:
         (w, mm), (w_rbr, mm_rbr) = best_of_each(sc, args.repeat, [{}, {"drafted": False}])
         same_answers(mm_rbr, mm, "drafted blocks")
         line(f"memtp.yaml {variant} dspark, out tok/s", mm["output_tokens_total"] / w,
+             "tok/s", baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
+    # studies/drafters.yaml's dynamic draft-length controllers and draft model (in drafted blocks
+    # since this version), one user on gfx1151: the study's longest runs
+    drafters = load_study(ROOT / "studies" / "drafters.yaml")
+    for variant in ("mtp3_probing", "mtp3_acceptance_target", "draft_model"):
+        sc = next(sc for lab, sc, sd in drafters.expand(source="studies/drafters.yaml")
+                  if lab["variant"] == variant and sc.workload.concurrency == 1
+                  and sc.hardware.profile.startswith("gfx1151") and sd == 0)
+        (w, mm), (w_rbr, mm_rbr) = best_of_each(sc, args.repeat, [{}, {"drafted": False}])
+        same_answers(mm_rbr, mm, "drafted blocks")
+        line(f"drafters.yaml {variant}, 1 user, out tok/s", mm["output_tokens_total"] / w,
              "tok/s", baseline=("round by round", mm_rbr["output_tokens_total"] / w_rbr))
 
     sizes = [100, 200, 400] if args.quick else [100, 200, 400, 800]
