@@ -2033,8 +2033,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             k_min, probe_every)`` and ``(k, ema, off_rounds)`` (NaN for None); kind 3
             ``(probe_every, fixed_s, draft_times_by_k, acceptance)``, float64 ``(depth + 1,)``
             (``Drafter.round_time_s(num_dec, k)``) and ``(depth,)`` (updated in place), and
-            ``(since, probing, measured)`` (-1: no probe yet). Every round but the call's first asks
-            the controller as ``Engine._draft_length`` does (``AcceptanceTarget.cap``,
+            ``(since, probing, measured)`` (-1: no probe yet; 0: an empty measurement). Every
+            round but the call's first asks the controller as ``Engine._draft_length`` does (``AcceptanceTarget.cap``,
             ``Probing.cap`` with ``DraftView.expected_rate`` at the round's context); a round whose
             batch is not ``num_dec`` or whose k is neither ``gamma`` nor 0 stops the block before
             it (the controller as it was: its answer stands once the round draws or is kept). A
@@ -2212,8 +2212,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             c_dbk = _f64(<cnp.ndarray?>control[8][2], "control drafting times", c_depth + 1)
             c_acc = _f64(_w(<cnp.ndarray?>control[8][3], "control acceptance"), "control acceptance", c_depth)
             c_since, c_probing, c_acc_len = control[9]
-            if not (c_every >= 1 and 0.0 <= c_fixed < INFINITY and c_since >= 0 and -1 <= c_acc_len <= c_depth
-                    and c_acc_len != 0):
+            if not (c_every >= 1 and 0.0 <= c_fixed < INFINITY and c_since >= 0 and -1 <= c_acc_len <= c_depth):
                 raise ValueError(f"control: {control[8][:2]!r} and {control[9]!r} are not a probing controller's")
 
     # scratch: offsets (N), noise and draws (N*L each), scan candidates (2*N*L), times (N*L + 1);

@@ -462,7 +462,7 @@ class Engine:
         self.control = control if control is not None else AlwaysDraft(AlwaysDraft.Params())
         self.logit_shift = logit_shift
         self._spec_on = True
-        self._probe_buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # probing's in blocks, by batch
+        self._probe_buffers, self._probe_acceptance = {}, None  # probing in blocks: buffers by batch, the last used
         self.drafter = drafter if drafter is not None else Drafter(
             DraftSpec(policy.name, policy.params.model_dump(), int(policy.draft_len)), profile)
         memtp = self.drafter.spec.memtp

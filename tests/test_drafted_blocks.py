@@ -1160,3 +1160,59 @@ def test_extreme_controller_settings_run_in_blocks_as_round_by_round(control, mo
                     draft_control=control)
     slow, fast, _ = both_ways(monkeypatch, lambda: run(scen, seed=1).state)
     assert_same_state(slow, fast)
+
+
+# Probing's choice at its edges (a reviewer's survivors: a pass the full block fills exactly, the
+# no-draft pass priced by the decode table, the host time in the drafting rates): 8 users, every
+# draft accepted, a probe every 5 rounds; between probes the one k that pays, bit for bit both ways
+def _probing_edge(monkeypatch, prof, max_batch_tokens: int, want_k: int) -> None:
+    from _sim_helpers import certain_acceptance
+    from memtp_sim.engine import EngineSettings
+    from memtp_sim.policies import make_policy
+    from memtp_sim.policies.control import make_control
+
+    def go():
+        return Engine(prof, certain_acceptance(True), workload([8] * 8, [120] * 8, concurrency=8),
+                      make_policy("static", {"k": 3}),
+                      EngineSettings(max_batch_tokens=max_batch_tokens, prefill_chunk_tokens=16, kv_watermark_frac=0.0),
+                      np.random.default_rng(1), control=make_control("probing", {"probe_every": 5})).run()
+
+    slow, fast, calls = both_ways(monkeypatch, go)
+    assert_same_state(slow, fast)
+    k = slow.rounds["gamma"][slow.rounds["num_decode"] == 8]
+    between = np.delete(k, np.arange(0, k.size, 5))  # not the probes
+    assert (between == want_k).mean() > 0.7, k
+    assert calls and max(calls) > 4
+
+
+def test_probing_full_block_that_exactly_fills_the_pass(monkeypatch):
+    # 8 x (1 + 3) = 32 = max_batch_tokens and a 25 ms drafting step: k 0 800 tok/s, k 1..3 457,
+    # 686, 914: only the full block, B exactly at the limit, pays
+    from _sim_helpers import zero_drafter
+    prof = flat_profile(pass_ms=10.0, kv_blocks=1024, drafter=zero_drafter(t_seq_s=0.0, t_small_s=0.025))
+    _probing_edge(monkeypatch, prof, 32, 3)
+
+
+def test_probing_prices_the_no_draft_pass_by_the_decode_table(monkeypatch):
+    # verify 20 ms, decode 10 ms: k 0 at 800 tok/s beats the full block's 32 / 45 ms = 711
+    # (priced by the verify table k 0 would be 400 and lose)
+    from dataclasses import replace
+
+    from _sim_helpers import zero_drafter
+    sps = SPSTable(np.array([1, 64]), np.array([20.0, 20.0]), source="test: verify")
+    dec = SPSTable(np.array([1, 64]), np.array([10.0, 10.0]), source="test: decode")
+    prof = replace(flat_profile(kv_blocks=1024, sps=sps, drafter=zero_drafter(t_seq_s=0.0, t_small_s=0.025)),
+                   decode=dec)
+    _probing_edge(monkeypatch, prof, 64, 0)
+
+
+def test_probing_counts_the_host_time_in_the_drafting_rates(monkeypatch):
+    # host 20 ms, pass 10 ms, drafting 100 ms: k 0 at 8 / 30 ms = 267 tok/s beats the full
+    # block's 32 / 130 ms = 246 (without the host time in the drafting rates: 291, and it wins)
+    from dataclasses import replace
+
+    from _sim_helpers import zero_drafter
+    from memtp_sim.hardware.cost import Overheads
+    prof = replace(flat_profile(pass_ms=10.0, kv_blocks=1024, drafter=zero_drafter(t_seq_s=0.0, t_small_s=0.1)),
+                   overheads=Overheads(host_s=0.02))
+    _probing_edge(monkeypatch, prof, 64, 0)
