@@ -462,7 +462,7 @@ class Engine:
         self.control = control if control is not None else AlwaysDraft(AlwaysDraft.Params())
         self.logit_shift = logit_shift
         self._spec_on = True
-        self._probe_buffers, self._probe_acceptance = {}, None  # probing in blocks: buffers by batch, the last used
+        self._probe_buffers = {}  # probing in drafted blocks: drafting times by k and the acceptance's buffer, by batch
         self.drafter = drafter if drafter is not None else Drafter(
             DraftSpec(policy.name, policy.params.model_dump(), int(policy.draft_len)), profile)
         memtp = self.drafter.spec.memtp
@@ -1184,7 +1184,8 @@ class Engine:
         block for a gate's plain round)."""
         if dynamic:
             k = self._draft_length(dec, gamma, round_index)
-            width = k or (dec.size and {AcceptanceTarget: 1, Probing: gamma}.get(type(self.control), 0))
+            probe = 1 if type(self.control) is AcceptanceTarget else gamma if type(self.control) is Probing else 0
+            width = k or (probe if dec.size else 0)
             return k, width, (self._inputs_at_depth(by_depth, width) if width else None)
         return gamma, gamma, (None if self.policy.plain_rounds_ahead(round_index)
                               else self._inputs_at_depth(by_depth, gamma))
@@ -1204,7 +1205,7 @@ class Engine:
         (with a lag) or ``goodput`` (with its gate) themselves, the controller ``always`` (or a
         dynamic one the kernel keeps, :meth:`_controls_in_blocks`), the EWMA or tower coherence,
         and nothing else decides or learns per round (no p_min, drift or observers but
-        ``acceptance_target``'s) and both tables price from arrays. The elastic MEMTP
+        ``acceptance_target``'s and ``probing``'s) and both tables price from arrays. The elastic MEMTP
         ensemble's depth controller (``memtp.DepthController`` itself) resizes inside the block;
         its inputs are those of the drafter's depth now (the caller keeps them by depth). With a
         dynamic controller (:meth:`_controls_in_blocks`) they are those of ``width`` positions,
@@ -1323,6 +1324,8 @@ class Engine:
             history[:num_hist] = pol._history
         ctl = drafter.controller
         coh_args, tower = self._coherence_args(per_tested)
+        control_args = (self._control_args(dec.size, gamma, gamma if first_k is None else first_k)
+                        if self.control.dynamic else None)
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
          num_pre, had_prefill, h0, h_len, ctl_state, tower_depth, control) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
@@ -1333,10 +1336,9 @@ class Engine:
             coh_args, round_index, max_rounds, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
             pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower,
-            drafter.kind == "draft_model",
-            self._control_args(dec.size, gamma, gamma if first_k is None else first_k) if self.control.dynamic else None)
+            drafter.kind == "draft_model", control_args)
         if control is not None:
-            self._kept_control(*control)
+            self._kept_control(*control, control_args)
         if ctl_state is not None:
             self._kept_controller(ctl, ctl_state)
         if gate is not None:
@@ -1401,14 +1403,14 @@ class Engine:
             measured = -1 if ctl._accept is None else min(ctl._accept.size, depth)
             if measured > 0:
                 buf[1][:measured] = ctl._accept[:measured]
-            self._probe_acceptance = buf[1]  # (read back by _kept_control)
             return (*head, (p.probe_every, self.profile.overheads.host_s, buf[0], buf[1]),
                     (ctl._since, ctl._probing, measured))
         return (*head, (), ())
 
-    def _kept_control(self, spec_on: bool, state: tuple) -> None:
+    def _kept_control(self, spec_on: bool, state: tuple, args: tuple) -> None:
         """The dynamic controller as a block's rounds left it (``_kernels.drafted_block``'s last
-        result): whether speculation is on, and ``acceptance_target``'s or ``probing``'s state."""
+        result): whether speculation is on, and ``acceptance_target``'s or ``probing``'s state
+        (its measured acceptance in the buffer of the call's ``args``, :meth:`_control_args`)."""
         ctl = self.control
         self._spec_on = spec_on
         if type(ctl) is AcceptanceTarget:
@@ -1416,7 +1418,7 @@ class Engine:
             ctl._ema = None if ema != ema else ema
         elif type(ctl) is Probing:
             ctl._since, ctl._probing, measured = state
-            ctl._accept = None if measured < 0 else self._probe_acceptance[:measured].copy()
+            ctl._accept = None if measured < 0 else args[8][3][:measured].copy()
 
     def _coherence_args(self, per_tested: bool) -> tuple[tuple, tuple | None]:
         """``_kernels.drafted_block``'s ``coherence`` and ``tower`` for this run's coherence: the
