@@ -1446,6 +1446,10 @@ cdef inline i64 _bin_of(double v, i64 n_bins, double* edges) noexcept nogil:
     return idx
 
 
+cdef enum:
+    _LOCAL_BINS = 64  # bins survival_bins keeps in the stack (the shipped metrics use 15 and 10)
+
+
 def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, object keys,
                   cnp.ndarray sq_err_sums not None, i64 n_bins_a, cnp.ndarray counts_a not None,
                   cnp.ndarray sum_prob_a not None, cnp.ndarray sum_pos_a not None, i64 n_bins_b,
@@ -1496,37 +1500,103 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, obje
             raise ValueError("conf: values must lie in [0, 1]")
     cdef double* edges_a = _bin_edges(n_bins_a)
     cdef double* edges_b = _bin_edges(n_bins_b)
-    cdef double a, pos, d
-    cdef i64 ia, ib
+    cdef double* surv = <double*>PyMem_Malloc(n * sizeof(double) + 1)  # a_k of every row, position by position
+    if surv == NULL:
+        PyMem_Free(edges_a)
+        PyMem_Free(edges_b)
+        raise MemoryError()
     with nogil:
-        for k in range(g):
-            sq[k] = 0.0
-        for i in range(g * n_bins_a):
-            cnt_a[i] = 0
-            sp_a[i] = 0.0
-            sy_a[i] = 0.0
-        for i in range(g * n_bins_b):
-            cnt_b[i] = 0
-            sp_b[i] = 0.0
-            sy_b[i] = 0.0
-        for i in range(n):
+        if n_bins_a <= _LOCAL_BINS and n_bins_b <= _LOCAL_BINS:
             for k in range(g):
-                a = c[i * g + k] if k == 0 else a * c[i * g + k]
-                pos = 1.0 if y[i * g + k] else 0.0
-                if key != NULL:
-                    key[k * n + i] = ((_bits(a) if a != 0.0 else 0) << 1) | (1 if y[i * g + k] else 0)
-                d = a - pos
-                sq[k] += d * d
-                ia = k * n_bins_a + _bin_of(a, n_bins_a, edges_a)
-                ib = k * n_bins_b + _bin_of(a, n_bins_b, edges_b)
-                cnt_a[ia] += 1
-                sp_a[ia] += a
-                sy_a[ia] += pos
-                cnt_b[ib] += 1
-                sp_b[ib] += a
-                sy_b[ib] += pos
+                _survival_bins_at(c, y, n, g, k, surv, NULL if key == NULL else key + k * n, sq + k,
+                                  n_bins_a, edges_a, cnt_a + k * n_bins_a, sp_a + k * n_bins_a, sy_a + k * n_bins_a,
+                                  n_bins_b, edges_b, cnt_b + k * n_bins_b, sp_b + k * n_bins_b, sy_b + k * n_bins_b)
+        else:
+            _survival_bins_wide(c, y, n, g, key, sq, n_bins_a, edges_a, cnt_a, sp_a, sy_a, n_bins_b, edges_b, cnt_b,
+                                sp_b, sy_b)
+    PyMem_Free(surv)
     PyMem_Free(edges_a)
     PyMem_Free(edges_b)
+
+
+cdef void _survival_bins_at(double* c, char* y, Py_ssize_t n, Py_ssize_t g, Py_ssize_t k, double* surv, u64* key,
+                            double* sq, i64 n_bins_a, double* edges_a, i64* cnt_a, double* sp_a, double* sy_a,
+                            i64 n_bins_b, double* edges_b, i64* cnt_b, double* sp_b, double* sy_b) noexcept nogil:
+    # survival_bins at position k: surv[i] becomes a_k (the running product, left to right), and
+    # its sums go to bins in local arrays (no store to them can alias the inputs, so nothing is
+    # reloaded), each bin's added in row order; a bin's outcomes are counted (a sum of 1.0s is
+    # that count exactly) and written once
+    cdef double l_sp_a[_LOCAL_BINS]
+    cdef double l_sp_b[_LOCAL_BINS]
+    cdef i64 l_cnt_a[_LOCAL_BINS]
+    cdef i64 l_cnt_b[_LOCAL_BINS]
+    cdef i64 l_pos_a[_LOCAL_BINS]
+    cdef i64 l_pos_b[_LOCAL_BINS]
+    cdef double l_edges_a[_LOCAL_BINS + 1]
+    cdef double l_edges_b[_LOCAL_BINS + 1]
+    cdef Py_ssize_t i, j
+    cdef double a, d, s = 0.0
+    cdef i64 ia, ib, pos
+    for j in range(n_bins_a):
+        l_sp_a[j], l_cnt_a[j], l_pos_a[j] = 0.0, 0, 0
+    for j in range(n_bins_b):
+        l_sp_b[j], l_cnt_b[j], l_pos_b[j] = 0.0, 0, 0
+    for j in range(n_bins_a + 1):
+        l_edges_a[j] = edges_a[j]
+    for j in range(n_bins_b + 1):
+        l_edges_b[j] = edges_b[j]
+    for i in range(n):
+        a = c[i * g] if k == 0 else surv[i] * c[i * g + k]
+        surv[i] = a
+        pos = 1 if y[i * g + k] else 0
+        if key != NULL:
+            key[i] = ((_bits(a) if a != 0.0 else 0) << 1) | <u64>pos
+        d = a - <double>pos
+        s += d * d
+        ia = _bin_of(a, n_bins_a, l_edges_a)
+        ib = _bin_of(a, n_bins_b, l_edges_b)
+        l_cnt_a[ia] += 1
+        l_sp_a[ia] += a
+        l_pos_a[ia] += pos
+        l_cnt_b[ib] += 1
+        l_sp_b[ib] += a
+        l_pos_b[ib] += pos
+    sq[0] = s
+    for j in range(n_bins_a):
+        cnt_a[j], sp_a[j], sy_a[j] = l_cnt_a[j], l_sp_a[j], <double>l_pos_a[j]
+    for j in range(n_bins_b):
+        cnt_b[j], sp_b[j], sy_b[j] = l_cnt_b[j], l_sp_b[j], <double>l_pos_b[j]
+
+
+cdef void _survival_bins_wide(double* c, char* y, Py_ssize_t n, Py_ssize_t g, u64* key, double* sq, i64 n_bins_a,
+                              double* edges_a, i64* cnt_a, double* sp_a, double* sy_a, i64 n_bins_b, double* edges_b,
+                              i64* cnt_b, double* sp_b, double* sy_b) noexcept nogil:
+    # survival_bins with more bins than the stack keeps: the sums in the output arrays, row by row
+    cdef Py_ssize_t i, k
+    cdef double a = 0.0, pos, d
+    cdef i64 ia, ib
+    for k in range(g):
+        sq[k] = 0.0
+    for i in range(g * n_bins_a):
+        cnt_a[i], sp_a[i], sy_a[i] = 0, 0.0, 0.0
+    for i in range(g * n_bins_b):
+        cnt_b[i], sp_b[i], sy_b[i] = 0, 0.0, 0.0
+    for i in range(n):
+        for k in range(g):
+            a = c[i * g + k] if k == 0 else a * c[i * g + k]
+            pos = 1.0 if y[i * g + k] else 0.0
+            if key != NULL:
+                key[k * n + i] = ((_bits(a) if a != 0.0 else 0) << 1) | (1 if y[i * g + k] else 0)
+            d = a - pos
+            sq[k] += d * d
+            ia = k * n_bins_a + _bin_of(a, n_bins_a, edges_a)
+            ib = k * n_bins_b + _bin_of(a, n_bins_b, edges_b)
+            cnt_a[ia] += 1
+            sp_a[ia] += a
+            sy_a[ia] += pos
+            cnt_b[ib] += 1
+            sp_b[ib] += a
+            sy_b[ib] += pos
 
 
 cdef inline u64 _bits(double x) noexcept nogil:

@@ -765,12 +765,13 @@ def test_binned_rows_match_numpy_binning_on_edges_and_between(m, n, n_bins, shar
 
 @needs_kernels
 @settings(max_examples=150, deadline=None)
-@given(st.integers(1, 60), st.integers(1, 7), st.sampled_from([1, 4, 10, 15]), st.sampled_from([1, 10, 15]),
+@given(st.integers(1, 60), st.integers(1, 7), st.sampled_from([1, 4, 10, 15, 64, 65]), st.sampled_from([1, 10, 15, 80]),
        st.booleans(), st.data())
 def test_survival_calibration_in_one_pass_is_the_numpy_metrics(n, gamma, n_bins, curve_bins, auc, data):
     # oracle: survival_metrics and reliability_rows on np.cumprod, run with the kernels off, and
     # the public one-position functions (ECE, Brier, AUC, reliability curve) on each position;
-    # confidences on the bins' edges, 0 and 1 included, and all-accepted or all-rejected positions
+    # confidences on the bins' edges, 0 and 1 included, and all-accepted or all-rejected positions;
+    # bins the kernel keeps in the stack (<= 64) and more (its row-by-row path)
     from memtp_sim import auc_score, brier_score, expected_calibration_error
     from memtp_sim.confidence import survival_calibration
 
