@@ -307,7 +307,6 @@ ROUND_DTYPES: dict[str, type] = {f: np.int32 for f in ROUND_FIELDS} | {
 } | {"gamma": np.int8, "depth": np.int8, "cost_extrapolated": np.int8}
 # kv_gib and free_gib follow from other columns and the run's constants: computed once at the end
 _LOGGED = tuple(f for f in ROUND_FIELDS if f not in ("kv_gib", "free_gib"))
-_KV_AFTER = _LOGGED.index("kv_blocks_after")  # its field in a row tuple
 
 
 class _RoundLog:
@@ -323,6 +322,7 @@ class _RoundLog:
         self.cols: dict[str, list[np.ndarray]] = {f: [] for f in _LOGGED}
         self.append = self.rows.append
         self._pieces = 0  # block pieces appended since the last merge (append_block)
+        self._kv_after: list[tuple[int, int]] = []  # (row, blocks): set_last_kv_after's, applied when packed
 
     #: blocks of at most this many rounds are written as tuples (:meth:`extend`), like single
     #: rounds: 31 typed arrays per block cost more than the rows themselves for the short blocks
@@ -342,8 +342,7 @@ class _RoundLog:
     def set_last_kv_after(self, blocks: int) -> None:
         """Set the last tuple row's KV after its round (``kv_blocks_after``): a block's last round,
         once its finished requests freed their blocks."""
-        row, k = self.rows[-1], _KV_AFTER
-        self.rows[-1] = (*row[:k], blocks, *row[k + 1:])
+        self._kv_after.append((len(self.rows) - 1, blocks))  # (rebuilding the tuple cost more than the rest)
 
     def extend(self, rows: list[tuple]) -> None:
         """Append whole rows, tuples in ``_LOGGED`` order (after those appended so far)."""
@@ -374,6 +373,10 @@ class _RoundLog:
             else:  # column by column, straight to each column's type
                 for f, col in zip(_LOGGED, zip(*self.rows)):
                     self.cols[f].append(np.array(col, dtype=ROUND_DTYPES[f]))
+            kv_after = self.cols["kv_blocks_after"][-1]
+            for row, blocks in self._kv_after:
+                kv_after[row] = blocks
+            self._kv_after.clear()
             self.rows.clear()
             self._added_piece()
 
@@ -470,7 +473,7 @@ class Engine:
         width = self.drafter.max_draft_len
         self.temps = _per_position_temperatures(temperatures, width)
         self.head_rng = head_rng if head_rng is not None else np.random.default_rng(0)
-        self._diag_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # see _record_diag
+        self._diag_parts: list[tuple] = []  # see _record_diag and _kept_diag
         self._diag_width = width
         self.diag_n = 0
         self.acc = acceptance
@@ -606,10 +609,11 @@ class Engine:
     # queue) with one SimPy timeout per prompt: a process and a Resource per request cost more
     # events than the rest of a request's life at high load.
     def _start_remote_prefill(self, i: int) -> None:
-        done = self.env.timeout(self._prefill_time_s(self._prompt_list[i]))
-        done.callbacks.append(lambda _: self._remote_prefill_done(i))
+        # the request id as the timeout's value: one bound method for every prompt, no closure each
+        self.env.timeout(self._prefill_time_s(self._prompt_list[i]), i).callbacks.append(self._remote_prefill_done)
 
-    def _remote_prefill_done(self, i: int) -> None:
+    def _remote_prefill_done(self, done: simpy.Event) -> None:
+        i = done.value
         if self._prefill_queue:  # this GPU takes the next prompt at once
             self._start_remote_prefill(self._prefill_queue.popleft())
         else:
@@ -1252,11 +1256,9 @@ class Engine:
         # drafts, the ids, lengths and chunks of a round, a pending round's fields (by requests, views)
         buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64),
                    (np.empty(6), np.empty(9, dtype=np.int64)))
-        # ... and where the diagnostics' last part starts in their buffers, when it is this block's;
-        # the asynchronous scheduler's lag, and rows for its (round, K) history (live pairs: <= lag + 1)
+        # ... and the asynchronous scheduler's lag, and rows for its (round, K) history (live pairs: <= lag + 1)
         lag = pol.params.lag_rounds if plan[0] == 3 else 0
-        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, None, lag,
-                 np.empty((2 * lag + 8, 2), dtype=np.int64)]
+        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, lag, np.empty((2 * lag + 8, 2), dtype=np.int64)]
         head, kv = self.head, self.kv
         # the kernel's arguments that stay the same objects for the whole run (none is rebound)
         fixed = (self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
@@ -1309,18 +1311,19 @@ class Engine:
             views = state[4][num_run] = (*(d[:num_run] for d in drafts), *(i[:num_run] for i in ids), *pending)
         probs, raw, conf, dec_ids, pre_ids, lengths, chunks, pending_f, pending_i = views
         draft_times = state[1]
-        for r in range(state[0] + 1, num_run + 1):  # drafting time by decoding requests, priced once per run
-            draft_times[r] = drafter.round_time_s(r, gamma)
-        state[0] = max(state[0], num_run)
+        if num_run > state[0]:  # drafting time by decoding requests, priced once per run
+            for r in range(state[0] + 1, num_run + 1):
+                draft_times[r] = drafter.round_time_s(r, gamma)
+            state[0] = num_run
         finished = self._scratch[4]
         left, at = self.DIAG_ROUNDS - self.diag_n, state[2]
         d_raw, d_conf, d_would = (None, None, None) if diag is None or left <= 0 else \
             (diag[0][at: at + left], diag[1][at: at + left], diag[2][at: at + left])
-        cfg, lag, history, pol = self.cfg, state[7], state[8], self.policy
+        cfg, lag, history, pol = self.cfg, state[6], state[7], self.policy
         num_hist = len(pol._history) if lag else 0
         if num_hist:  # DSparkAsyncPolicy's remembered capacities, as the kernel reads them
             if num_hist + 2 > len(history):
-                history = state[8] = np.empty((2 * num_hist + 8, 2), dtype=np.int64)
+                history = state[7] = np.empty((2 * num_hist + 8, 2), dtype=np.int64)
             history[:num_hist] = pol._history
         ctl = drafter.controller
         coh_args, tower = self._coherence_args(per_tested)
@@ -1373,14 +1376,15 @@ class Engine:
 
     def _kept_diag(self, diag: tuple, state: list, at: int, num: int) -> None:
         """A block's calibration diagnostics: its ``num`` request-rounds the kernel wrote into the
-        ``diag`` buffers from row ``at``, kept as a part of them (the last part made longer where it
-        is this buffer's and ends there: fewer to lay out)."""
-        parts, first = self._diag_parts, state[6]
-        if first is not None and parts and parts[-1][0].base is diag[0] and len(parts[-1][0]) == at - first:
-            parts[-1] = (diag[0][first: at + num], diag[1][first: at + num], diag[2][first: at + num])
+        ``diag`` buffers from row ``at``, kept as the part ``(diag, start, end)`` of them (the last
+        part made longer where it is these buffers' and ends there: fewer to lay out), sliced in
+        :meth:`_diag_arrays`."""
+        parts = self._diag_parts
+        last = parts[-1] if parts else None
+        if last is not None and last[0] is diag and last[2] == at:
+            parts[-1] = (diag, last[1], at + num)
         else:
-            state[6] = at
-            parts.append((diag[0][at: at + num], diag[1][at: at + num], diag[2][at: at + num]))
+            parts.append((diag, at, at + num))
         self.diag_n += num
         state[2] = at + num
 
@@ -1429,7 +1433,7 @@ class Engine:
             return (levels[0]._alpha, coh.value, 0, False), (
                 np.array([e._value for e in levels]), np.array([e._num_updates for e in levels], dtype=np.int64),
                 coh._depth)
-        return (coh.alpha, coh.value, coh.num_updates, per_tested), None
+        return (coh._alpha, coh._value, coh._num_updates, per_tested), None  # (CoherenceEWMA itself)
 
     def _kept_coherence(self, value: float, num_updates: int, tower: tuple | None, tower_depth: int | None) -> None:
         """The coherence after a block's kept rounds: the EWMA's value and count, or the tower's
@@ -1823,7 +1827,10 @@ class Engine:
         """(raw confidences, confidences used, outcomes, widths) of the recorded request-rounds:
         ``(n_diag, width)`` each but the widths ``(n_diag,)``; a round that drafted fewer positions
         than the widest (elastic depth) is padded (0.5, 0.5, False) and keeps its width."""
-        n, width, parts = self.diag_n, self._diag_width, self._diag_parts
+        n, width = self.diag_n, self._diag_width
+        # a drafted block's part (buffers, start, end) as its rows (_kept_diag)
+        parts = [(p[0][0][p[1]: p[2]], p[0][1][p[1]: p[2]], p[0][2][p[1]: p[2]]) if type(p[1]) is int else p
+                 for p in self._diag_parts]
         if parts and all(r.shape[1] == width for r, _, _ in parts):  # no padding: each array one copy
             return (expit(np.concatenate([r for r, _, _ in parts])), np.concatenate([u for _, u, _ in parts]),
                     np.concatenate([w for _, _, w in parts]), np.full(n, width, dtype=np.int64))
