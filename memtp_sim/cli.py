@@ -77,16 +77,22 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def _print_failed(failed: dict[str, str], n_runs: int, again: str, head: str = "") -> None:
-    """List failed runs on stderr, split by whether a rerun can help: a run that failed on its input
-    fails the same way until the input is fixed, so only the others get the retry hint."""
-    from .study import fails_again  # lazy: pandas
+    """List failed runs on stderr, split by whether a rerun can help (``study.failure_kind``): a run
+    that failed on its input fails the same way until the input is fixed, one that raised inside
+    the simulation fails the same way for its seed, so only the machine's failures get the retry hint."""
+    from .study import failure_kind  # lazy: pandas
 
-    bad_input = {rid: why for rid, why in failed.items() if fails_again(why)}
-    other = {rid: why for rid, why in failed.items() if rid not in bad_input}
+    kinds = {rid: failure_kind(why) for rid, why in failed.items()}
     print(head or f"\n{len(failed)} of {n_runs} run(s) failed (the report says which):", file=sys.stderr)
-    for group, hint in ((bad_input, f"failed on their input, and fail the same way when run again: fix the input "
-                                    f"the error names, then {again}"),
-                        (other, f"may pass on a retry: {again} to retry them")):
+    for kind, hint in (("input", f"failed on their input, and fail the same way when run again: fix the input "
+                                 f"the error names, then {again}"),
+                       ("same", "raised inside the simulation, and fail the same way when run again (a run is "
+                                "deterministic for its seed): the error says what broke; an engine invariant a "
+                                "scenario breaks is its input to change, any other is a bug to report with the "
+                                "traceback in the run's failed.json"),
+                       ("transient", f"failed on the machine, not on their input, and may pass on a retry: {again} "
+                                     "to retry them")):
+        group = {rid: why for rid, why in failed.items() if kinds[rid] == kind}
         if group:
             print(f"{len(group)} {hint}:", file=sys.stderr)
             for rid, why in list(group.items())[:10]:

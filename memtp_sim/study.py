@@ -29,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import signal
 import traceback
@@ -50,7 +51,7 @@ from .errors import ConfigError, ExecutorUnavailableError, InvalidArgumentError
 __all__ = ["RunSpec", "StudyOutcome", "plan_runs", "run_key", "run_study", "input_files", "input_fingerprint",
            "changed_inputs", "without_input_paths",
            "check_writable", "runs_table", "collect_runs", "verify_run_files", "EXECUTORS", "check_executor",
-           "INPUT_ERRORS", "fails_again"]
+           "INPUT_ERRORS", "TRANSIENT_ERRORS", "failure_kind", "fails_again"]
 
 
 @dataclass(frozen=True)
@@ -206,20 +207,41 @@ def _digest(data: bytes) -> str:
 #: Errors that bad input raises: a run that failed with one fails the same way when run again.
 INPUT_ERRORS = ("ConfigError", "CalibrationError", "InvalidArgumentError")
 
+#: Errors of the machine, not of the run (memory, the file system, the network, a Dask worker): a
+#: retry may get past them, as past the other recorded reasons that are not errors a run raised
+#: (a lost worker, result files damaged in transit, an interrupted or missing run)
+TRANSIENT_ERRORS = ("MemoryError", "OSError", "IOError", "FileNotFoundError", "PermissionError", "TimeoutError",
+                    "ConnectionError", "BrokenPipeError", "ConnectionResetError", "KilledWorker", "CommClosedError")
 
-def fails_again(error: str) -> bool:
-    """Whether a failed run's recorded error (``failed.json``'s ``error``, ``"<class>: <message>"``)
-    comes from its input, so running it again fails the same way until the input is fixed.
+
+def failure_kind(error: str) -> str:
+    """What a failed run's recorded error (``failed.json``'s ``error``, ``"<class>: <message>"``)
+    says about running it again.
 
     Args:
         error: the recorded reason, e.g. ``"ConfigError: trace.csv: ..."`` (or as ``run`` and
             ``report`` say it, ``"failed before: ConfigError: ..."``).
 
     Returns:
-        True for :data:`INPUT_ERRORS`; False for the rest (a lost worker, a full disk, files
-        damaged in transit), which a retry may get past.
+        ``"input"`` for :data:`INPUT_ERRORS` (it fails the same way until the input is fixed);
+        ``"same"`` for any other error the run raised (``"<Class>: ..."``) but
+        :data:`TRANSIENT_ERRORS`: it raised inside the simulation, which is deterministic for its
+        scenario and seed, so a rerun raises the same (an engine invariant the scenario breaks, or
+        a bug: its ``failed.json`` holds the traceback); else ``"transient"`` (a lost worker,
+        damaged files, a run interrupted or not run yet, an error of the machine): a retry may get
+        past it.
     """
-    return error.removeprefix("failed before: ").startswith(tuple(f"{name}: " for name in INPUT_ERRORS))
+    error = error.removeprefix("failed before: ")
+    if error.startswith(tuple(f"{name}: " for name in INPUT_ERRORS)):
+        return "input"
+    raised = re.match(r"[A-Z]\w*: ", error) is not None  # "<Class>: <message>", as _compute records an error
+    return "same" if raised and not error.startswith(tuple(f"{name}: " for name in TRANSIENT_ERRORS)) else "transient"
+
+
+def fails_again(error: str) -> bool:
+    """Whether a failed run's recorded error comes from its input (:func:`failure_kind` ``"input"``),
+    so running it again fails the same way until the input is fixed."""
+    return failure_kind(error) == "input"
 
 
 def _failed_record(spec: RunSpec, error: str, trace: str | None = None) -> dict[str, Any]:
@@ -435,7 +457,7 @@ class StudyOutcome:
         num_reused: finished runs found on disk with the same scenario, seed, inputs and intact files.
         num_ran: runs computed now.
         failed: ``run_id -> reason`` for runs that could not complete (retried by the next ``run``;
-            :func:`fails_again` tells those that will fail the same way).
+            :func:`failure_kind` tells those that will fail the same way).
         num_stale: run folders under ``runs/`` that belong to no run of this study (left untouched).
         recomputed: ``run_id -> why`` for runs computed now although their folder, or an earlier
             folder of theirs, held something: ``"forced (--force)"``, ``"failed before: <error>"``,

@@ -148,15 +148,17 @@ def _missing_runs(page: HtmlPage, res: StudyResults) -> None:
     """A warning at the top when the report covers fewer runs than the study has."""
     if not res.missing:
         return
-    from ..study import fails_again  # lazy: the report module does not need the study runner otherwise
+    from ..study import failure_kind  # lazy: the report module does not need the study runner otherwise
 
-    items = [(f"{rid}: {why}", fails_again(why)) for rid, why in list(res.missing.items())[:20]]
+    items = [(f"{rid}: {why}", failure_kind(why)) for rid, why in list(res.missing.items())[:20]]
     more = f" (and {len(res.missing) - 20} more)" if len(res.missing) > 20 else ""
+    mark = {"input": "<i>input</i> ", "same": "<i>same</i> ", "transient": ""}
     page.add_html(f"<div class='warn'><b>This report covers {len(res.table)} of the study's {res.num_planned} "
                   f"runs.</b> Runs without a verified result (failed, not run yet, or damaged files){more}. "
-                  "Runs marked <i>input</i> failed on their input and fail the same way until it is fixed; "
-                  "run the study again to retry the others:<ul>"
-                  + "".join(f"<li>{'<i>input</i> ' if again else ''}{escape(i)}</li>" for i, again in items)
+                  "Runs marked <i>input</i> failed on their input and fail the same way until it is fixed; runs "
+                  "marked <i>same</i> raised inside the simulation and fail the same way for their seed (the "
+                  "traceback is in their failed.json); run the study again to retry the others:<ul>"
+                  + "".join(f"<li>{mark[kind]}{escape(i)}</li>" for i, kind in items)
                   + "</ul></div>")
 
 
