@@ -1996,8 +1996,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray pre_out not None, cnp.ndarray probs not None, cnp.ndarray raw not None,
                   cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
                   object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
-                  cnp.ndarray pending_f not None, cnp.ndarray pending_i not None, bint resume,
-                  object pending_consts, object elastic=None, object tower=None, bint drafter_prefills=False,
+                  cnp.ndarray pending_f not None, object elastic=None, object tower=None, bint drafter_prefills=False,
                   object control=None):
     """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
     the plans below; the ``always`` controller or a dynamic one, ``control``; the EWMA or tower
@@ -2023,10 +2022,14 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     the fallback gate (DSpark's, goodput's) drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
     round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, ``fixed_k`` each, the
     threshold, the lagged top K or goodput's k), and keeps the round only if neither the KV cache nor
-    ``fit_to_budget`` trims it (a plan's own trims, ``take_top``'s, are its plan), the pass passes
-    ``Engine._check_pass`` and it ends before ``next_event``: it then reports to the gate, moves the clock,
-    draws acceptance (``rng``), applies it and the prefill chunks, updates the coherence and
-    appends the round's row.
+    ``fit_to_budget`` trims it (a plan's own trims, ``take_top``'s, are its plan) and the pass passes
+    ``Engine._check_pass``: it then reports to the gate, moves the clock, draws acceptance
+    (``rng``), applies it and the prefill chunks, updates the coherence and appends the round's
+    row. A round whose pass reaches ``next_event`` is kept too, and is the block's last: the caller
+    waits in SimPy for its end (the events inside the pass run then) before it frees the requests
+    the round finished. Drawing its acceptance before those events gives the round path's draws,
+    which draws after them: no event's callback draws from the run's generators or reads the
+    round's requests.
 
     Args:
         run: ``(N,)`` int64 ids of the running requests, in admission order (N >= 1).
@@ -2069,10 +2072,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             calibration diagnostics' rows (raw logits, confidences, whether each position would be
             accepted) of the kept rounds' request-rounds, the first D of them (``Engine._record_diag``).
         lengths_out, chunks_out: int64 out ``(N,)``: the last round's verify lengths and prefill chunks.
-        pending_f, pending_i: float64 ``(6,)`` and int64 ``(9,)``: a pending round's fields (code 3),
-            read back when ``resume``.
-        resume: first finish the pending round (its pass ran across an event: the caller moved the
-            clock to its end), with the row fields ``pending_consts`` (``row_consts`` of its call).
+        pending_f: float64 out ``(2,)``: with code 3, the start and the duration of the last round's
+            pass, s (it reaches ``next_event``).
         elastic: None for a drafter of fixed depth; for the elastic MEMTP ensemble at depth
             ``gamma``, ``(max_depth, head_cost_gib, r_low, r_high, min_dwell_rounds,
             grow_margin_gib, floor_epsilon, heads_base_gib, wait_blocks, last_round, last_target,
@@ -2116,10 +2117,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         num_finished, diag_rows, num_dec, num_pre, had_prefill, h0, h_len)``: code 0 stopped before a round (nothing
         drawn for it), 1 the round after the ``rounds`` kept is drafted (``num_dec`` decoding
         requests in ``dec_out``, ``num_pre`` prefilling ones in ``pre_out``) and the caller goes on
-        from its plan, 2 the last round kept finished requests, 3 the round after the ``rounds``
-        kept is planned (and reported to the gate) but an event falls inside its pass: the caller
-        waits ``pending_f[1]`` s from ``now`` and calls again with ``resume`` (a resumed round
-        counts in that call's ``rounds``);
+        from its plan, 2 the last round kept finished requests (``num_finished`` ids in ``finished``),
+        3 the last round kept reaches ``next_event``: the caller waits ``pending_f[1]`` s from its
+        start ``pending_f[0]`` (``now`` is its end), then frees the requests it finished (as code 2);
         then the state after the rounds kept, whether any of them prefilled, and the live
         history rows (plan 3); and the controller's ``(last_round, last_target, above_since,
         below_since, below_max_target)`` after them (-1 for None), or None without ``elastic``;
@@ -2176,25 +2176,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* fin = _i64(_w(finished, "finished"), "finished", num_run, False)
     cdef i64* lengths = _i64(_w(lengths_out, "lengths_out"), "lengths_out", num_run)
     cdef i64* chunks = _i64(_w(chunks_out, "chunks_out"), "chunks_out", num_run)
-    cdef double* pf = _f64(_w(pending_f, "pending_f"), "pending_f", 6)
-    cdef i64* pi = _i64(_w(pending_i, "pending_i"), "pending_i", 9)
+    cdef double* pf = _f64(_w(pending_f, "pending_f"), "pending_f", 2)
     cdef object consts = row_consts
     _check_fields(gate, "gate", 6)
     _check_fields(coherence, "coherence", 4)
     _check_fields(row_consts, "row_consts", 3)
-    if resume:  # the pending round's fields as the last call left them: checked as any input
-        if (pending_consts is None or pi[0] < 1 or pi[1] < 0 or pi[0] + pi[1] > num_run
-                or not (pi[8] == gamma or (pi[8] == 0 and control is not None))):
-            raise ValueError("resume: no pending round of these requests")
-        _check_fields(<tuple?>pending_consts, "pending_consts", 3)
-        _check_ids(dec, pi[0], size)
-        _check_ids(pre, pi[1], size)
-        for k in range(pi[0]):
-            if lengths[k] < 0 or lengths[k] > pi[8]:
-                raise ValueError(f"lengths_out: {lengths[k]} outside 0..{pi[8]}")
-        for k in range(pi[1]):
-            if chunks[k] < 0:
-                raise ValueError(f"chunks_out: {chunks[k]} is negative")
     cdef double* dg_raw = NULL
     cdef double* dg_conf = NULL
     cdef char* dg_would = NULL
@@ -2305,7 +2291,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* picked = acc + num_run
 
     cdef int code = 0
-    cdef bint had_prefill = False, extrapolated, use_noise = not oracle and noise_sd != 0.0
+    cdef bint had_prefill = False, extrapolated, crossing = False, use_noise = not oracle and noise_sd != 0.0
     cdef Py_ssize_t num = 0, num_pre, cells, nf
     cdef i64 rounds = 0, ri, i, anchors, need, kv_read, l_max, num_req, budget, limit
     cdef i64 chunk_total, num_prefill, completed, n_limit, n_cov_limit, verify_tokens, peak, b, tested, base_b
@@ -2320,287 +2306,271 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef _Pricer* table
     try:
         while rounds < max_rounds:
-            if resume:  # the pending round: its pass ran across an event, the caller moved the clock to its end
-                resume = False
-                num, num_pre, chunk_total, verify_tokens = pi[0], pi[1], pi[2], pi[3]
-                b, peak, kv_read = pi[4], pi[5], pi[6]
-                extrapolated, k_r = pi[7], pi[8]
-                start, duration, vs, theta, theta_g, draft_s = pf[0], pf[1], pf[2], pf[3], pf[4], pf[5]
-                cells = num * k_r
-                ov = _round_overhead(k_r, overhead_s, c_kind, c_plain_ov, c_spec, c_switch)
-                end = start + duration
-                consts = pending_consts
-            else:
-                ri = round_index + rounds
-                num = _split_core(ids, num_run, done, want, tok, block_tokens, dec, pre, more)  # Engine._guarantee_anchors
-                num_pre, anchors = more[0], more[1]
-                need = kv_read = l_max = 0
-                for k in range(num):  # the decoding requests' context
-                    b = tok[dec[k]]
-                    kv_read += b
-                    if b > l_max:
-                        l_max = b
-                if num == 0 or blocks_used + anchors > capacity:
-                    break  # nothing to draft, or the round path preempts
-                k_r, c_asked = gamma, False  # this round's drafted positions; whether the controller was asked
-                if c_kind:  # Engine._draft_length asks the controller (the caller asked for the call's first round)
-                    k_r, c_asked = c_first_k, rounds > 0
-                    if num != c_num:
-                        break  # its k and the tax were for another batch: the round path asks
-                    if c_asked:
-                        if c_kind == 2:  # AcceptanceTarget.cap
-                            c_k = c_k if c_k < c_depth else c_depth  # its clamp (idempotent)
-                            t_off, k_r = c_off, c_k
-                            if c_k == 0:  # off: one position every probe_every rounds
-                                t_off += 1
-                                k_r = 0
-                                if t_off >= c_every:
-                                    t_off, k_r = 0, 1
-                        elif c_kind == 3:  # Probing.cap
-                            t_since = c_since + 1
-                            if c_acc_len < 0 or t_since >= c_every:
-                                t_since, t_probing, k_r = 0, True, c_depth
-                            else:  # the best expected rate (DraftView.expected_rate at this round's context)
-                                t_probing = False
-                                c_nd = _price_one(&dp, num, <double>num, <double>l_max, <double>kv_read)
-                                if c_nd != c_nd:
-                                    break  # the table's other rules price it: the round path
-                                best_k, c_best, c_cum, c_pt = 0, <double>num / (c_nd + c_fixed), 0.0, 0.0
-                                for kk in range(1, (c_acc_len if c_acc_len < c_depth else c_depth) + 1):
-                                    c_cum = c_acc[0] if kk == 1 else c_cum + c_acc[kk - 1]  # np.cumsum's order
-                                    b_k = num * (1 + kk)
-                                    c_rate = NAN
-                                    if b_k <= max_batch_tokens and _covers(&vp, b_k):
-                                        c_pt = _price_one(&vp, b_k, <double>num, <double>l_max, <double>kv_read)
-                                        if c_pt != c_pt:
-                                            break
-                                        c_rate = <double>num * (1.0 + c_cum) / ((c_dbk[kk] + c_pt) + c_fixed)
-                                    if c_rate == c_rate and c_rate > c_best * (1.0 + 1e-9):
-                                        best_k, c_best = kk, c_rate
-                                if c_pt != c_pt:
-                                    break  # the table's other rules price it: the round path
-                                k_r = best_k
-                        if k_r != 0 and k_r != gamma:
-                            break  # another k than the block's: the round path drafts it
-                if k_r:  # the lookahead (Engine._reserve_lookahead: only where the round drafts)
-                    for k in range(num):
-                        need += _blocks_for(tok[dec[k]] + 1 + k_r, block_tokens) - blk[dec[k]]
-                    if blocks_used + need > capacity:
-                        break  # the round path preempts
-                if is_elastic and rounds > 0:  # Engine._resize_drafter (the caller resized for the call's first)
-                    # Engine._heads_free_gib: the memory left once the anchors and the waiting head have their KV
-                    e_free = e_base - <double>(blocks_used + (anchors + e_wait)) * block_gib
-                    e_free = e_free if e_free > 0.0 else 0.0
-                    if not (e_free < INFINITY and 0.0 <= coh <= 1.0) or ri <= e_last:
-                        break  # DepthController.propose raises: the round path
-                    # DepthController.propose: memtp_depth's target (coherence_gate, _heads_affordable)
-                    e_gate = 0.0 if coh <= e_lo else (1.0 if coh >= e_hi else (coh - e_lo) / (e_hi - e_lo))
-                    t_target = _heads_capped(e_free, e_cost, e_gate, e_eps, e_max_depth)
-                    e_mem_cap = _heads_capped(e_free, e_cost, 1.0, e_eps, e_max_depth)  # _memory_cap
-                    if gamma > e_mem_cap:
-                        break  # rule 1, memory: the heads shrink (the round path)
-                    t_above, t_below, t_below_max = e_above, e_below, e_below_max
-                    if t_target < gamma:  # rule 2: shrink to the run's highest target after the dwell
-                        t_above = -1
-                        if t_below < 0:
-                            t_below, t_below_max = ri, t_target
-                        elif t_target > t_below_max:
-                            t_below_max = t_target
-                        if ri - t_below + 1 >= e_dwell:
+            ri = round_index + rounds
+            num = _split_core(ids, num_run, done, want, tok, block_tokens, dec, pre, more)  # Engine._guarantee_anchors
+            num_pre, anchors = more[0], more[1]
+            need = kv_read = l_max = 0
+            for k in range(num):  # the decoding requests' context
+                b = tok[dec[k]]
+                kv_read += b
+                if b > l_max:
+                    l_max = b
+            if num == 0 or blocks_used + anchors > capacity:
+                break  # nothing to draft, or the round path preempts
+            k_r, c_asked = gamma, False  # this round's drafted positions; whether the controller was asked
+            if c_kind:  # Engine._draft_length asks the controller (the caller asked for the call's first round)
+                k_r, c_asked = c_first_k, rounds > 0
+                if num != c_num:
+                    break  # its k and the tax were for another batch: the round path asks
+                if c_asked:
+                    if c_kind == 2:  # AcceptanceTarget.cap
+                        c_k = c_k if c_k < c_depth else c_depth  # its clamp (idempotent)
+                        t_off, k_r = c_off, c_k
+                        if c_k == 0:  # off: one position every probe_every rounds
+                            t_off += 1
+                            k_r = 0
+                            if t_off >= c_every:
+                                t_off, k_r = 0, 1
+                    elif c_kind == 3:  # Probing.cap
+                        t_since = c_since + 1
+                        if c_acc_len < 0 or t_since >= c_every:
+                            t_since, t_probing, k_r = 0, True, c_depth
+                        else:  # the best expected rate (DraftView.expected_rate at this round's context)
+                            t_probing = False
+                            c_nd = _price_one(&dp, num, <double>num, <double>l_max, <double>kv_read)
+                            if c_nd != c_nd:
+                                break  # the table's other rules price it: the round path
+                            best_k, c_best, c_cum, c_pt = 0, <double>num / (c_nd + c_fixed), 0.0, 0.0
+                            for kk in range(1, (c_acc_len if c_acc_len < c_depth else c_depth) + 1):
+                                c_cum = c_acc[0] if kk == 1 else c_cum + c_acc[kk - 1]  # np.cumsum's order
+                                b_k = num * (1 + kk)
+                                c_rate = NAN
+                                if b_k <= max_batch_tokens and _covers(&vp, b_k):
+                                    c_pt = _price_one(&vp, b_k, <double>num, <double>l_max, <double>kv_read)
+                                    if c_pt != c_pt:
+                                        break
+                                    c_rate = <double>num * (1.0 + c_cum) / ((c_dbk[kk] + c_pt) + c_fixed)
+                                if c_rate == c_rate and c_rate > c_best * (1.0 + 1e-9):
+                                    best_k, c_best = kk, c_rate
+                            if c_pt != c_pt:
+                                break  # the table's other rules price it: the round path
+                            k_r = best_k
+                    if k_r != 0 and k_r != gamma:
+                        break  # another k than the block's: the round path drafts it
+            if k_r:  # the lookahead (Engine._reserve_lookahead: only where the round drafts)
+                for k in range(num):
+                    need += _blocks_for(tok[dec[k]] + 1 + k_r, block_tokens) - blk[dec[k]]
+                if blocks_used + need > capacity:
+                    break  # the round path preempts
+            if is_elastic and rounds > 0:  # Engine._resize_drafter (the caller resized for the call's first)
+                # Engine._heads_free_gib: the memory left once the anchors and the waiting head have their KV
+                e_free = e_base - <double>(blocks_used + (anchors + e_wait)) * block_gib
+                e_free = e_free if e_free > 0.0 else 0.0
+                if not (e_free < INFINITY and 0.0 <= coh <= 1.0) or ri <= e_last:
+                    break  # DepthController.propose raises: the round path
+                # DepthController.propose: memtp_depth's target (coherence_gate, _heads_affordable)
+                e_gate = 0.0 if coh <= e_lo else (1.0 if coh >= e_hi else (coh - e_lo) / (e_hi - e_lo))
+                t_target = _heads_capped(e_free, e_cost, e_gate, e_eps, e_max_depth)
+                e_mem_cap = _heads_capped(e_free, e_cost, 1.0, e_eps, e_max_depth)  # _memory_cap
+                if gamma > e_mem_cap:
+                    break  # rule 1, memory: the heads shrink (the round path)
+                t_above, t_below, t_below_max = e_above, e_below, e_below_max
+                if t_target < gamma:  # rule 2: shrink to the run's highest target after the dwell
+                    t_above = -1
+                    if t_below < 0:
+                        t_below, t_below_max = ri, t_target
+                    elif t_target > t_below_max:
+                        t_below_max = t_target
+                    if ri - t_below + 1 >= e_dwell:
+                        break
+                elif t_target > gamma:  # rule 3: grow one head after the dwell, within the margin
+                    t_below, t_below_max = -1, 0
+                    if t_above < 0:
+                        t_above = ri
+                    if ri - t_above + 1 >= e_dwell:
+                        e_x = e_free - e_margin
+                        e_margin_cap = _heads_capped(e_x if e_x > 0.0 else 0.0, e_cost, 1.0, e_eps, e_max_depth)
+                        if e_margin_cap >= gamma + 1:
                             break
-                    elif t_target > gamma:  # rule 3: grow one head after the dwell, within the margin
-                        t_below, t_below_max = -1, 0
-                        if t_above < 0:
-                            t_above = ri
-                        if ri - t_above + 1 >= e_dwell:
-                            e_x = e_free - e_margin
-                            e_margin_cap = _heads_capped(e_x if e_x > 0.0 else 0.0, e_cost, 1.0, e_eps, e_max_depth)
-                            if e_margin_cap >= gamma + 1:
-                                break
-                    else:
-                        t_above, t_below, t_below_max = -1, -1, 0
-                    t_last_r = ri
-                    e_proposed = True  # kept once the round draws (below)
                 else:
-                    e_proposed = False
-                cells = num * k_r
-                # chunked prefill in the budget the drafts leave (Engine._place_prefill), first admitted first
-                chunk_total = 0
-                num_req = num
-                budget = max_batch_tokens - num * (1 + k_r)
-                if num_pre and budget > 0:
-                    limit = prefill_chunk_tokens if prefill_chunk_tokens < budget else budget
-                    chunk_total = _place_core(pre, num_pre, done, want, limit, chunks)
-                    for k in range(num_pre):
-                        i = pre[k]
-                        if chunks[k] > 0:  # a prefilling request in the pass reads its context too
-                            num_req += 1
-                            kv_read += tok[i]
-                            if tok[i] > l_max:
-                                l_max = tok[i]
-                else:  # no room: every prefilling request's chunk is 0 (a pending round's are read back)
-                    for k in range(num_pre):
-                        chunks[k] = 0
-                if drafter_prefills and chunk_total > 0:
-                    break  # a draft model's own prefill of the chunks: the round path prices it
-                req = <double>num_req if <double>num_req > 1.0 else 1.0  # the pass's context
-                d_l_max = <double>l_max
-                d_kv = <double>kv_read
-                if k_r == 0:  # a round without drafts (the controller's k 0): Engine._draft_and_plan's
-                    draft_s, verify_tokens, theta, theta_g = 0.0, 0, NAN, NAN  # answer, every length 0
-                    for k in range(num):
-                        lengths[k] = 0
-                else:
-                    plan_draft_s = dts[num]
-                    draft_s = plan_draft_s + 0.0  # + the drafter's prefill: 0 for heads, and without chunks
-                    base_b = num + chunk_total
-                    if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
-                        break  # DSparkPolicy.plan_round's view checks fail: the public path raises
-                    if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:
-                        # no gate (the survivals' range is checked below; their width is the engine's: depth <= gamma)
-                        if separate_decode:  # Engine._draft_and_plan prices the no-draft pass
-                            nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
-                            if not (0.0 < nd < INFINITY):
-                                break
-                        n_limit = n_cov_limit = 0
-                    elif separate_decode:  # the plan's no-draft pass
+                    t_above, t_below, t_below_max = -1, -1, 0
+                t_last_r = ri
+                e_proposed = True  # kept once the round draws (below)
+            else:
+                e_proposed = False
+            cells = num * k_r
+            # chunked prefill in the budget the drafts leave (Engine._place_prefill), first admitted first
+            chunk_total = 0
+            num_req = num
+            budget = max_batch_tokens - num * (1 + k_r)
+            if num_pre and budget > 0:
+                limit = prefill_chunk_tokens if prefill_chunk_tokens < budget else budget
+                chunk_total = _place_core(pre, num_pre, done, want, limit, chunks)
+                for k in range(num_pre):
+                    i = pre[k]
+                    if chunks[k] > 0:  # a prefilling request in the pass reads its context too
+                        num_req += 1
+                        kv_read += tok[i]
+                        if tok[i] > l_max:
+                            l_max = tok[i]
+            else:  # no room: every prefilling request's chunk is 0
+                for k in range(num_pre):
+                    chunks[k] = 0
+            if drafter_prefills and chunk_total > 0:
+                break  # a draft model's own prefill of the chunks: the round path prices it
+            req = <double>num_req if <double>num_req > 1.0 else 1.0  # the pass's context
+            d_l_max = <double>l_max
+            d_kv = <double>kv_read
+            if k_r == 0:  # a round without drafts (the controller's k 0): Engine._draft_and_plan's
+                draft_s, verify_tokens, theta, theta_g = 0.0, 0, NAN, NAN  # answer, every length 0
+                for k in range(num):
+                    lengths[k] = 0
+            else:
+                plan_draft_s = dts[num]
+                draft_s = plan_draft_s + 0.0  # + the drafter's prefill: 0 for heads, and without chunks
+                base_b = num + chunk_total
+                if not (0.0 <= plan_draft_s < INFINITY) or base_b > max_batch_tokens:
+                    break  # DSparkPolicy.plan_round's view checks fail: the public path raises
+                if plan_kind == _PLAN_STATIC or plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:
+                    # no gate (the survivals' range is checked below; their width is the engine's: depth <= gamma)
+                    if separate_decode:  # Engine._draft_and_plan prices the no-draft pass
                         nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
                         if not (0.0 < nd < INFINITY):
                             break
-                        plain_t = nd
-                    elif _covers(&vp, base_b):
-                        plain_t = _price_one(&vp, base_b, req, d_l_max, d_kv)
-                        if plain_t != plain_t:
+                    n_limit = n_cov_limit = 0
+                elif separate_decode:  # the plan's no-draft pass
+                    nd = _price_one(&dp, base_b, req, d_l_max, d_kv)
+                    if not (0.0 < nd < INFINITY):
+                        break
+                    plain_t = nd
+                elif _covers(&vp, base_b):
+                    plain_t = _price_one(&vp, base_b, req, d_l_max, d_kv)
+                    if plain_t != plain_t:
+                        break
+                else:
+                    plain_t = NAN  # plain_rate_of: no value at this B
+                if plan_kind == _PLAN_ASYNC and h_len == h_cap:  # the history is full: its live pairs to the front
+                    if h0 == 0:
+                        break  # no room (the caller gives more): the round path
+                    for k in range(h_len - h0):
+                        hist[2 * k], hist[2 * k + 1] = hist[2 * (h0 + k)], hist[2 * (h0 + k) + 1]
+                    h_len -= h0
+                    h0 = 0
+                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_ASYNC:  # the scan's view and table checks
+                    if not _covers(&vp, base_b):
+                        break
+                    n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
+                    n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
+                    if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
+                                                           times):
+                        break
+                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
+                    # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
+                    t_gain, t_last, t_skipped = gain, last_round, skipped
+                    if ri < t_last:  # a new run
+                        t_gain, t_last, t_skipped = 0.0, -1, 0
+                    if not enabled or t_gain > 0.0 or t_last < 0:
+                        t_skipped = 0
+                    else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
+                        t_skipped += 1
+                        if t_skipped < probe_every:
                             break
-                    else:
-                        plain_t = NAN  # plain_rate_of: no value at this B
-                    if plan_kind == _PLAN_ASYNC and h_len == h_cap:  # the history is full: its live pairs to the front
-                        if h0 == 0:
-                            break  # no room (the caller gives more): the round path
-                        for k in range(h_len - h0):
-                            hist[2 * k], hist[2 * k + 1] = hist[2 * (h0 + k)], hist[2 * (h0 + k) + 1]
-                        h_len -= h0
-                        h0 = 0
-                    if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_ASYNC:  # the scan's view and table checks
-                        if not _covers(&vp, base_b):
-                            break
-                        n_limit = cells if cells < max_batch_tokens - base_b else max_batch_tokens - base_b
-                        n_cov_limit = n_limit if _covers(&vp, base_b + n_limit) else vp.max_b - base_b
-                        if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
-                                                               times):
-                            break
-                    if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
-                        # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
-                        t_gain, t_last, t_skipped = gain, last_round, skipped
-                        if ri < t_last:  # a new run
-                            t_gain, t_last, t_skipped = 0.0, -1, 0
-                        if not enabled or t_gain > 0.0 or t_last < 0:
-                            t_skipped = 0
-                        else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
-                            t_skipped += 1
-                            if t_skipped < probe_every:
-                                break
-                            t_skipped = 0
-                        gain, last_round, skipped = t_gain, t_last, t_skipped
-                    # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
-                    if sigma_round > 0.0:
-                        for k in range(num):
-                            offsets[k] = random_normal(acc_gen, 0.0, sigma_round)
-                    if use_noise:
-                        for k in range(cells):
-                            noise[k] = random_normal(head_gen, 0.0, noise_sd)
-                    _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
-                                      noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
-                    code = 1  # drafted: from here on a round not kept goes on in Python from its plan
-                    if c_asked:  # the controller's answer for this round stands (the round path does not ask again)
-                        _commit_control(c_kind, t_off, t_since, t_probing, &c_off, &c_since, &c_probing)
-                    if e_proposed:  # the controller's answer for this round stands (the round path does not ask again)
-                        e_last, e_target, e_above, e_below, e_below_max = t_last_r, t_target, t_above, t_below, t_below_max
-                    if plan_kind == _PLAN_STATIC:  # k each; where they overfill the pass the check below stops
-                        for k in range(num):  # (fit_to_budget trims)
-                            lengths[k] = fixed_k
-                        theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
-                        verify_tokens = num * fixed_k
-                    elif plan_kind == _PLAN_GOODPUT:  # GoodputPolicy.plan: the one k of the best expected rate
-                        theta = _goodput_core(c, num, width, chunk_total, max_batch_tokens, &vp, req, d_l_max, d_kv,
-                                              plan_draft_s, separate_decode, nd, surv, &k_best)
-                        if k_best < 0:
-                            break  # a confidence outside [0, 1], or a B its table rules must price: the round path
-                        for k in range(num):
-                            lengths[k] = k_best
-                        theta_g = NAN
-                        verify_tokens = num * k_best
-                    elif plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:  # ThresholdPolicy.plan, and
-                        cap, t_plan, theta_g = max_batch_tokens - base_b, threshold, NAN  # DSparkAsyncPolicy.plan's:
-                        if plan_kind == _PLAN_ASYNC:  # the global search's K now, the top K of lag_rounds before
-                            res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
-                                             False, lengths, surv, picked)
-                            if not res.in_range or res.n_cov < res.n_max:
-                                break  # a confidence outside [0, 1], or a search beyond the table: plan() raises
-                            theta_g = res.theta_best
-                            k_lag = _async_capacity(hist, &h0, &h_len, ri, lag_rounds, res.n_star)
-                            cap, t_plan = (k_lag if k_lag < cap else cap), 0.0
-                        verify_tokens = _take_top_core(c, num, width, t_plan, cap, lengths, surv, picked, &sum_a)
-                        if verify_tokens < 0:
-                            break  # a confidence outside [0, 1]: survival() raises
-                        b = num + verify_tokens + chunk_total
-                        if not _covers(&vp, b):  # expected_rate
-                            theta = NAN
-                        else:
-                            vs = nd if verify_tokens == 0 and separate_decode else _price_one(&vp, b, req, d_l_max, d_kv)
-                            if vs != vs:
-                                break  # the table's other rules price it: the round path
-                            theta = (<double>num + sum_a) / (plan_draft_s + vs)
-                    else:
-                        res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
-                                         early_stop, lengths, surv, picked)
-                        if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
-                            break
-                        theta = res.theta_star
-                        theta_g = res.theta_best if res.n_cov == res.n_max else NAN
-                        verify_tokens = res.n_star
-                peak = blocks_used
-                for k in range(num):
-                    peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
-                if peak > capacity:
-                    break  # KVCacheManager.fit_lookahead trims
-                b = num + verify_tokens + chunk_total
-                table = &vp if verify_tokens else &dp
-                vs = _price_one(table, b, req, d_l_max, d_kv)
-                if c_kind:  # Engine._pass_time: a dynamic controller's tax on the pass
-                    vs = vs * c_tax
-                ov = _round_overhead(k_r, overhead_s, c_kind, c_plain_ov, c_spec, c_switch)
-                extrapolated = not (table.bt0 <= b <= table.max_b)
-                duration = ((0.0 + draft_s) + ov) + vs
-                start = now
-                end = start + duration
-                low = draft_s  # min(draft_s, overhead_s, head_load_s = 0.0), as Python's min compares
-                if ov < low:
-                    low = ov
-                if 0.0 < low:
-                    low = 0.0
-                if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
-                        or not (vs > 0.0 and duration < INFINITY and low >= 0.0)):
-                    break  # Engine._check_pass raises
-                if c_asked and k_r == 0:  # kept (or pending): the controller's answer for this round stands
+                        t_skipped = 0
+                    gain, last_round, skipped = t_gain, t_last, t_skipped
+                # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
+                if sigma_round > 0.0:
+                    for k in range(num):
+                        offsets[k] = random_normal(acc_gen, 0.0, sigma_round)
+                if use_noise:
+                    for k in range(cells):
+                        noise[k] = random_normal(head_gen, 0.0, noise_sd)
+                _confidences_core(dec, num, width, dom, diff, m, sl, bs, offsets if sigma_round > 0.0 else NULL, NULL,
+                                  noise if use_noise else NULL, oracle, overconfidence, t, p, rw, c)
+                code = 1  # drafted: from here on a round not kept goes on in Python from its plan
+                if c_asked:  # the controller's answer for this round stands (the round path does not ask again)
                     _commit_control(c_kind, t_off, t_since, t_probing, &c_off, &c_since, &c_probing)
-                if k_r and (plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT):  # planned: FallbackGate.report
-                    # (DSparkPolicy.plan_round and GoodputPolicy.plan report before the pass)
-                    best_rate = theta_g if isfinite(theta_g) else theta
-                    plain_rate = <double>num / plain_t
-                    if ri < last_round:  # a new run
-                        gain, skipped = 0.0, 0
-                    last_round = ri
-                    if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
-                        gain = gain + alpha * (log(best_rate / plain_rate) - gain)
-                if not (next_event > end):  # an event falls inside the pass: the caller waits for its end
-                    pi[0], pi[1], pi[2], pi[3] = num, num_pre, chunk_total, verify_tokens
-                    pi[4], pi[5], pi[6] = b, peak, kv_read
-                    pi[7], pi[8] = extrapolated, k_r
-                    pf[0], pf[1], pf[2], pf[3], pf[4], pf[5] = start, duration, vs, theta, theta_g, draft_s
-                    code = 3
-                    break
-                consts = row_consts
+                if e_proposed:  # the controller's answer for this round stands (the round path does not ask again)
+                    e_last, e_target, e_above, e_below, e_below_max = t_last_r, t_target, t_above, t_below, t_below_max
+                if plan_kind == _PLAN_STATIC:  # k each; where they overfill the pass the check below stops
+                    for k in range(num):  # (fit_to_budget trims)
+                        lengths[k] = fixed_k
+                    theta = theta_g = NAN  # RoundPlan's defaults: a static plan computes no rate
+                    verify_tokens = num * fixed_k
+                elif plan_kind == _PLAN_GOODPUT:  # GoodputPolicy.plan: the one k of the best expected rate
+                    theta = _goodput_core(c, num, width, chunk_total, max_batch_tokens, &vp, req, d_l_max, d_kv,
+                                          plan_draft_s, separate_decode, nd, surv, &k_best)
+                    if k_best < 0:
+                        break  # a confidence outside [0, 1], or a B its table rules must price: the round path
+                    for k in range(num):
+                        lengths[k] = k_best
+                    theta_g = NAN
+                    verify_tokens = num * k_best
+                elif plan_kind == _PLAN_THRESHOLD or plan_kind == _PLAN_ASYNC:  # ThresholdPolicy.plan, and
+                    cap, t_plan, theta_g = max_batch_tokens - base_b, threshold, NAN  # DSparkAsyncPolicy.plan's:
+                    if plan_kind == _PLAN_ASYNC:  # the global search's K now, the top K of lag_rounds before
+                        res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                                         False, lengths, surv, picked)
+                        if not res.in_range or res.n_cov < res.n_max:
+                            break  # a confidence outside [0, 1], or a search beyond the table: plan() raises
+                        theta_g = res.theta_best
+                        k_lag = _async_capacity(hist, &h0, &h_len, ri, lag_rounds, res.n_star)
+                        cap, t_plan = (k_lag if k_lag < cap else cap), 0.0
+                    verify_tokens = _take_top_core(c, num, width, t_plan, cap, lengths, surv, picked, &sum_a)
+                    if verify_tokens < 0:
+                        break  # a confidence outside [0, 1]: survival() raises
+                    b = num + verify_tokens + chunk_total
+                    if not _covers(&vp, b):  # expected_rate
+                        theta = NAN
+                    else:
+                        vs = nd if verify_tokens == 0 and separate_decode else _price_one(&vp, b, req, d_l_max, d_kv)
+                        if vs != vs:
+                            break  # the table's other rules price it: the round path
+                        theta = (<double>num + sum_a) / (plan_draft_s + vs)
+                else:
+                    res = _scan_core(c, num, width, times, plan_draft_s, separate_decode, nd, n_limit, n_cov_limit,
+                                     early_stop, lengths, surv, picked)
+                    if not res.in_range or (res.n_cov < res.n_max and (res.n_star == res.n_cov or not early_stop)):
+                        break
+                    theta = res.theta_star
+                    theta_g = res.theta_best if res.n_cov == res.n_max else NAN
+                    verify_tokens = res.n_star
+            peak = blocks_used
+            for k in range(num):
+                peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
+            if peak > capacity:
+                break  # KVCacheManager.fit_lookahead trims
+            b = num + verify_tokens + chunk_total
+            table = &vp if verify_tokens else &dp
+            vs = _price_one(table, b, req, d_l_max, d_kv)
+            if c_kind:  # Engine._pass_time: a dynamic controller's tax on the pass
+                vs = vs * c_tax
+            ov = _round_overhead(k_r, overhead_s, c_kind, c_plain_ov, c_spec, c_switch)
+            extrapolated = not (table.bt0 <= b <= table.max_b)
+            duration = ((0.0 + draft_s) + ov) + vs
+            start = now
+            end = start + duration
+            low = draft_s  # min(draft_s, overhead_s, head_load_s = 0.0), as Python's min compares
+            if ov < low:
+                low = ov
+            if 0.0 < low:
+                low = 0.0
+            if (b > max_batch_tokens or <double>peak * block_gib + held_gib > fixed_gib + 1e-9
+                    or not (vs > 0.0 and duration < INFINITY and low >= 0.0)):
+                break  # Engine._check_pass raises
+            if c_asked and k_r == 0:  # kept: the controller's answer for this round stands
+                _commit_control(c_kind, t_off, t_since, t_probing, &c_off, &c_since, &c_probing)
+            if k_r and (plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT):  # planned: FallbackGate.report
+                # (DSparkPolicy.plan_round and GoodputPolicy.plan report before the pass)
+                best_rate = theta_g if isfinite(theta_g) else theta
+                plain_rate = <double>num / plain_t
+                if ri < last_round:  # a new run
+                    gain, skipped = 0.0, 0
+                last_round = ri
+                if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
+                    gain = gain + alpha * (log(best_rate / plain_rate) - gain)
+            crossing = not (next_event > end)  # an event falls inside the pass: kept, the caller waits for its end
+            if crossing:
+                pf[0], pf[1] = start, duration
             # kept: the clock, acceptance, prefill, coherence, the row
             now = end
             if k_r:  # (a round without drafts draws nothing, and every request emits its bonus token)
@@ -2678,6 +2648,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                          ov, 1 if extrapolated else 0))
             rounds += 1
             code = 0
+            if crossing:
+                code = 3  # the caller waits for the pass's end, then frees the finished requests
+                break
             if nf or blocks_used > capacity:
                 code = 2  # requests finished (or the KV check fails): the caller frees them
                 break
@@ -2686,7 +2659,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         PyMem_Free(ibuf)
         PyMem_Free(would)
     return (code, rounds, now, blocks_used, gain, last_round, skipped, coh, coh_updates,
-            totals[3] if code == 2 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len,
+            totals[3] if code == 2 or code == 3 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len,
             (e_last, e_target, e_above, e_below, e_below_max) if is_elastic else None,
             tw_depth if tw_vals != NULL else None,
             _control_state(c_kind, c_spec, c_k, c_ema, c_off, c_since, c_probing, c_acc_len))

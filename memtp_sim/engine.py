@@ -560,6 +560,7 @@ class Engine:
         self.kv.kernels = self._kernels
         self._plain_prices: dict[int, tuple | None] = {}
         self._plain_fused: tuple | None = None  # _plain_block_inputs, set as the rounds start
+        self._finished_after_wait: list[int] | None = None  # a drafted block's, freed after its last pass
         self._scratch = None if self._kernels is None else (  # times, durations, verify_s, blocks, finished
             np.empty(_MAX_BLOCK_ROUNDS + 1), np.empty(_MAX_BLOCK_ROUNDS), np.empty(_MAX_BLOCK_ROUNDS),
             np.empty(_MAX_BLOCK_ROUNDS, dtype=np.int64), np.empty(n, dtype=np.int64))
@@ -832,12 +833,11 @@ class Engine:
                 k, width, block = self._inputs_this_round(by_depth, dynamic, dec, gamma, round_index)
             if block is not None and not num_preempted and not head_load_s:  # drafted rounds at once (exact;
                 # a round that loads heads stalls for them: the round path)
-                rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block, False, k)
-                while wait_s:  # a planned round's pass runs across the next event
-                    round_index += rounds
-                    yield env.timeout(wait_s)
-                    rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block, True)
+                rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block, k)
                 round_index += rounds
+                if wait_s:  # its last round's pass runs across the next event: wait for its end
+                    yield env.timeout(wait_s)
+                    self._drafted_waited()
                 if rounds and drafted is None:
                     continue
             k = width if drafted is not None else (k if dynamic else self._draft_length(dec, gamma, round_index))
@@ -1251,14 +1251,13 @@ class Engine:
         diag = (np.empty((self.DIAG_ROUNDS, gamma)), np.empty((self.DIAG_ROUNDS, gamma)),
                 np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS else None
         limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)  # the most running requests
-        # mutable: drafting times priced up to this many requests, the times, the diagnostics' next row
-        # a pending round's requests and row fields, and the buffers the kernel writes into: the
-        # drafts, the ids, lengths and chunks of a round, a pending round's fields (by requests, views)
-        buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64),
-                   (np.empty(6), np.empty(9, dtype=np.int64)))
+        # mutable: drafting times priced up to this many requests, the times, the diagnostics' next row,
+        # and the buffers the kernel writes into: the drafts, the ids, lengths and chunks of a round,
+        # the last round's start and pass when it runs across an event (by requests, views) ...
+        buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64), np.empty(2))
         # ... and the asynchronous scheduler's lag, and rows for its (round, K) history (live pairs: <= lag + 1)
         lag = pol.params.lag_rounds if plan[0] == 3 else 0
-        state = [0, np.full(limit + 1, np.nan), 0, None, {}, buffers, lag, np.empty((2 * lag + 8, 2), dtype=np.int64)]
+        state = [0, np.full(limit + 1, np.nan), 0, {}, buffers, lag, np.empty((2 * lag + 8, 2), dtype=np.int64)]
         head, kv = self.head, self.kv
         # the kernel's arguments that stay the same objects for the whole run (none is rebound)
         fixed = (self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
@@ -1278,38 +1277,34 @@ class Engine:
                 and all(type(e) is CoherenceEWMA and e._alpha == coh._levels[0]._alpha for e in coh._levels))
 
     def _drafted_block(self, dec: np.ndarray, pre: np.ndarray, gamma: int, round_index: int, inputs: tuple,
-                       resume: bool = False, first_k: int | None = None
-                       ) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
+                       first_k: int | None = None) -> tuple[int, np.ndarray, np.ndarray, tuple | None, float]:
         """Run the drafted rounds from now at once while nothing outside the engine happens
         (``_kernels.drafted_block``): the same draws, clock, state and round-log rows as round by
         round, bit for bit. Called where the round path has admitted, found the anchors fit
-        without preempting and the policy not planning a plain block; with ``resume``, where a
-        pending round's pass (``wait_s`` of the last call) has run across an event: the call
-        finishes that round first, and goes on only if nothing waits for admission. ``gamma``: the
-        positions its rounds draft; ``first_k``: with a dynamic controller, its answer for the
-        first round (``gamma`` or 0).
+        without preempting and the policy not planning a plain block. A last round whose pass
+        runs across the next event is kept as well: the clock is left at its start, and the
+        caller waits ``wait_s`` for its end, then calls :meth:`_drafted_waited` (the requests it
+        finished are freed then, as the round path frees them after the events inside the pass).
+        ``gamma``: the positions its rounds draft; ``first_k``: with a dynamic controller, its
+        answer for the first round (``gamma`` or 0).
 
         Returns:
             ``(rounds, dec, pre, drafted, wait_s)``: the rounds run; the next round's decoding and
             prefilling ids (``dec`` and ``pre`` as given if no round ran); its ``(probs, raw,
             conf)`` when the block drew it but left its plan to the round path (a KV trim, a check
-            that raises), else None; and, when > 0, the seconds its pass runs across the next event
-            (the caller waits them, then calls again with ``resume``).
+            that raises), else None; and, when > 0, the seconds the last round's pass runs from
+            the clock now, across the next event.
         """
         fixed, per_tested, overhead_s, diag, state, gate, plan, early_stop = inputs
         kv, drafter, log = self.kv, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
-        if resume:  # the pending round's requests, and its row's fields as they were before its pass
-            run, pending_consts = state[3]
-            max_rounds = 1 if self.waiting else _MAX_BLOCK_ROUNDS  # an arrival may be admitted now
-        else:
-            run, pending_consts, max_rounds = self._run_ids[0], None, _MAX_BLOCK_ROUNDS
+        run = self._run_ids[0]
         num_run = run.size
-        views = state[4].get(num_run)
+        views = state[3].get(num_run)
         if views is None:  # the run's buffers as arrays of this many requests (the kernel's shapes)
-            drafts, ids, pending = state[5]
-            views = state[4][num_run] = (*(d[:num_run] for d in drafts), *(i[:num_run] for i in ids), *pending)
-        probs, raw, conf, dec_ids, pre_ids, lengths, chunks, pending_f, pending_i = views
+            drafts, ids, crossing = state[4]
+            views = state[3][num_run] = (*(d[:num_run] for d in drafts), *(i[:num_run] for i in ids), crossing)
+        probs, raw, conf, dec_ids, pre_ids, lengths, chunks, crossing = views
         draft_times = state[1]
         if num_run > state[0]:  # drafting time by decoding requests, priced once per run
             for r in range(state[0] + 1, num_run + 1):
@@ -1319,11 +1314,11 @@ class Engine:
         left, at = self.DIAG_ROUNDS - self.diag_n, state[2]
         d_raw, d_conf, d_would = (None, None, None) if diag is None or left <= 0 else \
             (diag[0][at: at + left], diag[1][at: at + left], diag[2][at: at + left])
-        cfg, lag, history, pol = self.cfg, state[6], state[7], self.policy
+        cfg, lag, history, pol = self.cfg, state[5], state[6], self.policy
         num_hist = len(pol._history) if lag else 0
         if num_hist:  # DSparkAsyncPolicy's remembered capacities, as the kernel reads them
             if num_hist + 2 > len(history):
-                history = state[7] = np.empty((2 * num_hist + 8, 2), dtype=np.int64)
+                history = state[6] = np.empty((2 * num_hist + 8, 2), dtype=np.int64)
             history[:num_hist] = pol._history
         ctl = drafter.controller
         coh_args, tower = self._coherence_args(per_tested)
@@ -1336,10 +1331,9 @@ class Engine:
             overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
             _NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
                                            gate.probe_every),
-            coh_args, round_index, max_rounds, log.rows, consts,
-            dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, pending_f,
-            pending_i, resume, pending_consts, None if ctl is None else self._elastic_args(ctl), tower,
-            drafter.kind == "draft_model", control_args)
+            coh_args, round_index, _MAX_BLOCK_ROUNDS, log.rows, consts,
+            dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, crossing,
+            None if ctl is None else self._elastic_args(ctl), tower, drafter.kind == "draft_model", control_args)
         if control is not None:
             self._kept_control(*control, control_args)
         if ctl_state is not None:
@@ -1352,7 +1346,9 @@ class Engine:
         if diag_rows:
             self._kept_diag(diag, state, at, diag_rows)
         if rounds:
-            self.env._now = now  # no event falls inside the rounds run (SimPy's clock, as the round path moves it)
+            # no event falls inside the rounds run but a crossing last one's pass: the clock at its
+            # end, or at that round's start (SimPy's clock, as the round path moves it)
+            self.env._now = now if code != 3 else float(crossing[0])
             kv.blocks_used = blocks_used
             self._kept_coherence(coh_value, coh_n, tower, tower_depth)
             if control is None:  # (a dynamic controller's: as its rounds left it)
@@ -1361,18 +1357,26 @@ class Engine:
                 self._run_ids = (run, None)  # "all decode" may have become true
             if kv.blocks_used > kv.capacity:
                 kv.check("append")
-            if num_fin:
-                self._finish(finished[:num_fin].tolist())
-                log.set_last_kv_after(kv.blocks_used)
-            log.flush_if_full()
-        if code == 3:  # the next round's pass runs across an event: wait for its end, then resume
-            state[3] = (run, consts)
-            return rounds, dec, pre, None, float(pending_f[1])
+            if code == 3:  # the last round's pass runs across an event: its finished requests after the wait
+                self._finished_after_wait = finished[:num_fin].tolist()
+                return rounds, dec, pre, None, float(crossing[1])
+            self._drafted_waited(finished[:num_fin].tolist() if num_fin else [])
         if code != 1:
             return rounds, dec, pre, None, 0.0
         # copies: the round path keeps them (diagnostics) and the next block reuses the buffers
         return rounds, dec_ids[:num_dec].copy(), pre_ids[:num_pre].copy(), (
             probs[:num_dec].copy(), raw[:num_dec].copy(), conf[:num_dec].copy()), 0.0
+
+    def _drafted_waited(self, finished: list[int] | None = None) -> None:
+        """After a drafted block (and the wait for its last round's pass, if it ran across an
+        event): free the requests it finished (``finished``, or those kept for after the wait), the
+        last row's KV after them, and pack the rows once enough wait."""
+        if finished is None:
+            finished, self._finished_after_wait = self._finished_after_wait, None
+        if finished:
+            self._finish(finished)
+            self.log.set_last_kv_after(self.kv.blocks_used)
+        self.log.flush_if_full()
 
     def _kept_diag(self, diag: tuple, state: list, at: int, num: int) -> None:
         """A block's calibration diagnostics: its ``num`` request-rounds the kernel wrote into the

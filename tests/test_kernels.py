@@ -1070,7 +1070,7 @@ _ZERO_D_CALLS = {
                       f"np.random.default_rng(), {_PRICE}, {_PRICE}, False, np.zeros(2), 2, 8, 8, 16, 8, 0, 0.0, 1.0, "
                       f"0.0, False, 0, 0, 0.0, 0, np.zeros((4, 2), np.int64), 0, 0.0, 0.0, 1.0, (True, 0.1, 0.0, -1, 0, 16), (0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), "
                       f"{_I1}, {_I1}, np.empty((1, 2)), np.empty((1, 2)), np.empty((1, 2)), {_I1}, None, None, None, {_I1}, "
-                      f"{_I1}, np.zeros(6), np.zeros(9, np.int64), False, None)"),
+                      f"{_I1}, np.zeros(2))"),
     "drafted_block_diag": (f"K.drafted_block({_I1}, {_I1}, {_I1}, {_I1}, {_F1}, {_I1}, {_I1}, {_I1}, {_I1}, {_I1}, "
                            f"{_I1}, {_I1}, {_F1}, {_F1}, {_F1}, None, 0.0, True, 0.0, 1.0, np.ones(2), "
                            f"np.random.default_rng(), np.random.default_rng(), {_PRICE}, {_PRICE}, False, np.zeros(2), "
@@ -1078,7 +1078,7 @@ _ZERO_D_CALLS = {
                            f"(True, 0.1, 0.0, -1, 0, 16), "
                            f"(0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), {_I1}, {_I1}, np.empty((1, 2)), "
                            f"np.empty((1, 2)), np.empty((1, 2)), {_I1}, {{a}}, np.empty((1, 2)), "
-                           f"np.empty((1, 2), bool), {_I1}, {_I1}, np.zeros(6), np.zeros(9, np.int64), False, None)"),
+                           f"np.empty((1, 2), bool), {_I1}, {_I1}, np.zeros(2))"),
     "plain_block": (f"K.plain_block({_I1}, {{i}}, {_I1}, {_I1}, {_I1}, {_I1}, 16, 8, 0, 0.0, 1.0, 1, 4, 64, "
                     f"(False, 0.01, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0), (8, 0.0, 1.0), [], (0.0,) * 29, np.zeros(5), "
                     f"np.zeros(4), np.zeros(4), np.zeros(4, np.int64), {_I1}, 0, 0)"),
