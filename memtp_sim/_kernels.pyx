@@ -536,15 +536,14 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
                 i64 block_tokens, i64 capacity, i64 blocks_used, double now, double next_event, i64 ahead,
                 i64 max_rounds, i64 max_rows, tuple price not None, tuple checks not None, list rows not None,
                 tuple template not None, cnp.ndarray times not None, cnp.ndarray durations not None,
-                cnp.ndarray verify_s not None, cnp.ndarray blocks not None, cnp.ndarray finished not None,
-                i64 resume_rounds, i64 resume_kv_read):
+                cnp.ndarray verify_s not None, cnp.ndarray blocks not None, cnp.ndarray finished not None):
     """A block of plain rounds in one call (``Engine._plain_run``): :func:`plain_plan`, the round
-    checks of ``Engine._check_pass`` on the block's extremes, and, where its last round ends before
-    ``next_event``, :func:`plain_apply` and :func:`plain_rows` (the rows only for blocks of at most
-    ``max_rows`` rounds; longer ones the engine writes as columns). A block whose last round reaches
-    ``next_event`` is planned only: the engine waits for that round's end in SimPy, then calls again
-    with ``resume_rounds`` (the block's rounds) and ``resume_kv_read`` to apply it from the arrays
-    the first call filled. Every value is the separate kernels', bit for bit.
+    checks of ``Engine._check_pass`` on the block's extremes, :func:`plain_apply` and
+    :func:`plain_rows` (the rows only for blocks of at most ``max_rows`` rounds; longer ones the
+    engine writes as columns). A block whose last round reaches ``next_event`` is applied too: the
+    engine waits for that round's end in SimPy (the events inside its pass run then, and no
+    callback reads the block's requests), then frees the requests it finished. Every value is the
+    separate kernels', bit for bit.
 
     Args:
         dec: ``(R,)`` int64 ids of the decoding requests (R >= 1), all the running requests.
@@ -565,15 +564,14 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
         times: float64 out, ``(max_rounds + 1,)`` or longer; durations, verify_s: float64 out and
             blocks: int64 out, ``(max_rounds,)`` or longer (:func:`plain_plan`'s).
         finished: int64 out, ``(R,)`` or longer: ids that finished, in ``dec`` order.
-        resume_rounds, resume_kv_read: 0 and 0 to plan; else the planned block's rounds and first
-            KV read, to apply it.
 
     Returns:
         ``(code, rounds, kv_read_tokens, blocks_added, num_finished)``; code 0: not even one round
         fits the KV cache (nothing done); 1: planned, but a round check may fail (the engine runs
-        ``Engine._check_pass``, which raises); 2: planned, its last round reaches ``next_event``;
-        3: applied (the clock at its end is ``times[rounds]``), its rows written if ``rounds <=
-        max_rows``, the last with the KV after the block before finished requests free theirs.
+        ``Engine._check_pass``, which raises); 2 and 3: applied, its rows written if ``rounds <=
+        max_rows``, the last with the KV after the block before finished requests free theirs; 3:
+        the clock at its end is ``times[rounds]``; 2: its last round reaches ``next_event`` (the
+        engine waits ``durations[rounds - 1]`` from ``times[rounds - 1]``).
 
     Raises:
         TypeError, ValueError, IndexError: arrays of the wrong type or length (or read-only where
@@ -590,9 +588,9 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
     cdef i64* out = _i64(output, "output", size)
     cdef i64* gen = _i64(_w(generated, "generated"), "generated", size)
     cdef i64* nr = _i64(_w(num_rounds, "num_rounds"), "num_rounds", size)
-    if num < 1 or max_rounds < 1 or block_tokens < 1 or resume_rounds < 0 or resume_rounds > max_rounds:
-        raise ValueError(f"plain_block: needs >= 1 request, round and block token, and 0 <= resume_rounds <= "
-                         f"max_rounds (got {num}, {max_rounds}, {block_tokens}, {resume_rounds})")
+    if num < 1 or max_rounds < 1 or block_tokens < 1:
+        raise ValueError(f"plain_block: needs >= 1 request, round and block token (got {num}, {max_rounds}, "
+                         f"{block_tokens})")
     _check_ids(ids, num, size)
     cdef _PlanBuffers buf = _plan_buffers(times, durations, verify_s, blocks, max_rounds)
     cdef i64* fin = _i64(_w(finished, "finished"), "finished", num, False)
@@ -600,35 +598,32 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
     cdef double held_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 22))
     cdef double head_load_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 24))
     cdef double overhead_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 27))
-    cdef i64 rounds = resume_rounds, kv_read = resume_kv_read, added, j
-    if not resume_rounds:
-        rounds = _plain_plan_core(
-            ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
-            0.0 + draft_s + overhead_s, <bint>price[0], PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 1)),
-            PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 2)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 3)),
-            PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 4)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 5)),
-            PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 6)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 7)),
-            buf.times, buf.durations, buf.verify_s, buf.blocks, &kv_read)
-        if rounds < 1:
-            return 0, 0, kv_read, 0, 0
-        # Engine._check_pass on the extremes (the KV peak is the last round's): any doubt, and
-        # that function decides (and raises) on the plan
-        if (num > PyLong_AsLongLong(<object>PyTuple_GET_ITEM(checks, 0))
-                or <double>buf.blocks[rounds - 1] * PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 1))
-                + held_gib
-                > PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 2)) + 1e-9
-                or not (draft_s >= 0.0 and overhead_s >= 0.0 and head_load_s >= 0.0)):
+    cdef i64 rounds, kv_read = 0, added, j
+    rounds = _plain_plan_core(
+        ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
+        0.0 + draft_s + overhead_s, <bint>price[0], PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 1)),
+        PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 2)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 3)),
+        PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 4)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 5)),
+        PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 6)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 7)),
+        buf.times, buf.durations, buf.verify_s, buf.blocks, &kv_read)
+    if rounds < 1:
+        return 0, 0, kv_read, 0, 0
+    # Engine._check_pass on the extremes (the KV peak is the last round's): any doubt, and
+    # that function decides (and raises) on the plan
+    if (num > PyLong_AsLongLong(<object>PyTuple_GET_ITEM(checks, 0))
+            or <double>buf.blocks[rounds - 1] * PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 1))
+            + held_gib
+            > PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 2)) + 1e-9
+            or not (draft_s >= 0.0 and overhead_s >= 0.0 and head_load_s >= 0.0)):
+        return 1, rounds, kv_read, 0, 0
+    for j in range(rounds):
+        if not (buf.verify_s[j] > 0.0 and buf.durations[j] < INFINITY):
             return 1, rounds, kv_read, 0, 0
-        for j in range(rounds):
-            if not (buf.verify_s[j] > 0.0 and buf.durations[j] < INFINITY):
-                return 1, rounds, kv_read, 0, 0
-        if not (next_event > buf.times[rounds]):
-            return 2, rounds, kv_read, 0, 0
     added = _plain_apply_core(ids, num, rounds, gen, nr, tok, blk, out, block_tokens, fin, &nf)
     if rounds <= max_rows:
         _plain_rows_core(rows, template, buf.times, buf.durations, buf.verify_s, buf.blocks, rounds,
                          blocks_used + added, kv_read, num)
-    return 3, rounds, kv_read, added, nf
+    return (3 if next_event > buf.times[rounds] else 2), rounds, kv_read, added, nf
 
 
 cdef inline void _merge_front(double* sv, i64* sr, double* dv, i64* dr, Py_ssize_t i, Py_ssize_t ie,

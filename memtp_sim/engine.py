@@ -1017,8 +1017,9 @@ class Engine:
     def _plain_run(self, dec: np.ndarray, ahead: int, gamma: int, head_load_s: float, round_index: int):
         """The plain rounds from now as one block (a generator; returns the rounds run, 0 where
         none can): planned by :meth:`_plan_plain_block` and run by :meth:`_plain_block`, or with
-        the compiled kernels both in one call (``_kernels.plain_block``), and a second after the
-        wait where the block's last round runs across the next event: the same block, bit for bit.
+        the compiled kernels both in one call (``_kernels.plain_block``; where the block's last round
+        runs across the next event, the requests it finished are freed after the wait for its end):
+        the same block, bit for bit.
         The one call steps aside for :meth:`_plain_block` where a round check may fail (that
         function raises) or where :meth:`_check_pass` has been replaced (it then runs)."""
         fused, num_dec, price = self._plain_fused, dec.size, None
@@ -1036,17 +1037,15 @@ class Engine:
         draft_s, overhead_s, checks = fused
         times, durations, verify_s, blocks, finished = self._scratch
         template = self._plain_template(num_dec, gamma, draft_s, overhead_s, head_load_s, price[8])
-        args = [dec, kv.tokens, kv.blocks, self.output, self.generated, self.num_rounds, kv.block_tokens, kv.capacity,
-                kv.blocks_used, env._now, env.peek(), ahead, _MAX_BLOCK_ROUNDS, log.SHORT_BLOCK, price, checks, log.rows,
-                template, times, durations, verify_s, blocks, finished, 0, 0]
-        code, rounds, kv_read, added, num_fin = self._kernels.plain_block(*args)
+        code, rounds, kv_read, added, num_fin = self._kernels.plain_block(
+            dec, kv.tokens, kv.blocks, self.output, self.generated, self.num_rounds, kv.block_tokens, kv.capacity,
+            kv.blocks_used, env._now, env.peek(), ahead, _MAX_BLOCK_ROUNDS, log.SHORT_BLOCK, price, checks, log.rows,
+            template, times, durations, verify_s, blocks, finished)
         if code == 3:
             env._now = float(times[rounds])  # no event falls inside the block (SimPy's clock, as the round path moves it)
-        elif code == 2:  # the last round's pass runs across the next event: wait for its end, then apply
+        elif code == 2:  # applied, its last round's pass runs across the next event: wait for its end
             env._now = float(times[rounds - 1])
             yield env.timeout(float(durations[rounds - 1]))
-            args[8], args[-2:] = kv.blocks_used, (rounds, kv_read)
-            code, rounds, kv_read, added, num_fin = self._kernels.plain_block(*args)
         elif code == 1:  # a round check may fail: _check_pass decides (and raises) on the plan
             yield from self._plain_block(dec, _PlainBlock(
                 rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds], kv_read, draft_s,

@@ -114,8 +114,8 @@ _TEMPLATE = (0.0, 0.0, 0.0005, 0.0, 2, 0, 0, 2, 0, 0, 0, 2, 1, 2, 0, 0, math.nan
 
 def _block(tokens, left, *, capacity=100, next_event=math.inf, checks=(8192, 0.01, 10.0), template=_TEMPLATE,
            max_rows=64, max_rounds=16):
-    """plain_block on two requests' state (copies), planned and, where its last round reaches the
-    event, applied by the second call: (codes, rounds, kv_read, added, finished, rows, state)."""
+    """plain_block on two requests' state (copies), planned and applied in one call (code 2 where its
+    last round reaches the event): (codes, rounds, kv_read, added, finished, rows, state)."""
     n = len(tokens)
     dec = np.arange(n, dtype=np.int64)
     tok = np.array(tokens, dtype=np.int64)
@@ -124,11 +124,8 @@ def _block(tokens, left, *, capacity=100, next_event=math.inf, checks=(8192, 0.0
     price = (False, 0.010, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0)
     bufs, finished, rows = _buffers(max_rounds), np.zeros(n, dtype=np.int64), []
     args = [dec, *state, 16, capacity, int(state[1].sum()), 0.0, next_event, 1 << 62, max_rounds, max_rows, price,
-            checks, rows, template, *bufs, finished, 0, 0]
+            checks, rows, template, *bufs, finished]
     codes = [kernels.plain_block(*args)]
-    if codes[0][0] == 2:
-        args[-2:] = codes[0][1], codes[0][2]
-        codes.append(kernels.plain_block(*args))
     _, rounds, kv_read, added, num_fin = codes[-1]
     return [c[0] for c in codes], rounds, kv_read, added, finished[:num_fin].tolist(), rows, state
 
@@ -146,9 +143,9 @@ def test_one_block_call_plans_applies_and_logs_as_the_separate_kernels_by_hand()
     assert [r[14] for r in rows] == [2, 3, 3, 3] and [r[15] for r in rows] == [2, 3, 3, 3]  # after: 2 + 1
     assert [r[26] for r in rows] == [18, 20, 22, 24]
     assert all(r[:14] == (r[0], r[1], *_TEMPLATE[2:3], r[3], *_TEMPLATE[4:14]) for r in rows)
-    # the last round reaches the event: planned (nothing applied), then applied by the second call
+    # the last round reaches the event: applied all the same (code 2: the engine waits for its end)
     codes, rounds, *_, rows, (tok, *_) = _block([15, 3], [4, 9], next_event=0.015)
-    assert codes == [2, 3] and rounds == 2 and tok.tolist() == [17, 5] and len(rows) == 2
+    assert codes == [2] and rounds == 2 and tok.tolist() == [17, 5] and len(rows) == 2
     # a block longer than max_rows is applied without rows (the engine logs it as columns)
     codes, rounds, *_, rows, _ = _block([15, 3], [4, 9], max_rows=3)
     assert codes == [3] and rounds == 4 and rows == []
@@ -189,7 +186,7 @@ def test_one_block_call_is_the_separate_kernels(reqs, capacity, next_event, max_
     if want_rounds < 1:
         assert codes == [0]
         return
-    assert codes == ([3] if bufs[0][want_rounds] < next_event else [2, 3])
+    assert codes == ([3] if bufs[0][want_rounds] < next_event else [2])
     used = int(blk.sum())
     want_fin = np.zeros(n, dtype=np.int64)
     want_added, num_fin = kernels.plain_apply(dec, want_rounds, gen, nr, tok, blk, out, 16, want_fin)
@@ -1081,7 +1078,7 @@ _ZERO_D_CALLS = {
                            f"np.empty((1, 2), bool), {_I1}, {_I1}, np.zeros(2))"),
     "plain_block": (f"K.plain_block({_I1}, {{i}}, {_I1}, {_I1}, {_I1}, {_I1}, 16, 8, 0, 0.0, 1.0, 1, 4, 64, "
                     f"(False, 0.01, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0), (8, 0.0, 1.0), [], (0.0,) * 29, np.zeros(5), "
-                    f"np.zeros(4), np.zeros(4), np.zeros(4, np.int64), {_I1}, 0, 0)"),
+                    f"np.zeros(4), np.zeros(4), np.zeros(4, np.int64), {_I1})"),
     "positive_rank_sum": "K.positive_rank_sum({a}, np.array([True]))",
     "split_decoding": "K.split_decoding(np.zeros(2, np.int64), {i}, np.zeros(3, np.int64), np.zeros(3, np.int64), "
                       "16, np.zeros(2, np.int64), np.zeros(2, np.int64))",
