@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -112,10 +113,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     check_executor(args.executor, args.scheduler, args.jobs)  # before anything else: one line, exit 2
     console = Console(stderr=True)
     study = load_study(args.study)
-    n_runs = len(plan_runs(study, source=args.study))
+    specs = plan_runs(study, source=args.study)
+    n_runs = len(specs)
     check_writable(Path(args.out) / study.name)
     if not args.quiet:
         console.print(f"[bold]{study.name}[/]: {n_runs} runs -> {Path(args.out) / study.name}", soft_wrap=True)
+    capped = Counter(note for spec in specs for note in spec.scenario.capped_settings())
+    for note, count in capped.items():  # (kept: a table may serve drafters of several depths)
+        print(f"note: {note} in {count} of {n_runs} run(s)", file=sys.stderr)
     t0 = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=console, disable=args.quiet or not console.is_terminal and not args.progress) as prog:

@@ -622,6 +622,19 @@ class Scenario(StrictModel):
                 "for the KV cache")
         return self
 
+    def capped_settings(self) -> list[str]:
+        """The draft-length controller's settings above the draft length (``draft_spec().max_draft_len``),
+        which a run caps at it, each as a note: ``"draft_control.table['1-8'] (batch_table) is 9,
+        above the draft length 7: capped at 7"``. Not refused: one table may serve drafters of
+        several depths (a sweep), where only some runs cap it."""
+        spec = self.draft_spec()
+        if not spec.speculative:
+            return []
+        width, name = spec.max_draft_len, self.draft_control.name
+        params = control_class(name).Params(**self.draft_control.params)
+        return [f"draft_control.{where} ({name}) is {k}, above the draft length {width}: capped at {width}"
+                for where, k in params.k_settings() if k > width]
+
     def ignored_fields(self) -> dict[str, str]:
         """Dotted paths whose value cannot change this scenario's run, each with the reason.
 

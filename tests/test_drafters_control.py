@@ -319,3 +319,34 @@ def test_a_lone_requests_drafts_are_trimmed_to_its_last_kv_block_and_logged_as_v
     assert r["num_trimmed"].tolist() == [trimmed for _, trimmed in seen]
     assert r["num_trimmed"].sum() > 0 and int(st.generated_tokens[0]) == 38
     assert (r["kv_blocks_peak"] <= 4).all()
+
+
+def test_a_controller_k_above_the_draft_length_is_named_where_it_is_capped(tmp_path, capsys):
+    # a fresh user's report: batch_table's k 9 (or acceptance_target's k_min 9) on a 7-position
+    # drafter ran as 7 without a word. Kept (one table may serve drafters of several depths), but
+    # `run` names each such setting and in how many runs a cap applies; the runs are the capped ones
+    import yaml
+
+    from _sim_helpers import tiny_study_doc
+    from memtp_sim.cli import main
+    from memtp_sim.config import Scenario
+
+    doc = tiny_study_doc()
+    doc["base"]["policy"] = {"name": "static"}
+    doc["base"]["draft_control"] = {"name": "batch_table", "table": {"1-2": 9, "3-8": 2}}
+    doc["policies"] = [{"name": "static", "k": 7}, {"name": "static", "k": 12}]  # static drafts k positions
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(f), "--out", str(tmp_path / "out"), "--quiet", "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ("note: draft_control.table['1-2'] (batch_table) is 9, above the draft length 7: capped at 7 "
+            "in 2 of 4 run(s)") in err, err
+    assert "table['3-8']" not in err and "draft length 12" not in err, err
+    # the same for the other controllers' settings, and none where every k fits
+    base = {k: v for k, v in doc["base"].items() if k != "draft_control"} | {"policy": {"name": "static", "k": 7}}
+    for control, says in (({"name": "acceptance_target", "k_min": 8}, "draft_control.k_min (acceptance_target) is 8"),
+                          ({"name": "context_table", "rows": [{"batch": "1-8", "context": "0-100000", "k": 2}],
+                            "default_k": 8}, "draft_control.default_k (context_table) is 8"),
+                          ({"name": "batch_table", "table": {"1-8": 7}}, None), ({"name": "always"}, None)):
+        notes = Scenario.model_validate(base | {"draft_control": control}).capped_settings()
+        assert notes == ([f"{says}, above the draft length 7: capped at 7"] if says else []), notes

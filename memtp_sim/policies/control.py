@@ -150,6 +150,11 @@ class ControlParams(PolicyParams):
     switch_s: float = Field(0.001, ge=0.0, description="cost of each on/off switch, seconds (stated assumption: "
                                                        "one drafter catch-up step, ~1 ms)")
 
+    def k_settings(self) -> list[tuple[str, int]]:
+        """The draft lengths this controller's settings name, as ``(where, k)``: a run caps each at
+        the drafter's draft length (none here; the tables and ``k_min`` below name some)."""
+        return []
+
     @field_validator("tax", mode="before")
     @classmethod
     def _tax(cls, v: Any) -> Any:
@@ -257,6 +262,10 @@ class BatchTableParams(ControlParams):
         parse_range_table(v, "table")
         return v
 
+    def k_settings(self) -> list[tuple[str, int]]:
+        """Each range's k, as ``("table['lo-hi']", k)``."""
+        return [(f"table[{rng!r}]", int(k)) for rng, k in self.table.items()]
+
 
 @register_control("batch_table")
 class BatchTable(DraftControl):
@@ -300,6 +309,10 @@ class ContextTableParams(ControlParams):
             parse_range_table({row["context"]: row["k"]}, f"rows[{i}].context")
         return self
 
+    def k_settings(self) -> list[tuple[str, int]]:
+        """Each row's k and ``default_k``."""
+        return [(f"rows[{i}].k", int(r["k"])) for i, r in enumerate(self.rows)] + [("default_k", self.default_k)]
+
 
 @register_control("context_table")
 class ContextTable(DraftControl):
@@ -339,6 +352,10 @@ class AcceptanceTargetParams(ControlParams):
     # (bounded: the compiled rounds read them as 64-bit integers; 127 is the widest drafter, MAX_DRAFT_LEN)
     k_min: int = Field(1, ge=0, le=127, description="smallest k (0 lets it turn speculation off)")
     probe_every: int = Field(32, ge=1, le=100000, description="at k = 0, draft one position every this many rounds")
+
+    def k_settings(self) -> list[tuple[str, int]]:
+        """``k_min``."""
+        return [("k_min", self.k_min)]
 
 
 @register_control("acceptance_target")
