@@ -31,10 +31,23 @@ from cpython.float cimport PyFloat_AsDouble
 from cpython.ref cimport PyObject
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLong
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int8_t, int32_t
 
 cnp.import_array()
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void* op)
+
+
+cdef inline int _append_row(list rows, tuple row) except -1:
+    # a round-log row holds numbers only, so it can be in no reference cycle: untracked by the
+    # garbage collector at once (CPython untracks such tuples at their first collection, after
+    # traversing them: most of a run's young-generation collections were these rows)
+    PyObject_GC_UnTrack(<void*>row)
+    rows.append(row)
+    return 0
 
 cdef extern from *:
     """
@@ -461,14 +474,30 @@ def plain_rows(list rows not None, tuple template not None, cnp.ndarray times no
 cdef int _plain_rows_core(list rows, tuple template, double* t, double* d, double* v, i64* b, i64 rounds,
                           i64 after_last, i64 kv_read0, i64 num_dec) except -1:
     # plain_rows' work on a checked 29-field template and arrays of at least ``rounds`` elements
-    cdef list row
+    cdef tuple row
+    cdef object item
     cdef i64 j
+    cdef Py_ssize_t f
     for j in range(rounds):
-        row = list(template)
-        row[0], row[1], row[3], row[14] = t[j], d[j], v[j], b[j]
-        row[15] = after_last if j == rounds - 1 else b[j]
-        row[26] = kv_read0 + num_dec * j
-        rows.append(tuple(row))
+        row = PyTuple_New(29)  # the template's fields but the round's own (no list in between)
+        for f in range(29):
+            if f == 0:
+                item = t[j]
+            elif f == 1:
+                item = d[j]
+            elif f == 3:
+                item = v[j]
+            elif f == 14:
+                item = b[j]
+            elif f == 15:
+                item = after_last if j == rounds - 1 else b[j]
+            elif f == 26:
+                item = kv_read0 + num_dec * j
+            else:
+                item = <object>PyTuple_GET_ITEM(template, f)
+            Py_INCREF(item)  # PyTuple_SET_ITEM steals a reference
+            PyTuple_SET_ITEM(row, f, item)
+        _append_row(rows, row)
     return 0
 
 
@@ -2637,10 +2666,10 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     c_acc[j] = c_rate if j == 0 else c_acc[j - 1] * c_rate
             if c_kind:
                 c_spec = k_r > 0  # Engine._pass_time: speculation on after a round that drafted
-            rows.append((start, duration, draft_s, vs, num, num_prefill, chunk_total, b, k_r, verify_tokens,
-                         totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
-                         theta_g, 0, 0, py_depth, coh, py_held_gib, py_capacity, 0.0, consts[2], kv_read,
-                         ov, 1 if extrapolated else 0))
+            _append_row(rows, (start, duration, draft_s, vs, num, num_prefill, chunk_total, b, k_r, verify_tokens,
+                               totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
+                               theta_g, 0, 0, py_depth, coh, py_held_gib, py_capacity, 0.0, consts[2], kv_read,
+                               ov, 1 if extrapolated else 0))
             rounds += 1
             code = 0
             if crossing:
