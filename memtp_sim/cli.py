@@ -91,13 +91,16 @@ def _print_failed(failed: dict[str, str], n_runs: int, again: str, head: str = "
                                 "deterministic for its seed): the error says what broke; an engine invariant a "
                                 "scenario breaks is its input to change, any other is a bug to report with the "
                                 "traceback in the run's failed.json"),
-                       ("transient", f"failed on the machine, not on their input, and may pass on a retry: {again} "
-                                     "to retry them")):
+                       ("transient", f"did not complete for a reason a rerun may get past (a lost worker, damaged "
+                                     f"files, memory or disk, an input changed while the study ran): {again} to "
+                                     "retry them")):
         group = {rid: why for rid, why in failed.items() if kinds[rid] == kind}
         if group:
             print(f"{len(group)} {hint}:", file=sys.stderr)
             for rid, why in list(group.items())[:10]:
                 print(f"  {rid}: {why}", file=sys.stderr)
+            if len(group) > 10:
+                print(f"  ... and {len(group) - 10} more (each with its failed.json under runs/)", file=sys.stderr)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

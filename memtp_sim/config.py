@@ -485,8 +485,9 @@ def _check_params(cls: Any, params: dict[str, Any], section: str, what: str) -> 
             allowed = ", ".join(cls.Params.model_fields) or "no parameters"
             raise ValueError(f"{section}.{field}: unknown parameter of {what}; allowed: {allowed}") from None
         msg = err["msg"].removeprefix("Value error, ")
-        got = f" (got {_show(err.get('input'))})" if field else ""
-        raise ValueError(f"{section}.{field or what}: {msg}{got}") from None
+        if not field:  # the model's own check: its message names the fields ("draft_control: rows[0]: ...")
+            raise ValueError(f"{section}: {msg}") from None
+        raise ValueError(f"{section}.{field}: {msg} (got {_show(err.get('input'))})") from None
 
 
 def _check_finite(value: Any, where: str) -> None:
@@ -625,15 +626,18 @@ class Scenario(StrictModel):
     def capped_settings(self) -> list[str]:
         """The draft-length controller's settings above the draft length (``draft_spec().max_draft_len``),
         which a run caps at it, each as a note: ``"draft_control.table['1-8'] (batch_table) is 9,
-        above the draft length 7: capped at 7"``. Not refused: one table may serve drafters of
-        several depths (a sweep), where only some runs cap it."""
+        above the draft length 7: capped at 7"``; with the elastic MEMTP ensemble, those above its
+        ``max_depth`` (a k at or below it is capped at the depth the ensemble runs at, which is what
+        the ensemble is for). Not refused: one table may serve drafters of several depths (a
+        sweep), where only some runs cap it."""
         spec = self.draft_spec()
         if not spec.speculative:
             return []
         width, name = spec.max_draft_len, self.draft_control.name
         params = control_class(name).Params(**self.draft_control.params)
-        return [f"draft_control.{where} ({name}) is {k}, above the draft length {width}: capped at {width}"
-                for where, k in params.k_settings() if k > width]
+        cap = (f"the elastic ensemble's max_depth {width}: capped at its depth (at most {width})"
+               if self.memtp.depth == "elastic" else f"the draft length {width}: capped at {width}")
+        return [f"draft_control.{where} ({name}) is {k}, above {cap}" for where, k in params.k_settings() if k > width]
 
     def ignored_fields(self) -> dict[str, str]:
         """Dotted paths whose value cannot change this scenario's run, each with the reason.

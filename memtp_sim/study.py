@@ -204,14 +204,17 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-#: Errors that bad input raises: a run that failed with one fails the same way when run again.
-INPUT_ERRORS = ("ConfigError", "CalibrationError", "InvalidArgumentError")
+#: Errors that bad input raises: a run that failed with one fails the same way when run again
+#: (an input file gone or unreadable since the study was loaded among them: a rerun refuses it)
+INPUT_ERRORS = ("ConfigError", "CalibrationError", "InvalidArgumentError", "FileNotFoundError", "PermissionError",
+                "IsADirectoryError", "NotADirectoryError")
 
-#: Errors of the machine, not of the run (memory, the file system, the network, a Dask worker): a
-#: retry may get past them, as past the other recorded reasons that are not errors a run raised
-#: (a lost worker, result files damaged in transit, an interrupted or missing run)
-TRANSIENT_ERRORS = ("MemoryError", "OSError", "IOError", "FileNotFoundError", "PermissionError", "TimeoutError",
-                    "ConnectionError", "BrokenPipeError", "ConnectionResetError", "KilledWorker", "CommClosedError")
+#: Errors of the machine, not of the run (memory, a full disk, the network, a Dask worker): a retry
+#: may get past them, as past the other recorded reasons that are not errors a run raised (a lost
+#: worker, result files damaged in transit, an input file changed while the study ran, an
+#: interrupted or missing run)
+TRANSIENT_ERRORS = ("MemoryError", "OSError", "IOError", "TimeoutError", "ConnectionError", "BrokenPipeError",
+                    "ConnectionResetError", "KilledWorker", "CommClosedError")
 
 
 def failure_kind(error: str) -> str:

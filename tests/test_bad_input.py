@@ -286,12 +286,13 @@ def test_a_sweep_point_the_trace_cannot_fill_is_refused_at_load_naming_the_point
 
 
 # ------------------------------------------------------- failed runs: retry only what a retry helps
-@pytest.mark.parametrize("error", ["ConfigError", "CalibrationError", "InvalidArgumentError", "RuntimeError",
-                                   "EngineInvariantError", "MemoryError"])
+@pytest.mark.parametrize("error", ["ConfigError", "CalibrationError", "InvalidArgumentError", "FileNotFoundError",
+                                   "RuntimeError", "EngineInvariantError", "MemoryError"])
 def test_a_run_that_failed_on_its_input_is_not_told_to_retry(tmp_path, capsys, monkeypatch, error):
     # an input error fails the same way on every rerun: "run again to retry" would loop the user;
-    # so does any other error the simulation raised (a run is deterministic for its seed): only a
-    # failure of the machine (memory here) is told a retry may help
+    # so does any other error the simulation raised (a run is deterministic for its seed), and an
+    # input file gone since the study was loaded (a rerun refuses it at load; a fresh user's
+    # report: it was told to retry): only a failure of the machine (memory here) is told a retry may help
     import builtins
 
     import memtp_sim.errors as errors
@@ -408,3 +409,15 @@ def test_a_cost_table_time_that_is_not_finite_names_its_row(tmp_path):
                  "verify,m,1,1,1,0,10.0,,,a\nverify,m,2,1,2,0,inf,,,b\n")
     with pytest.raises(CalibrationError, match=r"c.csv: row 3, column pass_ms: 'inf' is not a finite positive number"):
         read_cost_table(f)
+
+
+def test_a_long_list_of_failed_runs_says_how_many_it_leaves_out(capsys):
+    # a fresh user's report: 15 failed runs printed 10 lines and nothing about the other 5
+    from memtp_sim.cli import _print_failed
+
+    failed = {f"r{i:02d}": "MemoryError: " for i in range(15)} | {"rbad": "ConfigError: trace.csv: gone"}
+    _print_failed(failed, 20, "run the same command again")
+    err = capsys.readouterr().err
+    assert "16 of 20 run(s) failed" in err and "r09: MemoryError" in err and "r10:" not in err, err
+    assert "  ... and 5 more (each with its failed.json under runs/)" in err, err
+    assert err.count("... and") == 1 and "1 failed on their input" in err, err  # the short group: no such line

@@ -350,3 +350,38 @@ def test_a_controller_k_above_the_draft_length_is_named_where_it_is_capped(tmp_p
                           ({"name": "batch_table", "table": {"1-8": 7}}, None), ({"name": "always"}, None)):
         notes = Scenario.model_validate(base | {"draft_control": control}).capped_settings()
         assert notes == ([f"{says}, above the draft length 7: capped at 7"] if says else []), notes
+
+
+def test_under_the_elastic_ensemble_the_note_names_max_depth_and_no_fixed_cap():
+    # a fresh user's report: under memtp.depth elastic the note said "capped at 8" (max_depth),
+    # where the run caps k at the depth the ensemble runs at, 1..8: a k above max_depth is named
+    # so; one within it is what the ensemble does (no note)
+    from _sim_helpers import tiny_study_doc
+    from memtp_sim.config import Scenario
+
+    base = tiny_study_doc()["base"] | {"policy": {"name": "dspark"},
+                                       "memtp": {"depth": "elastic", "max_depth": 8}}
+    notes = Scenario.model_validate(base | {"draft_control": {"name": "batch_table", "table": {"1-2": 12}}}
+                                    ).capped_settings()
+    assert notes == ["draft_control.table['1-2'] (batch_table) is 12, above the elastic ensemble's max_depth 8: "
+                     "capped at its depth (at most 8)"], notes
+    assert Scenario.model_validate(base | {"draft_control": {"name": "batch_table", "table": {"1-2": 6}}}
+                                   ).capped_settings() == []
+
+
+def test_a_controller_s_own_check_is_named_by_its_section_once(tmp_path):
+    # a fresh user's report: a context_table row without `batch` read "draft_control.'context_table':
+    # rows[0]: ..." (the name quoted where a field goes)
+    import yaml
+
+    from _sim_helpers import tiny_study_doc
+    from memtp_sim.config import load_scenario
+    from memtp_sim.errors import ConfigError
+
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(tiny_study_doc()["base"] | {
+        "draft_control": {"name": "context_table", "rows": [{"context": "0-9", "k": 2}]}}))
+    with pytest.raises(ConfigError) as e:
+        load_scenario(f)
+    msg = str(e.value)
+    assert "draft_control: rows[0]: needs exactly batch, context and k" in msg and "'context_table'" not in msg, msg
