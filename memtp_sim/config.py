@@ -628,8 +628,9 @@ class Scenario(StrictModel):
         which a run caps at it, each as a note: ``"draft_control.table['1-8'] (batch_table) is 9,
         above the draft length 7: capped at 7"``; with the elastic MEMTP ensemble, those above its
         ``max_depth`` (a k at or below it is capped at the depth the ensemble runs at, which is what
-        the ensemble is for). Not refused: one table may serve drafters of several depths (a
-        sweep), where only some runs cap it."""
+        the ensemble is for); and a static ``policy.k`` above a MEMTP ensemble's depth. Not
+        refused: one table (or k) may serve drafters of several depths (a sweep), where only some
+        runs cap it."""
         spec = self.draft_spec()
         if not spec.speculative:
             return []
@@ -637,7 +638,11 @@ class Scenario(StrictModel):
         params = control_class(name).Params(**self.draft_control.params)
         cap = (f"the elastic ensemble's max_depth {width}: capped at its depth (at most {width})"
                if self.memtp.depth == "elastic" else f"the draft length {width}: capped at {width}")
-        return [f"draft_control.{where} ({name}) is {k}, above {cap}" for where, k in params.k_settings() if k > width]
+        out = [f"draft_control.{where} ({name}) is {k}, above {cap}" for where, k in params.k_settings() if k > width]
+        k = self.policy.params.get("k")  # static k under a MEMTP ensemble (without one, k is the draft length)
+        if self.memtp.depth is not None and k is not None and int(k) > width:
+            out.append(f"policy.k ({self.policy.name}) is {k}, above {cap}")
+        return out
 
     def ignored_fields(self) -> dict[str, str]:
         """Dotted paths whose value cannot change this scenario's run, each with the reason.

@@ -367,6 +367,13 @@ def test_under_the_elastic_ensemble_the_note_names_max_depth_and_no_fixed_cap():
                      "capped at its depth (at most 8)"], notes
     assert Scenario.model_validate(base | {"draft_control": {"name": "batch_table", "table": {"1-2": 6}}}
                                    ).capped_settings() == []
+    # static k under an ensemble: the policy's k is capped the same way (it ran as the depth silently)
+    static = base | {"policy": {"name": "static", "k": 7}}
+    assert Scenario.model_validate(static | {"memtp": {"depth": 5}}).capped_settings() == [
+        "policy.k (static) is 7, above the draft length 5: capped at 5"]
+    assert Scenario.model_validate(static | {"memtp": {"depth": "elastic", "max_depth": 6}}).capped_settings() == [
+        "policy.k (static) is 7, above the elastic ensemble's max_depth 6: capped at its depth (at most 6)"]
+    assert Scenario.model_validate(static | {"memtp": {"depth": "elastic", "max_depth": 8}}).capped_settings() == []
 
 
 def test_a_controller_s_own_check_is_named_by_its_section_once(tmp_path):
