@@ -2020,7 +2020,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray pre_out not None, cnp.ndarray probs not None, cnp.ndarray raw not None,
                   cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
                   object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
-                  cnp.ndarray pending_f not None, object elastic=None, object tower=None, bint drafter_prefills=False,
+                  cnp.ndarray crossing not None, object elastic=None, object tower=None, bint drafter_prefills=False,
                   object control=None):
     """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
     the plans below; the ``always`` controller or a dynamic one, ``control``; the EWMA or tower
@@ -2091,12 +2091,12 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         dec_out, pre_out: int64 out ``(N,)``: the last round's decoding and prefilling ids (code 1).
         probs, raw, conf: float64 out, ``(N, gamma)``: the last round's drafts in their first rows
             when it was drafted but not kept (code 1).
-        finished: int64 out ``(N,)``: ids that finished in the last round (code 2).
+        finished: int64 out ``(N,)``: ids that finished in the last round (codes 2 and 3).
         diag_raw, diag_conf, diag_would: None, or out ``(D, gamma)`` float64, float64 and bool: the
             calibration diagnostics' rows (raw logits, confidences, whether each position would be
             accepted) of the kept rounds' request-rounds, the first D of them (``Engine._record_diag``).
         lengths_out, chunks_out: int64 out ``(N,)``: the last round's verify lengths and prefill chunks.
-        pending_f: float64 out ``(2,)``: with code 3, the start and the duration of the last round's
+        crossing: float64 out ``(2,)``: with code 3, the start and the duration of the last round's
             pass, s (it reaches ``next_event``).
         elastic: None for a drafter of fixed depth; for the elastic MEMTP ensemble at depth
             ``gamma``, ``(max_depth, head_cost_gib, r_low, r_high, min_dwell_rounds,
@@ -2142,8 +2142,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         drawn for it), 1 the round after the ``rounds`` kept is drafted (``num_dec`` decoding
         requests in ``dec_out``, ``num_pre`` prefilling ones in ``pre_out``) and the caller goes on
         from its plan, 2 the last round kept finished requests (``num_finished`` ids in ``finished``),
-        3 the last round kept reaches ``next_event``: the caller waits ``pending_f[1]`` s from its
-        start ``pending_f[0]`` (``now`` is its end), then frees the requests it finished (as code 2);
+        3 the last round kept reaches ``next_event``: the caller waits ``crossing[1]`` s from its
+        start ``crossing[0]`` (``now`` is its end), then frees the requests it finished (as code 2);
         then the state after the rounds kept, whether any of them prefilled, and the live
         history rows (plan 3); and the controller's ``(last_round, last_target, above_since,
         below_since, below_max_target)`` after them (-1 for None), or None without ``elastic``;
@@ -2200,7 +2200,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* fin = _i64(_w(finished, "finished"), "finished", num_run, False)
     cdef i64* lengths = _i64(_w(lengths_out, "lengths_out"), "lengths_out", num_run)
     cdef i64* chunks = _i64(_w(chunks_out, "chunks_out"), "chunks_out", num_run)
-    cdef double* pf = _f64(_w(pending_f, "pending_f"), "pending_f", 2)
+    cdef double* pf = _f64(_w(crossing, "crossing"), "crossing", 2)
     cdef object consts = row_consts
     _check_fields(gate, "gate", 6)
     _check_fields(coherence, "coherence", 4)
@@ -2315,7 +2315,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* picked = acc + num_run
 
     cdef int code = 0
-    cdef bint had_prefill = False, extrapolated, crossing = False, use_noise = not oracle and noise_sd != 0.0
+    cdef bint had_prefill = False, extrapolated, across = False, use_noise = not oracle and noise_sd != 0.0
     cdef Py_ssize_t num = 0, num_pre, cells, nf
     cdef i64 rounds = 0, ri, i, anchors, need, kv_read, l_max, num_req, budget, limit
     cdef i64 chunk_total, num_prefill, completed, n_limit, n_cov_limit, verify_tokens, peak, b, tested, base_b
@@ -2592,8 +2592,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 last_round = ri
                 if isfinite(best_rate) and isfinite(plain_rate) and best_rate > 0.0 and plain_rate > 0.0:
                     gain = gain + alpha * (log(best_rate / plain_rate) - gain)
-            crossing = not (next_event > end)  # an event falls inside the pass: kept, the caller waits for its end
-            if crossing:
+            across = not (next_event > end)  # an event falls inside the pass: kept, the caller waits for its end
+            if across:
                 pf[0], pf[1] = start, duration
             # kept: the clock, acceptance, prefill, coherence, the row
             now = end
@@ -2672,7 +2672,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                                ov, 1 if extrapolated else 0))
             rounds += 1
             code = 0
-            if crossing:
+            if across:
                 code = 3  # the caller waits for the pass's end, then frees the finished requests
                 break
             if nf or blocks_used > capacity:

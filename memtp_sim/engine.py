@@ -341,7 +341,13 @@ class _RoundLog:
 
     def set_last_kv_after(self, blocks: int) -> None:
         """Set the last tuple row's KV after its round (``kv_blocks_after``): a block's last round,
-        once its finished requests freed their blocks."""
+        once its finished requests freed their blocks.
+
+        Raises:
+            EngineInvariantError: no tuple row waits (the fix would land on a later row).
+        """
+        if not self.rows:
+            raise EngineInvariantError("round log: no row to set the KV after on")
         self._kv_after.append((len(self.rows) - 1, blocks))  # (rebuilding the tuple cost more than the rest)
 
     def extend(self, rows: list[tuple]) -> None:

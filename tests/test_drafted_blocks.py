@@ -802,7 +802,7 @@ args = dict(run=ints(0), prefilled=ints(0), target=ints(0), domain=ints(0), diff
             gate=(True, 0.1, 0.0, -1, 0, 16), coherence=(0.1, 1.0, 0, False), round_index=0, max_rounds=4,
             rows=[], row_consts=(0, 1, 0), dec_out=ints(0), pre_out=ints(0), probs=np.empty((1, 2)),
             raw=np.empty((1, 2)), conf=np.empty((1, 2)), finished=ints(0), diag_raw=None, diag_conf=None,
-            diag_would=None, lengths_out=ints(0), chunks_out=ints(0), pending_f=np.zeros(2))
+            diag_would=None, lengths_out=ints(0), chunks_out=ints(0), crossing=np.zeros(2))
 # a valid elastic controller: max_depth 4, 1 GiB heads, R thresholds, dwell 2, no margin, epsilon,
 # 8 GiB left after weights, nobody waiting, no earlier round
 ELASTIC = (4, 1.0, 0.3, 0.9, 2, 0.0, 1e-9, 8.0, 0, -1, -1, -1, -1, 0)
@@ -822,7 +822,7 @@ PROBING = (3, 2, 1, 1.1, True, 0.001, 0.0005, 2, (4, 0.0, np.zeros(3), np.zeros(
     "plan_kind=3, lag_rounds=0",
     "history=np.zeros((4, 3), dtype=np.int64)", "history=np.zeros((4, 2))", "history_len=5", "history_len=-1",
     # the crossing round's out buffer of another size
-    "pending_f=np.zeros(6)", "pending_f=np.zeros(1)",
+    "crossing=np.zeros(6)", "crossing=np.zeros(1)",
     # the elastic ensemble's controller: a short tuple, a list, a depth beyond max_depth, a head
     # that costs nothing, thresholds the wrong way round, no dwell, a negative waiting head
     "elastic=(4, 1.0)", "elastic=list(ELASTIC)", "elastic=(1,) + ELASTIC[1:]", "elastic=ELASTIC[:1] + (0.0,) + ELASTIC[2:]",

@@ -235,3 +235,23 @@ def test_a_replaced_round_check_runs_for_every_plain_block(monkeypatch, compiled
     eng.drafter.prefill_time_s = lambda tokens: priced.append(tokens) or 0.0
     assert_same_state(want, eng.run())
     assert len(priced) >= 3
+
+
+def test_the_kv_after_fix_needs_a_row_and_lands_on_it():
+    # review: the fix of a block's last row's KV is kept until the rows are packed; with no row
+    # waiting it would land on a later batch's last row: refused instead (it raised IndexError
+    # when it rebuilt the tuple), and a fix lands on its own row, not the last one packed
+    import pytest
+
+    from memtp_sim.engine import _LOGGED, _RoundLog
+    from memtp_sim.errors import EngineInvariantError
+
+    log = _RoundLog(block_gib=0.5, fixed_gib=10.0)
+    with pytest.raises(EngineInvariantError, match="no row to set the KV after"):
+        log.set_last_kv_after(3)
+    row = tuple(0.0 if i < 4 else 0 for i in range(len(_LOGGED)))
+    log.append(row)
+    log.set_last_kv_after(7)
+    log.append(row)
+    cols = log.arrays()
+    assert cols["kv_blocks_after"].tolist() == [7, 0] and cols["kv_gib"].tolist() == [3.5, 0.0]
