@@ -1473,6 +1473,9 @@ cdef inline i64 _bin_of(double v, i64 n_bins, double* edges) noexcept nogil:
 cdef enum:
     _LOCAL_BINS = 64  # bins survival_bins keeps in the stack (the shipped metrics use 15 and 10)
 
+#: the most bins survival_bins takes (confidence.survival_calibration runs numpy beyond)
+MAX_BINS = _LOCAL_BINS
+
 
 def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, object keys,
                   cnp.ndarray sq_err_sums not None, i64 n_bins_a, cnp.ndarray counts_a not None,
@@ -1492,20 +1495,20 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, obje
             with its outcome in the low bit (``-0.0`` as ``0.0``), so that sorting a row of keys
             sorts the survivals and carries their outcomes along (:func:`positive_rank_sums`).
         sq_err_sums: float64 out ``(g,)``: per position, the sum of ``(a - outcome)**2``.
-        n_bins_a, n_bins_b: the two binnings' bins on [0, 1], >= 1.
+        n_bins_a, n_bins_b: the two binnings' bins on [0, 1], 1..64 (kept in the stack).
         counts_a, sum_prob_a, sum_pos_a: out ``(g, n_bins_a)``, int64, float64, float64: per
             position and bin, the count, the survivals' sum and the outcomes' sum; the same for b.
 
     Raises:
-        TypeError, ValueError: arrays of the wrong type or shape, bins < 1, or a confidence
+        TypeError, ValueError: arrays of the wrong type or shape, bins outside 1..64, or a confidence
             outside [0, 1] (NaN included).
 
     Source:
         Guo et al. (2017, ICML) section 2 (binned ECE); DSpark paper section 3.2
         (joint survival of the drafted positions).
     """
-    if n_bins_a < 1 or n_bins_b < 1:
-        raise ValueError(f"n_bins: must be >= 1, got {n_bins_a} and {n_bins_b}")
+    if not (1 <= n_bins_a <= _LOCAL_BINS and 1 <= n_bins_b <= _LOCAL_BINS):
+        raise ValueError(f"n_bins: must be in 1..{_LOCAL_BINS}, got {n_bins_a} and {n_bins_b}")
     if cnp.PyArray_NDIM(conf) != 2:
         raise TypeError(f"conf: a C-contiguous 2-D float64 array is required, got {_layout(conf)}")
     cdef Py_ssize_t n = cnp.PyArray_DIM(conf, 0), g = cnp.PyArray_DIM(conf, 1), i, k
@@ -1530,14 +1533,10 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, obje
         PyMem_Free(edges_b)
         raise MemoryError()
     with nogil:
-        if n_bins_a <= _LOCAL_BINS and n_bins_b <= _LOCAL_BINS:
-            for k in range(g):
-                _survival_bins_at(c, y, n, g, k, surv, NULL if key == NULL else key + k * n, sq + k,
-                                  n_bins_a, edges_a, cnt_a + k * n_bins_a, sp_a + k * n_bins_a, sy_a + k * n_bins_a,
-                                  n_bins_b, edges_b, cnt_b + k * n_bins_b, sp_b + k * n_bins_b, sy_b + k * n_bins_b)
-        else:
-            _survival_bins_wide(c, y, n, g, key, sq, n_bins_a, edges_a, cnt_a, sp_a, sy_a, n_bins_b, edges_b, cnt_b,
-                                sp_b, sy_b)
+        for k in range(g):
+            _survival_bins_at(c, y, n, g, k, surv, NULL if key == NULL else key + k * n, sq + k,
+                              n_bins_a, edges_a, cnt_a + k * n_bins_a, sp_a + k * n_bins_a, sy_a + k * n_bins_a,
+                              n_bins_b, edges_b, cnt_b + k * n_bins_b, sp_b + k * n_bins_b, sy_b + k * n_bins_b)
     PyMem_Free(surv)
     PyMem_Free(edges_a)
     PyMem_Free(edges_b)
@@ -1590,37 +1589,6 @@ cdef void _survival_bins_at(double* c, char* y, Py_ssize_t n, Py_ssize_t g, Py_s
         cnt_a[j], sp_a[j], sy_a[j] = l_cnt_a[j], l_sp_a[j], <double>l_pos_a[j]
     for j in range(n_bins_b):
         cnt_b[j], sp_b[j], sy_b[j] = l_cnt_b[j], l_sp_b[j], <double>l_pos_b[j]
-
-
-cdef void _survival_bins_wide(double* c, char* y, Py_ssize_t n, Py_ssize_t g, u64* key, double* sq, i64 n_bins_a,
-                              double* edges_a, i64* cnt_a, double* sp_a, double* sy_a, i64 n_bins_b, double* edges_b,
-                              i64* cnt_b, double* sp_b, double* sy_b) noexcept nogil:
-    # survival_bins with more bins than the stack keeps: the sums in the output arrays, row by row
-    cdef Py_ssize_t i, k
-    cdef double a = 0.0, pos, d
-    cdef i64 ia, ib
-    for k in range(g):
-        sq[k] = 0.0
-    for i in range(g * n_bins_a):
-        cnt_a[i], sp_a[i], sy_a[i] = 0, 0.0, 0.0
-    for i in range(g * n_bins_b):
-        cnt_b[i], sp_b[i], sy_b[i] = 0, 0.0, 0.0
-    for i in range(n):
-        for k in range(g):
-            a = c[i * g + k] if k == 0 else a * c[i * g + k]
-            pos = 1.0 if y[i * g + k] else 0.0
-            if key != NULL:
-                key[k * n + i] = ((_bits(a) if a != 0.0 else 0) << 1) | (1 if y[i * g + k] else 0)
-            d = a - pos
-            sq[k] += d * d
-            ia = k * n_bins_a + _bin_of(a, n_bins_a, edges_a)
-            ib = k * n_bins_b + _bin_of(a, n_bins_b, edges_b)
-            cnt_a[ia] += 1
-            sp_a[ia] += a
-            sy_a[ia] += pos
-            cnt_b[ib] += 1
-            sp_b[ib] += a
-            sy_b[ib] += pos
 
 
 cdef inline u64 _bits(double x) noexcept nogil:

@@ -595,8 +595,9 @@ def survival_calibration(confidences: NDArray, accepted: NDArray, *, n_bins: int
                          auc: bool = True) -> tuple[PositionMetrics, list[ReliabilityCurve]]:
     """:func:`survival_metrics` and :func:`reliability_rows` (``curve_bins`` bins) of the joint
     survivals of ``confidences`` (``np.cumprod(confidences, axis=1)``) at every position: with the
-    compiled kernels in one pass over the rounds (``_kernels.survival_bins``), the same values bit
-    for bit (the engine's diagnostics at the end of a run: 20,000 request-rounds at most).
+    compiled kernels in one pass over the rounds (``_kernels.survival_bins``, up to its
+    ``MAX_BINS`` bins; numpy beyond), the same values bit for bit (the engine's diagnostics at the
+    end of a run: 20,000 request-rounds at most).
 
     Args:
         confidences: ``(n_rounds, gamma)`` float64 C-contiguous conditional confidences in [0, 1]
@@ -618,7 +619,8 @@ def survival_calibration(confidences: NDArray, accepted: NDArray, *, n_bins: int
     """
     n_bins, curve_bins = _check_n_bins(n_bins), _check_n_bins(curve_bins)
     kernels = _compiled.active()
-    if kernels is None or confidences.dtype != np.float64 or accepted.dtype != np.bool_:
+    if (kernels is None or confidences.dtype != np.float64 or accepted.dtype != np.bool_
+            or max(n_bins, curve_bins) > kernels.MAX_BINS):  # (the kernel keeps its bins in the stack)
         survival = np.cumprod(confidences, axis=1)
         return (survival_metrics(survival, accepted, n_bins=n_bins, auc=auc),
                 reliability_rows(np.ascontiguousarray(survival.T), np.ascontiguousarray(accepted.T), n_bins=curve_bins))

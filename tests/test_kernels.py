@@ -768,7 +768,7 @@ def test_survival_calibration_in_one_pass_is_the_numpy_metrics(n, gamma, n_bins,
     # oracle: survival_metrics and reliability_rows on np.cumprod, run with the kernels off, and
     # the public one-position functions (ECE, Brier, AUC, reliability curve) on each position;
     # confidences on the bins' edges, 0 and 1 included, and all-accepted or all-rejected positions;
-    # bins the kernel keeps in the stack (<= 64) and more (its row-by-row path)
+    # bins the kernel keeps in the stack (<= 64) and more (numpy's path then)
     from memtp_sim import auc_score, brier_score, expected_calibration_error
     from memtp_sim.confidence import survival_calibration
 
@@ -1258,3 +1258,20 @@ def test_no_kernel_writes_into_an_array_it_was_given_read_only(monkeypatch):
     for name in ("split_decoding", "plain_block", "prefix_scan", "draft_confidences", "accept_apply",
                  "place_prefill", "prefill_apply", "survival_bins", "positive_rank_sums", "pack_rows", "drafted_block"):
         assert name in seen, f"no run reached {name}"
+
+
+@needs_kernels
+def test_survival_bins_takes_the_bins_it_keeps_in_the_stack_and_refuses_more():
+    # the kernel keeps each position's bins in stack arrays: more than MAX_BINS is refused (the
+    # public survival_calibration then runs numpy: test_survival_calibration_in_one_pass...)
+    conf, ok = np.full((2, 1), 0.5), np.array([[True], [False]])
+    for bins, fine in ((kernels.MAX_BINS, True), (kernels.MAX_BINS + 1, False), (0, False)):
+        sums = [np.empty((1, bins), dtype=np.int64), np.empty((1, bins)), np.empty((1, bins))]
+        args = (conf, ok, None, np.empty(1), bins, *sums, 3, np.empty((1, 3), dtype=np.int64), np.empty((1, 3)),
+                np.empty((1, 3)))
+        if fine:
+            kernels.survival_bins(*args)
+            assert sums[0].sum() == 2 and sums[2].sum() == 1.0
+        else:
+            with pytest.raises(ValueError, match=f"n_bins: must be in 1..{kernels.MAX_BINS}"):
+                kernels.survival_bins(*args)
