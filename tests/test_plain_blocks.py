@@ -39,7 +39,7 @@ def compiled(request, monkeypatch):
     monkeypatch.setattr(kernels, kernel_name, lambda *a: planned.append(1) or plan(*a))
 
     def traced(self, *a):  # noqa: ANN001, ANN002, ANN202
-        rounds = yield from block(self, *a)
+        rounds = block(self, *a)
         ran.append(rounds)
         return rounds
 
@@ -57,7 +57,7 @@ def both_ways(monkeypatch, fn):
     orig = Engine._plain_run
 
     def traced(self, *a):  # noqa: ANN001, ANN002, ANN202
-        rounds = yield from orig(self, *a)
+        rounds = orig(self, *a)
         if rounds:
             calls.append(rounds)
         return rounds
