@@ -1522,9 +1522,6 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, obje
     cdef i64* cnt_b = <i64*>_data_2d(_w(counts_b, "counts_b"), "counts_b", cnp.NPY_INT64, "int64", g, n_bins_b)
     cdef double* sp_b = _f64_2d(_w(sum_prob_b, "sum_prob_b"), "sum_prob_b", g, n_bins_b)
     cdef double* sy_b = _f64_2d(_w(sum_pos_b, "sum_pos_b"), "sum_pos_b", g, n_bins_b)
-    for i in range(n * g):
-        if not (0.0 <= c[i] <= 1.0):
-            raise ValueError("conf: values must lie in [0, 1]")
     cdef double* edges_a = _bin_edges(n_bins_a)
     cdef double* edges_b = _bin_edges(n_bins_b)
     cdef double* surv = <double*>PyMem_Malloc(n * sizeof(double) + 1)  # a_k of every row, position by position
@@ -1532,23 +1529,28 @@ def survival_bins(cnp.ndarray conf not None, cnp.ndarray outcomes not None, obje
         PyMem_Free(edges_a)
         PyMem_Free(edges_b)
         raise MemoryError()
+    cdef bint in_range = True
     with nogil:
         for k in range(g):
-            _survival_bins_at(c, y, n, g, k, surv, NULL if key == NULL else key + k * n, sq + k,
-                              n_bins_a, edges_a, cnt_a + k * n_bins_a, sp_a + k * n_bins_a, sy_a + k * n_bins_a,
-                              n_bins_b, edges_b, cnt_b + k * n_bins_b, sp_b + k * n_bins_b, sy_b + k * n_bins_b)
+            in_range &= _survival_bins_at(c, y, n, g, k, surv, NULL if key == NULL else key + k * n, sq + k,
+                                          n_bins_a, edges_a, cnt_a + k * n_bins_a, sp_a + k * n_bins_a,
+                                          sy_a + k * n_bins_a, n_bins_b, edges_b, cnt_b + k * n_bins_b,
+                                          sp_b + k * n_bins_b, sy_b + k * n_bins_b)
     PyMem_Free(surv)
     PyMem_Free(edges_a)
     PyMem_Free(edges_b)
+    if not in_range:  # (checked in the pass that reads them: the outputs are then not to be used)
+        raise ValueError("conf: values must lie in [0, 1]")
 
 
-cdef void _survival_bins_at(double* c, char* y, Py_ssize_t n, Py_ssize_t g, Py_ssize_t k, double* surv, u64* key,
+cdef bint _survival_bins_at(double* c, char* y, Py_ssize_t n, Py_ssize_t g, Py_ssize_t k, double* surv, u64* key,
                             double* sq, i64 n_bins_a, double* edges_a, i64* cnt_a, double* sp_a, double* sy_a,
                             i64 n_bins_b, double* edges_b, i64* cnt_b, double* sp_b, double* sy_b) noexcept nogil:
     # survival_bins at position k: surv[i] becomes a_k (the running product, left to right), and
     # its sums go to bins in local arrays (no store to them can alias the inputs, so nothing is
     # reloaded), each bin's added in row order; a bin's outcomes are counted (a sum of 1.0s is
-    # that count exactly) and written once
+    # that count exactly) and written once. Returns whether every confidence at k is in [0, 1]
+    # (NaN is not): where one is not, the bins are meaningless
     cdef double l_sp_a[_LOCAL_BINS]
     cdef double l_sp_b[_LOCAL_BINS]
     cdef i64 l_cnt_a[_LOCAL_BINS]
@@ -1558,8 +1560,9 @@ cdef void _survival_bins_at(double* c, char* y, Py_ssize_t n, Py_ssize_t g, Py_s
     cdef double l_edges_a[_LOCAL_BINS + 1]
     cdef double l_edges_b[_LOCAL_BINS + 1]
     cdef Py_ssize_t i, j
-    cdef double a, d, s = 0.0
+    cdef double a, d, x, s = 0.0
     cdef i64 ia, ib, pos
+    cdef bint in_range = True
     for j in range(n_bins_a):
         l_sp_a[j], l_cnt_a[j], l_pos_a[j] = 0.0, 0, 0
     for j in range(n_bins_b):
@@ -1569,7 +1572,10 @@ cdef void _survival_bins_at(double* c, char* y, Py_ssize_t n, Py_ssize_t g, Py_s
     for j in range(n_bins_b + 1):
         l_edges_b[j] = edges_b[j]
     for i in range(n):
-        a = c[i * g] if k == 0 else surv[i] * c[i * g + k]
+        x = c[i * g + k]
+        if not (0.0 <= x <= 1.0):  # (never in valid input, so predicted) binned as 0 so no index leaves the bins
+            in_range, x = False, 0.0
+        a = x if k == 0 else surv[i] * x
         surv[i] = a
         pos = 1 if y[i * g + k] else 0
         if key != NULL:
@@ -1589,6 +1595,7 @@ cdef void _survival_bins_at(double* c, char* y, Py_ssize_t n, Py_ssize_t g, Py_s
         cnt_a[j], sp_a[j], sy_a[j] = l_cnt_a[j], l_sp_a[j], <double>l_pos_a[j]
     for j in range(n_bins_b):
         cnt_b[j], sp_b[j], sy_b[j] = l_cnt_b[j], l_sp_b[j], <double>l_pos_b[j]
+    return in_range
 
 
 cdef inline u64 _bits(double x) noexcept nogil:

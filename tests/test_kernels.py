@@ -1275,3 +1275,34 @@ def test_survival_bins_takes_the_bins_it_keeps_in_the_stack_and_refuses_more():
         else:
             with pytest.raises(ValueError, match=f"n_bins: must be in 1..{kernels.MAX_BINS}"):
                 kernels.survival_bins(*args)
+
+
+@needs_kernels
+def test_survival_bins_refuses_a_confidence_outside_0_1_wherever_it_stands():
+    # the range is checked in the binning pass itself: a value below 0, above 1 or NaN, at any
+    # row and position, must raise and never index outside the bins (a subprocess: a crash fails
+    # this test, not the run)
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from memtp_sim import _kernels as K
+for bad in (-0.5, -1e300, 1.5, 1e300, float("nan"), -float("inf"), float("inf")):
+    for row in (0, 3, 6):
+        for pos in (0, 1, 2):
+            conf = np.full((7, 3), 0.5)
+            conf[row, pos] = bad
+            sums = [np.zeros((3, 15), np.int64), np.zeros((3, 15)), np.zeros((3, 15)),
+                    np.zeros((3, 10), np.int64), np.zeros((3, 10)), np.zeros((3, 10))]
+            try:
+                K.survival_bins(conf, np.zeros((7, 3), bool), np.zeros((3, 7), np.uint64), np.zeros(3), 15,
+                                *sums[:3], 10, *sums[3:])
+            except ValueError as err:
+                assert str(err) == "conf: values must lie in [0, 1]", err
+            else:
+                raise SystemExit(f"no error for {bad} at ({row}, {pos})")
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stdout, out.stderr[-2000:])
