@@ -100,6 +100,8 @@ _UNBOUNDED = 1 << 62  # "no limit" for a count of rounds
 # the most rounds one plain block covers: its (requests x rounds) KV arrays stay a few MB however
 # long the outputs (a longer stretch is several blocks in a row)
 _MAX_BLOCK_ROUNDS = 4096
+_NO_IDS = np.empty(0, dtype=np.int64)  # no prefilling requests (shared, read-only: a slice a round cost 1%)
+_NO_IDS.flags.writeable = False
 
 # request status codes
 PENDING, WAITING, RUNNING, FINISHED, REJECTED = 0, 1, 2, 3, 4
@@ -533,6 +535,8 @@ class Engine:
         self.kv = KVCacheManager(n, mem.kv_block_tokens, capacity, settings.kv_watermark_frac)
         # KV blocks with the fewest heads this engine can run (elastic: one head)
         self.max_capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.drafter.min_held_gib)
+        # every running request may need one anchor token in a pass: never more than the pass holds
+        self._admit_limit = min(settings.max_num_seqs, settings.max_batch_tokens)
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # admission order
         self.num_done = 0
@@ -549,6 +553,12 @@ class Engine:
         self._prefill_queue, self._prefill_memo = deque[int](), _remote_prefill_memo(profile, settings)  # FIFO
         self._init_users(workload, settings)
         self._use_kernels(n)
+        # the requests refused at arrival, by reason (their sizes and the largest KV capacity decide)
+        totals = self.prompt + self.output
+        too_long, too_large = totals > profile.memory.max_model_len, self.kv.blocks_for(totals) > self.max_capacity
+        self._refused = {int(i): "exceeds_max_model_len" if too_long[i] else "exceeds_kv_capacity"
+                         for i in np.flatnonzero(too_long | too_large)}
+        self._disaggregated = settings.prefill == "disaggregated"
 
     def _init_users(self, workload: Workload, settings: EngineSettings) -> None:
         # closed-loop users: the next request to submit, and each request's completion event; where
@@ -577,24 +587,20 @@ class Engine:
     def _count_in_system(self, delta: int) -> None:
         # time integral of requests in the system (arrived, not yet finished or rejected): the
         # L of Little's law, kept from the engine's own state changes
-        now = self.env.now
+        now = self.env._now  # (the now property is a call: ~3,000 a run read it here and below)
         self.in_system_area += self.in_system * (now - self._in_system_since)
         self._in_system_since = now
         self.in_system += delta
 
     def _submit(self, i: int) -> None:
         self._count_in_system(+1)
-        now = self.env.now
+        now = self.env._now
         self.arrival_at[i] = now
         self.last_arrival = now
-        total = self._prompt_list[i] + self._output_list[i]  # Python ints: a numpy scalar's ops cost ~10x
-        if total > self.profile.memory.max_model_len:
-            self._reject(i, "exceeds_max_model_len")
+        if i in self._refused:
+            self._reject(i, self._refused[i])
             return
-        if self.kv.blocks_for(total) > self.max_capacity:
-            self._reject(i, "exceeds_kv_capacity")
-            return
-        if self.cfg.prefill == "disaggregated":
+        if self._disaggregated:
             self.num_remote_prefill += 1
             if self._prefill_idle:
                 self._prefill_idle -= 1
@@ -605,7 +611,7 @@ class Engine:
         self._enqueue(i)
 
     def _enqueue(self, i: int) -> None:
-        self.ready_at[i] = self.env.now
+        self.ready_at[i] = self.env._now
         self.status[i] = WAITING
         self.waiting.append(i)
         if self._wake is not None and not self._wake.triggered:
@@ -628,11 +634,11 @@ class Engine:
         else:
             self._prefill_idle += 1
         self.num_remote_prefill -= 1
-        self.first_token_at[i] = self.env.now
+        self.first_token_at[i] = self.env._now
         self.generated[i] = 1
         self.kv_transferred[i] = True
         if 1 >= self._output_list[i]:  # the one token generated so far
-            self.finished_at[i] = self.env.now
+            self.finished_at[i] = self.env._now
             self.status[i] = FINISHED
             self._complete(i)
             return
@@ -712,13 +718,15 @@ class Engine:
     def _complete(self, i: int) -> None:
         self._count_in_system(-1)
         self.num_done += 1
-        ev = self._done_events.pop(i, None)
-        if ev is not None:
-            ev.succeed()
+        if not self._resubmit_at_once:  # (users that go on at once wait on no event)
+            ev = self._done_events.pop(i, None)
+            if ev is not None:
+                ev.succeed()
         # A request can end outside a round (rejected at arrival, or done at remote prefill)
         # while the engine sleeps: wake it so it can notice the run is over.
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        wake = self._wake
+        if wake is not None and not wake.triggered:
+            wake.succeed()
         if self.progress is not None and (self.num_done % self._progress_step == 0 or self.num_done == self.n):
             self.progress(self.num_done, self.n)
         if self._resubmit_at_once:
@@ -732,9 +740,10 @@ class Engine:
         Requests are submitted in id order whichever user goes on first (users hold no state but
         their next submission), so the order is the event path's."""
         self._holding_users = True
+        go_on = self._user_next if self.wl.think_time_s <= 0 else self._user_done  # (as _user_done decides)
         while self._users_due:
             self._users_due -= 1
-            self._user_done(None)
+            go_on(None)
         self._holding_users = False
 
     # ----------------------------------------------------------------- memory
@@ -785,9 +794,7 @@ class Engine:
     def _admit(self) -> None:
         if not self.waiting:  # most calls at high load: nothing arrived since the last round
             return
-        kv = self.kv
-        # every running request may need one anchor token in a pass: never more than the pass holds
-        limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)
+        kv, limit = self.kv, self._admit_limit
         while self.waiting and len(self.running) < limit:
             i = self.waiting[0]
             # KV transferred from a prefill GPU covers the prompt (the first token is the anchor);
@@ -799,7 +806,7 @@ class Engine:
             self.waiting.popleft()
             self.status[i] = RUNNING
             if self.admitted_at[i] != self.admitted_at[i]:  # NaN: admitted for the first time
-                self.admitted_at[i] = self.env.now
+                self.admitted_at[i] = self.env._now
             self.prefill_target[i] = target
             self.prefilled[i] = target if transferred else 0
             kv.allocate(i, target, target if transferred else 0)
@@ -1597,7 +1604,7 @@ class Engine:
         run, all_decode = self._run_ids
         kv = self.kv
         if all_decode and kv.blocks_used + kv.anchor_blocks(run) <= kv.capacity:
-            return run, run[:0], 0  # the common round: everyone decodes and the anchors fit
+            return run, _NO_IDS, 0  # the common round: everyone decodes and the anchors fit
         if self._kernels is not None:  # the split in one call; on to the loop below only to preempt
             dec, pre = np.empty(run.size, dtype=np.int64), np.empty(run.size, dtype=np.int64)
             num_dec, anchors = self._kernels.split_decoding(run, self.prefilled, self.prefill_target, kv.tokens,
