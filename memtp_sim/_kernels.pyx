@@ -284,6 +284,82 @@ def ids_array(list ids not None):
     return out
 
 
+def admit(object waiting not None, list running not None, i64 limit, double now, cnp.ndarray prompt not None,
+          cnp.ndarray generated not None, cnp.ndarray transferred not None, cnp.ndarray status not None,
+          cnp.ndarray admitted_at not None, cnp.ndarray prefill_target not None, cnp.ndarray prefilled not None,
+          cnp.ndarray tokens not None, cnp.ndarray blocks not None, i64 block_tokens, i64 watermark, i64 capacity,
+          i64 blocks_used):
+    """Step 1 of a round (``Engine._admit``): admit the waiting requests first-come-first-served
+    while fewer than ``limit`` run and each one's blocks fit the KV cache, with ``watermark``
+    blocks kept free while others run (``KVCacheManager.can_allocate``); each admitted request is
+    moved from ``waiting`` (a deque) to the end of ``running``, marked running (status 2), its
+    first admission time set, its prefill target set (its prompt where its KV was transferred
+    from a prefill GPU, which covers it; else its prompt and the tokens it generated, recomputed)
+    and its blocks allocated (``KVCacheManager.allocate``), in the Python code's order.
+
+    Args:
+        waiting: ``collections.deque`` of int request ids; running: list of int ids.
+        limit: the most running requests; now: the clock, s.
+        prompt, generated: ``(n,)`` int64 prompt tokens and tokens generated.
+        transferred: ``(n,)`` bool, KV transferred; status: ``(n,)`` int8; admitted_at: ``(n,)``
+            float64 (NaN: never admitted); prefill_target, prefilled, tokens, blocks: ``(n,)``
+            int64, written.
+        block_tokens: tokens per KV block (>= 1); watermark, capacity, blocks_used: the cache's.
+
+    Returns:
+        ``(admitted, blocks_used, stuck)``: the requests admitted, the blocks in use after them,
+        and whether it stopped at a head-of-line request that already holds blocks (an invariant
+        broken: the caller's Python path raises its error).
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or an id outside them.
+
+    Source:
+        vLLM's v0 block manager ``can_allocate`` (the watermark) and ``allocate_slots``; docs/model.md
+        section 1, step 1.
+    """
+    cdef i64* p = _i64(prompt, "prompt")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(prompt, 0)
+    cdef i64* gen = _i64(generated, "generated", n)
+    _check_1d(transferred, "transferred", cnp.NPY_BOOL, "bool", n, True)
+    _check_1d(status, "status", cnp.NPY_INT8, "int8", n, True)
+    cdef char* tr = <char*>cnp.PyArray_DATA(transferred)
+    cdef int8_t* st = <int8_t*>cnp.PyArray_DATA(_w(status, "status"))
+    cdef double* adm = _f64(_w(admitted_at, "admitted_at"), "admitted_at", n)
+    cdef i64* tgt = _i64(_w(prefill_target, "prefill_target"), "prefill_target", n)
+    cdef i64* done = _i64(_w(prefilled, "prefilled"), "prefilled", n)
+    cdef i64* tok = _i64(_w(tokens, "tokens"), "tokens", n)
+    cdef i64* blk = _i64(_w(blocks, "blocks"), "blocks", n)
+    _check_block_tokens(block_tokens)
+    cdef i64 i, target, need
+    cdef Py_ssize_t admitted = 0
+    cdef object head
+    popleft = waiting.popleft
+    while len(waiting) and PyList_GET_SIZE(running) < limit:
+        head = waiting[0]
+        i = head
+        if i < 0 or i >= n:
+            raise IndexError(f"request id {i} outside 0..{n - 1}")
+        target = p[i] if tr[i] else p[i] + gen[i]
+        need = _blocks_for(target, block_tokens)
+        if blocks_used + need + (watermark if PyList_GET_SIZE(running) else 0) > capacity:
+            break  # an empty engine always admits: oversize requests were refused at arrival
+        if blk[i] != 0:
+            return admitted, blocks_used, True
+        popleft()
+        st[i] = 2
+        if adm[i] != adm[i]:  # NaN: admitted for the first time
+            adm[i] = now
+        tgt[i] = target
+        done[i] = target if tr[i] else 0
+        blk[i] = need
+        tok[i] = target if tr[i] else 0
+        blocks_used += need
+        running.append(head)
+        admitted += 1
+    return admitted, blocks_used, False
+
+
 def all_prefilled(cnp.ndarray reqs not None, cnp.ndarray prefilled not None, cnp.ndarray target not None):
     """Whether every request in ``reqs`` has prefilled its target (all of them decode this round).
 

@@ -535,15 +535,11 @@ class Engine:
         self.kv = KVCacheManager(n, mem.kv_block_tokens, capacity, settings.kv_watermark_frac)
         # KV blocks with the fewest heads this engine can run (elastic: one head)
         self.max_capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.drafter.min_held_gib)
-        # every running request may need one anchor token in a pass: never more than the pass holds
-        self._admit_limit = min(settings.max_num_seqs, settings.max_batch_tokens)
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # admission order
         self.num_done = 0
         self.num_remote_prefill = 0  # requests queued for or in a remote prefill GPU
-        self.in_system = 0
-        self.in_system_area = 0.0
-        self._in_system_since = 0.0
+        self.in_system, self.in_system_area, self._in_system_since = 0, 0.0, 0.0  # Little's law's L: _count_in_system
         self.last_arrival = 0.0
         self.log = _RoundLog(self.block_gib, mem.gpu_allocatable_gib - mem.weights_gib - mem.reserve_gib)
         self._tables = self._run_ids = None  # caches: see _round_tables and _guarantee_anchors
@@ -553,12 +549,20 @@ class Engine:
         self._prefill_queue, self._prefill_memo = deque[int](), _remote_prefill_memo(profile, settings)  # FIFO
         self._init_users(workload, settings)
         self._use_kernels(n)
-        # the requests refused at arrival, by reason (their sizes and the largest KV capacity decide)
-        totals = self.prompt + self.output
-        too_long, too_large = totals > profile.memory.max_model_len, self.kv.blocks_for(totals) > self.max_capacity
-        self._refused = {int(i): "exceeds_max_model_len" if too_long[i] else "exceeds_kv_capacity"
-                         for i in np.flatnonzero(too_long | too_large)}
+        self._refused = self._refused_at_arrival(profile.memory.max_model_len, settings)
+
+    def _refused_at_arrival(self, max_model_len: int, settings: EngineSettings) -> dict[int, str]:
+        """The requests refused as they arrive, by reason: longer than the model takes, or more KV
+        blocks than the cache holds with the fewest heads (their sizes and that capacity decide).
+        Also kept from ``settings`` for the per-request paths: the admission limit (every running
+        request may need one anchor token in a pass: never more than the pass holds) and whether
+        prompts go to remote prefill GPUs."""
+        self._admit_limit = min(settings.max_num_seqs, settings.max_batch_tokens)
         self._disaggregated = settings.prefill == "disaggregated"
+        totals = self.prompt + self.output
+        too_long, too_large = totals > max_model_len, self.kv.blocks_for(totals) > self.max_capacity
+        return {int(i): "exceeds_max_model_len" if too_long[i] else "exceeds_kv_capacity"
+                for i in np.flatnonzero(too_long | too_large)}
 
     def _init_users(self, workload: Workload, settings: EngineSettings) -> None:
         # closed-loop users: the next request to submit, and each request's completion event; where
@@ -795,6 +799,15 @@ class Engine:
         if not self.waiting:  # most calls at high load: nothing arrived since the last round
             return
         kv, limit = self.kv, self._admit_limit
+        if self._kernels is not None:  # the loop below in one call (_kernels.admit), the same state
+            num, kv.blocks_used, stuck = self._kernels.admit(
+                self.waiting, self.running, limit, self.env._now, self.prompt, self.generated, self.kv_transferred,
+                self.status, self.admitted_at, self.prefill_target, self.prefilled, kv.tokens, kv.blocks,
+                kv.block_tokens, kv.watermark, kv.capacity, kv.blocks_used)
+            if num:
+                self._run_ids = None
+            if not stuck:
+                return  # (stuck: the head-of-line request holds blocks: kv.allocate below raises)
         while self.waiting and len(self.running) < limit:
             i = self.waiting[0]
             # KV transferred from a prefill GPU covers the prompt (the first token is the anchor);

@@ -1093,6 +1093,10 @@ _ZERO_D_CALLS = {
                      "np.zeros((1, 2), np.int64), np.zeros((1, 2)), np.zeros((1, 2)), 2, np.zeros((1, 2), np.int64), "
                      "np.zeros((1, 2)), np.zeros((1, 2)))",
     "positive_rank_sums": "K.positive_rank_sums(np.zeros((1, 1), np.uint64), {a}, np.zeros(1, np.int64))",
+    # the bad array as `prompt` (its size sizes the others)
+    "admit": "K.admit(__import__('collections').deque([0]), [], 1, 0.0, {i}, np.zeros(1, np.int64), "
+             "np.zeros(1, bool), np.zeros(1, np.int8), np.zeros(1), np.zeros(1, np.int64), np.zeros(1, np.int64), "
+             "np.zeros(1, np.int64), np.zeros(1, np.int64), 16, 0, 10, 0)",
 }
 
 
@@ -1256,7 +1260,8 @@ def test_no_kernel_writes_into_an_array_it_was_given_read_only(monkeypatch):
             assert_same_state(g, w)
     # the runs reached the kernels that write into arrays
     for name in ("split_decoding", "plain_block", "prefix_scan", "draft_confidences", "accept_apply",
-                 "place_prefill", "prefill_apply", "survival_bins", "positive_rank_sums", "pack_rows", "drafted_block"):
+                 "place_prefill", "prefill_apply", "survival_bins", "positive_rank_sums", "pack_rows", "drafted_block",
+                 "admit"):
         assert name in seen, f"no run reached {name}"
 
 
@@ -1306,3 +1311,56 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stdout, out.stderr[-2000:])
+
+
+
+def _admission_state(seed, n, block_tokens, capacity, watermark_frac, limit, num_running, compiled):
+    # an engine's admission inputs, from a seed (the same both ways): who waits in which order, who
+    # runs, how much KV each holds and needs, what was transferred, who was admitted before; now
+    # and then a waiting request that holds blocks (an invariant broken: both ways must raise)
+    from collections import deque
+    from types import SimpleNamespace
+
+    from memtp_sim.kv_cache import KVCacheManager
+
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n).tolist()
+    running, waiting = order[:num_running], deque(order[num_running:])
+    kv = KVCacheManager(n, block_tokens, capacity, watermark_frac)
+    for i in running:
+        kv.blocks[i] = rng.integers(1, 4)
+    if waiting and rng.random() < 0.1:
+        kv.blocks[waiting[int(rng.integers(len(waiting)))]] = 1
+    kv.blocks_used = int(kv.blocks.sum())
+    prompt = rng.integers(1, 300, n)
+    return SimpleNamespace(
+        waiting=waiting, running=running, _admit_limit=limit, kv=kv, kv_transferred=rng.random(n) < 0.6,
+        prompt=prompt, _prompt_list=prompt.tolist(), generated=rng.integers(0, 50, n),
+        status=np.ones(n, dtype=np.int8), admitted_at=np.where(rng.random(n) < 0.5, np.nan, rng.random(n)),
+        prefill_target=np.zeros(n, dtype=np.int64), prefilled=np.zeros(n, dtype=np.int64), _run_ids=(None, None),
+        env=SimpleNamespace(_now=12.5), _kernels=kernels if compiled else None)
+
+
+@needs_kernels
+@settings(max_examples=400, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12), block_tokens=st.sampled_from([1, 4, 16]),
+       capacity=st.integers(1, 400), watermark_frac=st.sampled_from([0.0, 0.01, 0.3]), limit=st.integers(1, 13),
+       data=st.data())
+def test_admission_in_one_call_is_the_python_loop(seed, n, block_tokens, capacity, watermark_frac, limit, data):
+    # the oracle: Engine._admit's own loop (the numpy engine's), on the same state
+    from memtp_sim.engine import Engine
+
+    num_running = data.draw(st.integers(0, n))
+    states = []
+    for compiled in (False, True):
+        eng = _admission_state(seed, n, block_tokens, capacity, watermark_frac, limit, num_running, compiled)
+        try:
+            Engine._admit(eng)
+            outcome = "ok"
+        except Exception as err:  # noqa: BLE001 - both ways must raise the same
+            outcome = f"{type(err).__name__}: {err}"
+        kv = eng.kv
+        states.append((outcome, list(eng.waiting), list(eng.running), kv.blocks_used, kv.blocks.tolist(),
+                       kv.tokens.tolist(), eng.status.tolist(), np.nan_to_num(eng.admitted_at, nan=-1.0).tolist(),
+                       eng.prefill_target.tolist(), eng.prefilled.tolist(), eng._run_ids is None))
+    assert states[0] == states[1]
