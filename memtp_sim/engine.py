@@ -574,6 +574,8 @@ class Engine:
         self._resubmit_at_once = workload.closed_loop and (settings.prefill == "disaggregated"
                                                            or workload.think_time_s > 0)
         self._users_due, self._holding_users = 0, False
+        # a completion's user goes on: _user_done's choice, made once (without a think time, at once)
+        self._user_go_on = self._user_next if workload.think_time_s <= 0 else self._user_done
 
     def _use_kernels(self, n: int) -> None:
         # the compiled kernels (memtp_sim/_kernels.pyx) or None: plain pricing per batch size, and
@@ -744,10 +746,9 @@ class Engine:
         Requests are submitted in id order whichever user goes on first (users hold no state but
         their next submission), so the order is the event path's."""
         self._holding_users = True
-        go_on = self._user_next if self.wl.think_time_s <= 0 else self._user_done  # (as _user_done decides)
         while self._users_due:
             self._users_due -= 1
-            go_on(None)
+            self._user_go_on(None)
         self._holding_users = False
 
     # ----------------------------------------------------------------- memory
