@@ -2101,8 +2101,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     ``Engine._check_pass``: it then reports to the gate, moves the clock, draws acceptance
     (``rng``), applies it and the prefill chunks, updates the coherence and appends the round's
     row. A round whose pass reaches ``next_event`` is kept too, and is the block's last: the caller
-    waits in SimPy for its end (the events inside the pass run then) before it frees the requests
-    the round finished. Drawing its acceptance before those events gives the round path's draws,
+    moves the clock to its end, running the events inside the pass in SimPy's order
+    (``Engine._advance``), before it frees the requests the round finished. Drawing its acceptance before those events gives the round path's draws,
     which draws after them: no event's callback draws from the run's generators or reads the
     round's requests.
 
