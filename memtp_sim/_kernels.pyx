@@ -360,6 +360,42 @@ def admit(object waiting not None, list running not None, i64 limit, double now,
     return admitted, blocks_used, False
 
 
+def finish(list ids not None, double now, cnp.ndarray finished_at not None, cnp.ndarray status not None,
+           cnp.ndarray blocks not None):
+    """The array work of ``Engine._finish`` for the requests ``ids`` that finished now: each one's
+    finish time, its status 3 (FINISHED) and its KV blocks freed, its stored tokens kept
+    (``KVCacheManager.free(i, drop_tokens=False)``).
+
+    Args:
+        ids: list of int request ids.
+        now: the clock, s.
+        finished_at: ``(n,)`` float64; status: ``(n,)`` int8; blocks: ``(n,)`` int64; all written.
+
+    Returns:
+        The blocks freed (the caller takes them off the cache's blocks in use).
+
+    Raises:
+        TypeError, ValueError, IndexError: arrays of the wrong type or length, or an id outside them.
+    """
+    cdef double* fin = _f64(_w(finished_at, "finished_at"), "finished_at")
+    cdef Py_ssize_t n = cnp.PyArray_DIM(finished_at, 0), k, num = PyList_GET_SIZE(ids)
+    _check_1d(status, "status", cnp.NPY_INT8, "int8", n, True)
+    cdef int8_t* st = <int8_t*>cnp.PyArray_DATA(_w(status, "status"))
+    cdef i64* blk = _i64(_w(blocks, "blocks"), "blocks", n)
+    cdef i64 i, freed = 0
+    for k in range(num):
+        i = PyLong_AsLongLong(<object>PyList_GET_ITEM(ids, k))
+        if i < 0 or i >= n:
+            raise IndexError(f"request id {i} outside 0..{n - 1}")
+    for k in range(num):
+        i = PyLong_AsLongLong(<object>PyList_GET_ITEM(ids, k))
+        fin[i] = now
+        st[i] = 3
+        freed += blk[i]
+        blk[i] = 0
+    return freed
+
+
 def all_prefilled(cnp.ndarray reqs not None, cnp.ndarray prefilled not None, cnp.ndarray target not None):
     """Whether every request in ``reqs`` has prefilled its target (all of them decode this round).
 

@@ -1839,15 +1839,24 @@ class Engine:
         return int(np.count_nonzero(chunks)), int(done_pre.size)
 
     def _finish(self, finished: list[int]) -> None:
-        now = self.env.now
-        for i in finished:
-            self.finished_at[i] = now
-            self.status[i] = FINISHED
-            self.kv.free(i, drop_tokens=False)
-            self.running.remove(i)
-            self._run_ids = None
-            self._complete(i)
-        self.kv.check("finish")
+        now, kv = self.env._now, self.kv
+        if self._kernels is not None and finished:
+            # the array work of the loop below in one call (_kernels.finish), then each completion in
+            # order: nothing a completion runs (its user's next submission) reads the others' state
+            kv.blocks_used -= self._kernels.finish(finished, now, self.finished_at, self.status, kv.blocks)
+            running, self._run_ids = self.running, None
+            for i in finished:
+                running.remove(i)
+                self._complete(i)
+        else:
+            for i in finished:
+                self.finished_at[i] = now
+                self.status[i] = FINISHED
+                kv.free(i, drop_tokens=False)
+                self.running.remove(i)
+                self._run_ids = None
+                self._complete(i)
+        kv.check("finish")
 
     def _update_coherence(self, lengths: np.ndarray, acc: np.ndarray, accepted_total: int, verify_tokens: int) -> None:
         memtp = self.drafter.spec.memtp

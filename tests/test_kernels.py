@@ -1097,6 +1097,7 @@ _ZERO_D_CALLS = {
     "admit": "K.admit(__import__('collections').deque([0]), [], 1, 0.0, {i}, np.zeros(1, np.int64), "
              "np.zeros(1, bool), np.zeros(1, np.int8), np.zeros(1), np.zeros(1, np.int64), np.zeros(1, np.int64), "
              "np.zeros(1, np.int64), np.zeros(1, np.int64), 16, 0, 10, 0)",
+    "finish": "K.finish([0], 1.0, {a}, np.zeros(1, np.int8), np.zeros(1, np.int64))",
 }
 
 
@@ -1261,7 +1262,7 @@ def test_no_kernel_writes_into_an_array_it_was_given_read_only(monkeypatch):
     # the runs reached the kernels that write into arrays
     for name in ("split_decoding", "plain_block", "prefix_scan", "draft_confidences", "accept_apply",
                  "place_prefill", "prefill_apply", "survival_bins", "positive_rank_sums", "pack_rows", "drafted_block",
-                 "admit"):
+                 "admit", "finish"):
         assert name in seen, f"no run reached {name}"
 
 
@@ -1363,4 +1364,36 @@ def test_admission_in_one_call_is_the_python_loop(seed, n, block_tokens, capacit
         states.append((outcome, list(eng.waiting), list(eng.running), kv.blocks_used, kv.blocks.tolist(),
                        kv.tokens.tolist(), eng.status.tolist(), np.nan_to_num(eng.admitted_at, nan=-1.0).tolist(),
                        eng.prefill_target.tolist(), eng.prefilled.tolist(), eng._run_ids is None))
+    assert states[0] == states[1]
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 12), data=st.data())
+def test_finishing_in_one_call_is_the_python_loop(seed, n, data):
+    # the oracle: Engine._finish's own loop (the numpy engine's): the same arrays, KV and running
+    # list, and each request's completion in the same order with the same running list then
+    from types import SimpleNamespace
+
+    from memtp_sim.engine import Engine
+    from memtp_sim.kv_cache import KVCacheManager
+
+    rng = np.random.default_rng(seed)
+    running = rng.permutation(n).tolist()
+    finished = [running[k] for k in sorted(rng.choice(n, data.draw(st.integers(0, n)), replace=False).tolist())]
+    blocks0, states = rng.integers(0, 5, n), []
+    for compiled in (False, True):
+        kv = KVCacheManager(n, 16, 1000, 0.0)
+        kv.blocks[:] = blocks0
+        kv.tokens[:] = np.arange(n) * 7
+        kv.blocks_used = int(kv.blocks.sum())
+        seen = []
+        eng = SimpleNamespace(env=SimpleNamespace(_now=3.25), kv=kv, running=list(running), _run_ids=(1, 2),
+                              finished_at=np.full(n, np.nan), status=np.full(n, 2, dtype=np.int8),
+                              _kernels=kernels if compiled else None)
+        eng._complete = lambda i, eng=eng, seen=seen: seen.append((i, list(eng.running)))
+        Engine._finish(eng, list(finished))
+        states.append((seen, eng.running, kv.blocks_used, kv.blocks.tolist(), kv.tokens.tolist(),
+                       np.nan_to_num(eng.finished_at, nan=-1.0).tolist(), eng.status.tolist(),
+                       eng._run_ids is None or not finished))
     assert states[0] == states[1]
