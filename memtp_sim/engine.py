@@ -585,6 +585,7 @@ class Engine:
         self._plain_prices: dict[int, tuple | None] = {}
         self._plain_fused: tuple | None = None  # _plain_block_inputs, set as the rounds start
         self._finished_after_wait: list[int] | None = None  # a drafted block's, freed after its last pass
+        self._kv_kernels = None  # the kernels admission and completions use: _kv_kernels_if_own, as the rounds start
         self._scratch = None if self._kernels is None else (  # times, durations, verify_s, blocks, finished
             np.empty(_MAX_BLOCK_ROUNDS + 1), np.empty(_MAX_BLOCK_ROUNDS), np.empty(_MAX_BLOCK_ROUNDS),
             np.empty(_MAX_BLOCK_ROUNDS, dtype=np.int64), np.empty(n, dtype=np.int64))
@@ -796,12 +797,24 @@ class Engine:
         self._run_ids = None
         self.waiting.appendleft(i)
 
+    def _kv_kernels_if_own(self):  # noqa: ANN202 - the kernels module or None
+        """The compiled kernels for admission and completions (``_kernels.admit``, ``finish``), or
+        None where the KV manager is not :class:`KVCacheManager` itself or one of the functions
+        whose work they do (``blocks_for``, ``can_allocate``, ``allocate``, ``free``) has been
+        replaced on its class or instance: the Python loops then call it."""
+        kv = self.kv
+        if self._kernels is None or type(kv) is not KVCacheManager:
+            return None
+        if any(name in vars(kv) or getattr(KVCacheManager, name) is not fn for name, fn in _KV_OWN.items()):
+            return None
+        return self._kernels
+
     def _admit(self) -> None:
         if not self.waiting:  # most calls at high load: nothing arrived since the last round
             return
         kv, limit = self.kv, self._admit_limit
-        if self._kernels is not None:  # the loop below in one call (_kernels.admit), the same state
-            num, kv.blocks_used, stuck = self._kernels.admit(
+        if self._kv_kernels is not None:  # the loop below in one call (_kernels.admit), the same state
+            num, kv.blocks_used, stuck = self._kv_kernels.admit(
                 self.waiting, self.running, limit, self.env._now, self.prompt, self.generated, self.kv_transferred,
                 self.status, self.admitted_at, self.prefill_target, self.prefilled, kv.tokens, kv.blocks,
                 kv.block_tokens, kv.watermark, kv.capacity, kv.blocks_used)
@@ -853,6 +866,7 @@ class Engine:
         block, by_depth = self._drafted_setup()
         dynamic = by_depth is not None and self.control.dynamic  # a controller the kernel keeps (asked once a round)
         self._plain_fused = self._plain_block_inputs() if plain_ok else None
+        self._kv_kernels = self._kv_kernels_if_own()
         round_index = 0
         while self.num_done < self.n:
             busy = drafter.elastic and (self.running or self.waiting)
@@ -1840,10 +1854,10 @@ class Engine:
 
     def _finish(self, finished: list[int]) -> None:
         now, kv = self.env._now, self.kv
-        if self._kernels is not None and finished:
+        if self._kv_kernels is not None and finished:
             # the array work of the loop below in one call (_kernels.finish), then each completion in
             # order: nothing a completion runs (its user's next submission) reads the others' state
-            kv.blocks_used -= self._kernels.finish(finished, now, self.finished_at, self.status, kv.blocks)
+            kv.blocks_used -= self._kv_kernels.finish(finished, now, self.finished_at, self.status, kv.blocks)
             running, self._run_ids = self.running, None
             for i in finished:
                 running.remove(i)
@@ -1940,3 +1954,5 @@ class Engine:
 
 
 _MIRRORED = _mirrored()  # as defined here, before anything could replace them
+# the KV manager's functions whose work _kernels.admit and finish do (Engine._kv_kernels_if_own)
+_KV_OWN = {name: getattr(KVCacheManager, name) for name in ("blocks_for", "can_allocate", "allocate", "free")}

@@ -1339,7 +1339,7 @@ def _admission_state(seed, n, block_tokens, capacity, watermark_frac, limit, num
         prompt=prompt, _prompt_list=prompt.tolist(), generated=rng.integers(0, 50, n),
         status=np.ones(n, dtype=np.int8), admitted_at=np.where(rng.random(n) < 0.5, np.nan, rng.random(n)),
         prefill_target=np.zeros(n, dtype=np.int64), prefilled=np.zeros(n, dtype=np.int64), _run_ids=(None, None),
-        env=SimpleNamespace(_now=12.5), _kernels=kernels if compiled else None)
+        env=SimpleNamespace(_now=12.5), _kv_kernels=kernels if compiled else None)
 
 
 @needs_kernels
@@ -1390,10 +1390,33 @@ def test_finishing_in_one_call_is_the_python_loop(seed, n, data):
         seen = []
         eng = SimpleNamespace(env=SimpleNamespace(_now=3.25), kv=kv, running=list(running), _run_ids=(1, 2),
                               finished_at=np.full(n, np.nan), status=np.full(n, 2, dtype=np.int8),
-                              _kernels=kernels if compiled else None)
+                              _kv_kernels=kernels if compiled else None)
         eng._complete = lambda i, eng=eng, seen=seen: seen.append((i, list(eng.running)))
         Engine._finish(eng, list(finished))
         states.append((seen, eng.running, kv.blocks_used, kv.blocks.tolist(), kv.tokens.tolist(),
                        np.nan_to_num(eng.finished_at, nan=-1.0).tolist(), eng.status.tolist(),
                        eng._run_ids is None or not finished))
     assert states[0] == states[1]
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["allocate", "free", "can_allocate", "blocks_for"])
+def test_a_replaced_kv_function_runs_in_admission_and_completions(monkeypatch, name):
+    # _kernels.admit and finish do the work of these KVCacheManager functions: where one has been
+    # replaced (here on the class, with a wrapper that counts its calls), the engine's Python loops
+    # run and call it, and the run is the same as without the kernels
+    from memtp_sim.kv_cache import KVCacheManager
+
+    sc = scenario(policy={"name": "dspark"}, workload={"concurrency": 8, "num_requests": 40},
+                  engine={"prefill": "disaggregated", "prefill_gpus": 2})
+    want = run(sc, seed=2).state
+    real, calls = getattr(KVCacheManager, name), []
+
+    def counted(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(KVCacheManager, name, counted)
+    got = run(sc, seed=2).state
+    assert len(calls) >= 40  # each admission (or completion) called it
+    assert_same_state(got, want)
