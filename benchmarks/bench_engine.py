@@ -175,7 +175,8 @@ def main() -> None:
                     help="requests of the long 64-user runs (the steady-state rate)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N wall times")
     ap.add_argument("--short-repeat", type=int, default=10,
-                    help="best of N for the 64-user short runs (tens of ms each: the targets' short lines)")
+                    help="best of N for the 64-user short runs (tens of ms each: the targets' short lines); "
+                         "--repeat where larger, --quick or not")
     ap.add_argument("--quick", action="store_true", help="fewer scaling points, one repeat of the subprocesses")
     args = ap.parse_args()
     run(scenario({"name": "dspark"}, 4, 20), seed=0)  # warm caches (profile, trace, STS fit)

@@ -3,8 +3,9 @@
 SimPy drives time: requests are submitted by callbacks on SimPy events, a timeout to each
 arrival (open loop) or each user's previous request completing (closed loop), and one engine
 process runs rounds. A pass that other events fall inside runs them in place, in SimPy's order
-(:meth:`Engine._advance`): the engine process yields only when it has nothing to run. Per-request state lives in numpy arrays indexed by
-request id; each round is vectorised over the decoding requests.
+(:meth:`Engine._advance`): the engine process yields only when it has nothing to run, and it is
+the only process (every other event is a callback). Per-request state lives in numpy arrays
+indexed by request id; each round is vectorised over the decoding requests.
 
 One round (docs/model.md section 1), at time t:
 
@@ -549,20 +550,20 @@ class Engine:
         self._prefill_queue, self._prefill_memo = deque[int](), _remote_prefill_memo(profile, settings)  # FIFO
         self._init_users(workload, settings)
         self._use_kernels(n)
-        self._refused = self._refused_at_arrival(profile.memory.max_model_len, settings)
+        self._init_request_paths(profile.memory.max_model_len, settings)
 
-    def _refused_at_arrival(self, max_model_len: int, settings: EngineSettings) -> dict[int, str]:
-        """The requests refused as they arrive, by reason: longer than the model takes, or more KV
-        blocks than the cache holds with the fewest heads (their sizes and that capacity decide).
-        Also kept from ``settings`` for the per-request paths: the admission limit (every running
-        request may need one anchor token in a pass: never more than the pass holds) and whether
-        prompts go to remote prefill GPUs."""
-        self._admit_limit = min(settings.max_num_seqs, settings.max_batch_tokens)
-        self._disaggregated = settings.prefill == "disaggregated"
+    def _init_request_paths(self, max_model_len: int, settings: EngineSettings) -> None:
+        """What the per-request paths (submission, admission) read, decided once per run: the
+        requests refused as they arrive, by reason (longer than the model takes, or more KV blocks
+        than the cache holds with the fewest heads: their sizes and that capacity decide), the
+        admission limit (every running request may need one anchor token in a pass: never more
+        than the pass holds) and whether prompts go to remote prefill GPUs."""
         totals = self.prompt + self.output
         too_long, too_large = totals > max_model_len, self.kv.blocks_for(totals) > self.max_capacity
-        return {int(i): "exceeds_max_model_len" if too_long[i] else "exceeds_kv_capacity"
-                for i in np.flatnonzero(too_long | too_large)}
+        self._refused = {int(i): "exceeds_max_model_len" if too_long[i] else "exceeds_kv_capacity"
+                         for i in np.flatnonzero(too_long | too_large)}
+        self._admit_limit = min(settings.max_num_seqs, settings.max_batch_tokens)
+        self._disaggregated = settings.prefill == "disaggregated"
 
     def _init_users(self, workload: Workload, settings: EngineSettings) -> None:
         # closed-loop users: the next request to submit, and each request's completion event; where
@@ -856,8 +857,16 @@ class Engine:
         env = self.env
         end = env._now + duration  # as Environment.schedule adds a timeout's delay
         stop, queue, step = (end, _NORMAL, next(env._eid)), env._queue, env.step
-        while queue and queue[0] < stop:  # (time, priority, eid, event): eids are unique, events never compared
-            step()
+        try:
+            while queue and queue[0] < stop:  # (time, priority, eid, event): eids are unique, events never compared
+                step()
+        except BaseException:
+            # an event's callback raised (a progress callback's cancel, Ctrl-C): raised here, inside
+            # the engine's process, SimPy would fail the process at the back of this instant's
+            # events, which would run first; with nothing left queued the failure is the next event,
+            # and env.run raises it at once, as it raised it from its own step
+            queue.clear()
+            raise
         env._now = end
 
     def _engine(self):

@@ -1310,9 +1310,8 @@ for bad in (-0.5, -1e300, 1.5, 1e300, float("nan"), -float("inf"), float("inf"))
                 raise SystemExit(f"no error for {bad} at ({row}, {pos})")
 print("ok")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stdout, out.stderr[-2000:])
-
 
 
 def _admission_state(seed, n, block_tokens, capacity, watermark_frac, limit, num_running, compiled):

@@ -75,3 +75,48 @@ def test_simpys_private_queue_is_as_advance_reads_it():
     time, priority, eid, event = env._queue[0]
     assert (time, priority, event.value) == (1.5, NORMAL, "x")
     assert next(env._eid) == eid + 1
+
+
+class _Boom(Exception):
+    pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(schedule=events.filter(bool), pass_at=hst.integers(0, 4), pass_len=hst.integers(0, 4), data=hst.data())
+def test_a_callback_that_raises_inside_a_pass_stops_the_run_at_once(schedule, pass_at, pass_len, data):
+    # a progress callback's cancel or a Ctrl-C inside a pass: the run stops where SimPy's own step
+    # raised it, with the same events run before it, and the same exception object comes out
+    raiser = data.draw(hst.integers(0, len(schedule) - 1))
+    outcomes = []
+    for in_place in (False, True):
+        env, log = simpy.Environment(), []
+
+        def fire(name, env=env, log=log):
+            def callback(_event):
+                log.append((name, env.now))
+                if name == f"e{raiser}":
+                    raise _Boom(name)
+            return callback
+
+        for j, (delay, urgent) in enumerate(schedule):
+            event = simpy.Event(env)
+            event.callbacks.append(fire(f"e{j}"))
+            event._ok, event._value = True, None
+            env.schedule(event, URGENT if urgent else NORMAL, delay * GRID)
+
+        def engine(env=env, log=log, in_place=in_place):
+            yield env.timeout(pass_at * GRID)
+            log.append(("pass starts", env.now))
+            if in_place:
+                Engine._advance(SimpleNamespace(env=env), pass_len * GRID)
+            else:
+                yield env.timeout(pass_len * GRID)
+            log.append(("pass ends", env.now))
+
+        env.process(engine())
+        try:
+            env.run()
+            outcomes.append((None, log))
+        except _Boom as err:
+            outcomes.append((str(err), log))
+    assert outcomes[0] == outcomes[1]
