@@ -534,6 +534,13 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _folder(text: str) -> str:
+    # an empty --out would write into the working folder under the study's name
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty string")
+    return text
+
+
 def _tcp_port(text: str) -> int:
     try:
         v = int(text)
@@ -561,7 +568,7 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run (or resume) a study YAML")
     r.add_argument("study", help="study YAML, e.g. studies/load.yaml")
-    r.add_argument("--out", default="results", help="results folder (default: results)")
+    r.add_argument("--out", default="results", type=_folder, help="results folder (default: results)")
     r.add_argument("--jobs", type=_positive_int, default=None,
                    help="local worker processes (default: CPU count; not with --executor dask)")
     r.add_argument("--executor", choices=("local", "dask"), default="local",
@@ -621,7 +628,7 @@ def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     ci.set_defaults(func=_cmd_calibrate_import)
     cc = calsub.add_parser("check", help="fidelity report of a profile: leave-one-out error, cliffs, sensitivity")
     cc.add_argument("profile", help="shipped profile name or profile YAML")
-    cc.add_argument("--out", default="results/calibrate", help="folder for the HTML report (default: results/calibrate)")
+    cc.add_argument("--out", default="results/calibrate", type=_folder, help="folder for the HTML report (default: results/calibrate)")
     cc.add_argument("--scenario", help="scenario YAML for the sensitivity run (default: a built-in closed-loop one)")
     cc.add_argument("--quick", action="store_true", help="smaller sensitivity run (for tests)")
     cc.set_defaults(func=_cmd_calibrate_check)
@@ -654,7 +661,7 @@ def _add_tune_parsers(sub: argparse._SubParsersAction) -> None:
                     help="COMPLETE trials wanted in total (default: the YAML's)")
     tu.add_argument("--workers", type=_positive_int, default=1,
                     help="local worker processes sharing the storage (default 1)")
-    tu.add_argument("--out", default="results", help="results folder (default: results)")
+    tu.add_argument("--out", default="results", type=_folder, help="results folder (default: results)")
     tu.add_argument("--no-validate", action="store_true", help="skip the fresh-seed re-runs of the top trials")
     tu.add_argument("--quiet", action="store_true", help="no progress output")
     tu.set_defaults(func=_cmd_tune, on_interrupt="finished trials are kept; run the same command again to resume")
@@ -666,7 +673,7 @@ def _add_tune_parsers(sub: argparse._SubParsersAction) -> None:
                     "or a trial number (exported even if it fails the constraints, with a warning)")
     ex.add_argument("--format", required=True, choices=["vllm", "sglang", "memtp"], dest="fmt")
     ex.add_argument("-o", "--output", help="output file (default: results/<study>/export/...)")
-    ex.add_argument("--out", default="results", help="results folder (default: results)")
+    ex.add_argument("--out", default="results", type=_folder, help="results folder (default: results)")
     ex.set_defaults(func=_cmd_export)
 
 
@@ -674,7 +681,7 @@ def _add_drafter_lab_parser(sub: argparse._SubParsersAction) -> None:
     dl = sub.add_parser("drafter-lab", help="drafter lab: acceptance by block position per head, written as "
                         "per-position acceptance profiles (memtp_sim/lab)")
     dl.add_argument("config", help="lab YAML, e.g. studies/drafter_lab.yaml")
-    dl.add_argument("--out", default=None, help="output folder (default: results/<name>)")
+    dl.add_argument("--out", default=None, type=_folder, help="output folder (default: results/<name>)")
     dl.add_argument("--quiet", action="store_true", help="no progress output")
     dl.set_defaults(func=_cmd_drafter_lab)
 

@@ -715,3 +715,14 @@ def test_a_sweep_of_a_controller_parameter_the_base_leaves_out_runs(tmp_path):
     f.write_text(yaml.safe_dump({"name": "t", "base": base, "sweep": {"draft_control.taks": [0.0, 0.5]}}))
     with pytest.raises(ConfigError, match=r"draft_control.*taks.*allowed: .*tax"):
         load_study(f).expand(source=str(f))
+
+
+@pytest.mark.parametrize("command", [["run", "studies/load.yaml"], ["tune", "studies/tune.yaml"],
+                                     ["export", "--study", "x", "--format", "vllm"], ["calibrate", "check", "x"],
+                                     ["drafter-lab"]])
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_folder_is_refused_before_any_work(capsys, command, out):
+    # an empty --out wrote into the working folder under the study's name (a fresh user's report)
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--out", out])
+    assert exc.value.code == 2 and "argument --out: expected a folder, got an empty string" in capsys.readouterr().err
