@@ -231,6 +231,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .report import load_results, write_report  # lazy: pandas + plotly; keep --help fast
 
     root = Path(args.study_dir)
+    if root.is_file() and root.suffix.lower() in (".yaml", ".yml"):  # the study, not its results
+        return _fail(f"{root}: a study file; report takes the folder its results went to (run writes them "
+                     "under --out, by default results/<study name>/)")
     if not (root / "study.json").is_file():
         return _fail(f"{root}: no study.json here; this is not a study folder "
                      "(run one first: python -m memtp_sim run STUDY.yaml)")

@@ -726,3 +726,12 @@ def test_an_empty_out_folder_is_refused_before_any_work(capsys, command, out):
     with pytest.raises(SystemExit) as exc:
         main([*command, "--out", out])
     assert exc.value.code == 2 and "argument --out: expected a folder, got an empty string" in capsys.readouterr().err
+
+
+def test_report_given_the_study_file_points_to_its_results_folder(tmp_path, capsys):
+    # a fresh user's try: `report studies/load.yaml` said only "no study.json here"
+    study = tmp_path / "load.yaml"
+    study.write_text("name: load\n")
+    assert main(["report", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a study file" in err and "results/<study name>/" in err
