@@ -18,13 +18,22 @@ from memtp_sim.engine import Engine
 GRID = 0.25  # binary-exact: sums of these tie exactly
 
 
-def _simulate(schedule, pass_at: int, pass_len: int, spawn, in_place: bool) -> list[tuple[str, float]]:
+class _Boom(Exception):
+    pass
+
+
+def _simulate(schedule, pass_at: int, pass_len: int, spawn, in_place: bool,
+              raiser: str | None = None) -> list[tuple[str, float]]:
+    # the log of every callback and of the engine's pass; the event named ``raiser`` raises, and
+    # the log then ends with what came out of env.run
     env = simpy.Environment()
     log: list[tuple[str, float]] = []
 
     def fire(name: str, depth: int):
         def callback(_event):
             log.append((name, env.now))
+            if name == raiser:
+                raise _Boom(name)
             if depth < 2:  # some events schedule others (a prefill's end starting the next prompt)
                 for j, (delay, urgent) in enumerate(spawn.get(name, ())):
                     _schedule(f"{name}.{j}", delay, urgent, depth + 1)
@@ -50,7 +59,10 @@ def _simulate(schedule, pass_at: int, pass_len: int, spawn, in_place: bool) -> l
         _schedule("after the pass", 0, False)  # an event the engine schedules as it resumes
 
     env.process(engine())
-    env.run()
+    try:
+        env.run()
+    except _Boom as err:
+        log.append(("raised", str(err)))
     return log
 
 
@@ -77,46 +89,12 @@ def test_simpys_private_queue_is_as_advance_reads_it():
     assert next(env._eid) == eid + 1
 
 
-class _Boom(Exception):
-    pass
-
 
 @settings(max_examples=200, deadline=None)
 @given(schedule=events.filter(bool), pass_at=hst.integers(0, 4), pass_len=hst.integers(0, 4), data=hst.data())
 def test_a_callback_that_raises_inside_a_pass_stops_the_run_at_once(schedule, pass_at, pass_len, data):
     # a progress callback's cancel or a Ctrl-C inside a pass: the run stops where SimPy's own step
     # raised it, with the same events run before it, and the same exception object comes out
-    raiser = data.draw(hst.integers(0, len(schedule) - 1))
-    outcomes = []
-    for in_place in (False, True):
-        env, log = simpy.Environment(), []
-
-        def fire(name, env=env, log=log):
-            def callback(_event):
-                log.append((name, env.now))
-                if name == f"e{raiser}":
-                    raise _Boom(name)
-            return callback
-
-        for j, (delay, urgent) in enumerate(schedule):
-            event = simpy.Event(env)
-            event.callbacks.append(fire(f"e{j}"))
-            event._ok, event._value = True, None
-            env.schedule(event, URGENT if urgent else NORMAL, delay * GRID)
-
-        def engine(env=env, log=log, in_place=in_place):
-            yield env.timeout(pass_at * GRID)
-            log.append(("pass starts", env.now))
-            if in_place:
-                Engine._advance(SimpleNamespace(env=env), pass_len * GRID)
-            else:
-                yield env.timeout(pass_len * GRID)
-            log.append(("pass ends", env.now))
-
-        env.process(engine())
-        try:
-            env.run()
-            outcomes.append((None, log))
-        except _Boom as err:
-            outcomes.append((str(err), log))
+    raiser = f"e{data.draw(hst.integers(0, len(schedule) - 1))}"
+    outcomes = [_simulate(schedule, pass_at, pass_len, {}, in_place, raiser) for in_place in (False, True)]
     assert outcomes[0] == outcomes[1]
