@@ -138,7 +138,7 @@ def latency_figure(lat: LatencySamples, x: str | None, colors: dict[str, str], t
         if d.empty:
             continue
         for col, c in enumerate(("ttft_s", "tpot_ms", "e2e_s"), start=1):
-            fig.add_trace(go.Box(x=d["x_value"].tolist(), y=d[c].tolist(), name=pol, legendgroup=pol,
+            fig.add_trace(go.Box(x=d["x_value"].to_numpy(), y=d[c].to_numpy(), name=pol, legendgroup=pol,
                                  showlegend=col == 1, marker_color=color, boxpoints=False), row=1, col=col)
     fig.update_layout(boxmode="group", title=f"Latency distributions, seed {lat.seed}{title}", height=430)
     for col in (1, 2, 3):
