@@ -450,6 +450,20 @@ class RunResult:
         import pandas as pd  # lazy: pandas costs a third of `import memtp_sim`
         return pd.DataFrame(self.state.rounds)
 
+    def files(self) -> dict[str, bytes]:
+        """The run's result files as bytes: ``requests.csv`` (:meth:`requests_frame`, no index)
+        and ``rounds.parquet`` (the round log's columns, the table :meth:`rounds_frame` reads back),
+        the files a study's and the dashboard's run folders hold."""
+        import io
+
+        import pyarrow as pa  # lazy, as pandas above
+        import pyarrow.parquet as pq
+        buf_csv, buf_parquet = io.StringIO(), io.BytesIO()
+        self.requests_frame().to_csv(buf_csv, index=False)
+        # straight from the round log's arrays: through pandas, its conversion back cost more than the write
+        pq.write_table(pa.table(self.state.rounds), buf_parquet)
+        return {"requests.csv": buf_csv.getvalue().encode(), "rounds.parquet": buf_parquet.getvalue()}
+
     def summary(self) -> dict[str, Any]:
         """JSON-ready summary: config, seed, version, provenance (profiles and their sources), metrics, notes."""
         return {

@@ -26,7 +26,6 @@ results from the run folders.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -293,14 +292,10 @@ def _compute(spec: RunSpec, progress: Callable[[int, int], None] | None = None,
         if why is not None:
             return _failed_record(spec, why), {}
         res = run(spec.scenario, seed=spec.seed, progress=progress)
-        buf = io.StringIO()
-        res.requests_frame().to_csv(buf, index=False)
-        pbuf = io.BytesIO()
-        res.rounds_frame().to_parquet(pbuf, index=False)
+        blobs = res.files()
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded; Ctrl-C still stops the study
         # a run that cannot complete is recorded with its reason (the study finishes the rest)
         return _failed_record(spec, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8)), {}
-    blobs = {"requests.csv": buf.getvalue().encode(), "rounds.parquet": pbuf.getvalue()}
     summary = res.summary()
     summary["run_id"] = spec.run_id
     summary["labels"] = spec.labels

@@ -199,8 +199,9 @@ def test_the_floor_check_can_fail(tmp_path, bad):
 
 def _direct_writes(tree: ast.AST) -> list[int]:
     """Lines that write a file other than through memtp_sim._io's atomic writers: Path.write_text /
-    write_bytes, open() in a writing mode, a DataFrame's to_csv / to_parquet / to_json to a path
-    (a buffer argument named buf..., pq... is fine: its bytes then go through the atomic writer)."""
+    write_bytes, open() in a writing mode, a DataFrame's to_csv / to_parquet / to_json or pyarrow's
+    write_table / write_csv / write_feather to a path (a buffer argument named buf..., pq... is
+    fine: its bytes then go through the atomic writer)."""
     out = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Attribute, ast.Name)):
@@ -217,9 +218,12 @@ def _direct_writes(tree: ast.AST) -> list[int]:
             if any(isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax")
                    for m in modes):
                 out.append(node.lineno)
-        elif name in ("to_csv", "to_parquet", "to_json") and node.args:
-            first = node.args[0]
-            if not (isinstance(first, ast.Name) and first.id.startswith(("buf", "pbuf", "pq"))):
+        elif (name in ("to_csv", "to_parquet", "to_json") and node.args) or (
+                name in ("write_table", "write_csv", "write_feather") and isinstance(node.func, ast.Attribute)
+                and node.args[1:]):
+            # (pyarrow's writers, pq.write_table(...): the table first, then where to write)
+            where = node.args[0] if name.startswith("to_") else node.args[1]
+            if not (isinstance(where, ast.Name) and where.id.startswith(("buf", "pbuf", "pq"))):
                 out.append(node.lineno)
     return out
 
@@ -236,7 +240,8 @@ def test_every_file_the_package_writes_goes_through_the_atomic_writers():
 
 
 @pytest.mark.parametrize("src", ['Path("x").write_text("a")', 'open(p, "w")', 'p.open("a")', 'df.to_csv(path)',
-                                 'df.to_parquet("r.parquet")'])
+                                 'df.to_parquet("r.parquet")', 'pq.write_table(t, "r.parquet")',
+                                 'pyarrow.csv.write_csv(t, path)'])
 def test_the_atomic_write_check_can_fail(src):
     assert _direct_writes(ast.parse(src)) == [1]
-    assert _direct_writes(ast.parse("df.to_csv(buf, index=False); open(p); p.open()")) == []
+    assert _direct_writes(ast.parse("df.to_csv(buf, index=False); open(p); p.open(); pq.write_table(t, buf_pq)")) == []

@@ -265,3 +265,21 @@ def test_run_and_report_give_the_same_reason_for_each_unfinished_run(tmp_path):
                        runs[3].name: "damaged: rounds.parquet is damaged (size or digest differs from summary.json)"}
     again = run_study(load_study(study), out_dir=out, jobs=1, source=str(study))
     assert {rid: why for rid, why in again.recomputed.items()} == missing
+
+
+@pytest.mark.parametrize("policy", [{"name": "no_spec"}, {"name": "dspark", "gamma": 4}])
+def test_a_runs_files_read_back_as_its_frames(policy):
+    """requests.csv and rounds.parquet (RunResult.files, the bytes both run folders hold) read
+    back as pandas' own frames of the run: the parquet is written from the round log's arrays,
+    not through rounds_frame, so every column, dtype and value is checked against it."""
+    import io
+
+    from _sim_helpers import scenario
+
+    res = memtp_sim.run(scenario(workload={"num_requests": 30, "concurrency": 4}, policy=policy), seed=3)
+    files = res.files()
+    assert list(files) == ["requests.csv", "rounds.parquet"]
+    rounds = pd.read_parquet(io.BytesIO(files["rounds.parquet"]))
+    pd.testing.assert_frame_equal(rounds, res.rounds_frame(), check_exact=True)
+    expected = pd.read_csv(io.StringIO(res.requests_frame().to_csv(index=False)))
+    pd.testing.assert_frame_equal(pd.read_csv(io.BytesIO(files["requests.csv"])), expected, check_exact=True)

@@ -17,7 +17,6 @@ draws), which is what makes a small change distinguishable from the noise.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import multiprocessing
@@ -179,12 +178,8 @@ class RunStore:
         key = run_key(scenario, int(seed))
         res = run(scenario, seed=int(seed), progress=progress)
         folder = self.run_dir(key)
-        buf = io.StringIO()
-        res.requests_frame().to_csv(buf, index=False)
-        atomic_write_text(folder / "requests.csv", buf.getvalue())
-        pq = io.BytesIO()
-        res.rounds_frame().to_parquet(pq, index=False)
-        atomic_write_bytes(folder / "rounds.parquet", pq.getvalue())
+        for name, data in res.files().items():
+            atomic_write_bytes(folder / name, data)
         summary = {**res.summary(), "run_id": key, "labels": {}, "status": "ok",
                    "inputs": input_fingerprint(scenario), "computed_at": time.time()}
         atomic_write_text(folder / "summary.json", json.dumps(summary, default=json_default, allow_nan=True))
