@@ -460,8 +460,10 @@ class RunResult:
         import pyarrow.parquet as pq
         buf_csv, buf_parquet = io.StringIO(), io.BytesIO()
         self.requests_frame().to_csv(buf_csv, index=False)
-        # straight from the round log's arrays: through pandas, its conversion back cost more than the write
-        pq.write_table(pa.table(self.state.rounds), buf_parquet)
+        # straight from the round log's arrays (through pandas, the conversion cost more than the
+        # write), NaN stored as null as pandas' to_parquet stores it (theta where nothing was planned)
+        pq.write_table(pa.table({name: pa.array(col, from_pandas=True) for name, col in self.state.rounds.items()}),
+                       buf_parquet)
         return {"requests.csv": buf_csv.getvalue().encode(), "rounds.parquet": buf_parquet.getvalue()}
 
     def summary(self) -> dict[str, Any]:

@@ -281,5 +281,17 @@ def test_a_runs_files_read_back_as_its_frames(policy):
     assert list(files) == ["requests.csv", "rounds.parquet"]
     rounds = pd.read_parquet(io.BytesIO(files["rounds.parquet"]))
     pd.testing.assert_frame_equal(rounds, res.rounds_frame(), check_exact=True)
+    # and as pandas' own to_parquet writes it, read without pandas (missing values as nulls, not NaN)
+    import pyarrow.parquet as pq
+
+    ours = pq.read_table(io.BytesIO(files["rounds.parquet"]))
+    buf = io.BytesIO()
+    res.rounds_frame().to_parquet(buf, index=False)
+    theirs = pq.read_table(buf)
+    assert ours.schema.remove_metadata() == theirs.schema.remove_metadata()
+    assert [c.null_count for c in ours.columns] == [c.null_count for c in theirs.columns]
+    assert ours.equals(theirs.replace_schema_metadata(None))
+    if policy["name"] == "no_spec":  # nothing planned: theta is missing in every round
+        assert ours["theta"].null_count == ours.num_rows > 0
     expected = pd.read_csv(io.StringIO(res.requests_frame().to_csv(index=False)))
     pd.testing.assert_frame_equal(pd.read_csv(io.BytesIO(files["requests.csv"])), expected, check_exact=True)
