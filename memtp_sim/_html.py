@@ -37,6 +37,7 @@ class HtmlPage:
         self.title = title
         self._parts: list[str] = [f"<h1>{escape(title)}</h1>"]
         self._plotly_included = False
+        self._num_figures = 0
 
     def add_heading(self, text: str, level: int = 2) -> None:
         """Append a heading.
@@ -83,8 +84,10 @@ class HtmlPage:
             Plotly ``Figure.to_html`` (``include_plotlyjs=True`` inlines the library once, so the
             page opens offline).
         """
+        # numbered divs, not Plotly's random ids: the same results give the same page
+        self._num_figures += 1
         self._parts.append(fig.to_html(full_html=False, include_plotlyjs=not self._plotly_included,
-                                       config={"displaylogo": False}))
+                                       config={"displaylogo": False}, div_id=f"figure-{self._num_figures}"))
         self._plotly_included = True
 
     def add_table(self, df: Any, *, float_format: str = "{:,.2f}") -> None:

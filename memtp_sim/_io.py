@@ -184,6 +184,27 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
 
 
+def yaml_error_text(e: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text, for a one-line error after its file's name: ``not valid YAML
+    at line 38, column 1: expected ',' or '}', but got '<block end>' (while parsing a flow mapping
+    at line 37, column 3)``, as much of it as the parser gave (its problem, where it found it, and
+    what it was reading then, where that started elsewhere).
+
+    Args:
+        e: a PyYAML error (a ``MarkedYAMLError`` carries the marks; others give only the words).
+    """
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    at = (lambda m: f"line {m.line + 1}, column {m.column + 1}")
+    text = "not valid YAML" + (f" at {at(mark)}" if mark is not None else "")
+    if problem:
+        text += f": {' '.join(str(problem).split())}"
+    if context and context_mark is not None and (mark is None or (context_mark.line, context_mark.column)
+                                                 != (mark.line, mark.column)):
+        text += f" ({' '.join(str(context).split())} at {at(context_mark)})"
+    return text
+
+
 def not_a_file(path: str | os.PathLike[str], what: str = "file") -> str | None:
     """Why ``path`` cannot be read as an input file, or None when it is one.
 
@@ -239,9 +260,7 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
         line = f" at line {e.problem_mark.line + 1}" if e.problem_mark is not None else ""
         raise error(f"{path}: {e.problem}{line}") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise error(f"{path}: not valid YAML{where}") from None
+        raise error(f"{path}: {yaml_error_text(e)}") from None
     if not isinstance(doc, dict):
         raise error(f"{path}: expected {what}")
     return doc

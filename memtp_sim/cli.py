@@ -234,7 +234,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if root.is_file() and root.suffix.lower() in (".yaml", ".yml"):  # the study, not its results
         return _fail(f"{root}: a study file; report takes the folder its results went to (run writes them "
                      "under --out, by default results/<study name>/)")
+    if not root.exists():
+        return _fail(f"{root}: no such folder; report takes the folder a study's results went to "
+                     "(run writes them under --out, by default results/<study name>/)")
     if not (root / "study.json").is_file():
+        inside = sorted(d for d in root.iterdir() if (d / "study.json").is_file()) if root.is_dir() else []
+        if inside:  # the parent of study folders (results/)
+            shown = ", ".join(str(d) for d in inside[:4]) + (f" (+{len(inside) - 4} more)" if len(inside) > 4 else "")
+            return _fail(f"{root}: not a study folder, but it holds {len(inside)}: {shown}; report one of them")
         return _fail(f"{root}: no study.json here; this is not a study folder "
                      "(run one first: python -m memtp_sim run STUDY.yaml)")
     try:
@@ -645,10 +652,14 @@ def _add_depth_parser(sub: argparse._SubParsersAction) -> None:
                      help="read this machine's free memory (AMD sysfs, NVIDIA NVML/nvidia-smi, else system memory)")
     src.add_argument("--free-gib", type=float, default=None, help="free memory to fund heads, GiB")
     d.add_argument("--coherence", type=float, default=1.0, help="coherence R in [0, 1] (default 1.0)")
-    d.add_argument("--max-depth", type=int, default=MEMTP_DEFAULTS.max_depth)
-    d.add_argument("--head-cost-gib", type=float, default=MEMTP_DEFAULTS.head_cost_gib)
-    d.add_argument("--r-low", type=float, default=MEMTP_DEFAULTS.r_low)
-    d.add_argument("--r-high", type=float, default=MEMTP_DEFAULTS.r_high)
+    m = MEMTP_DEFAULTS
+    d.add_argument("--max-depth", type=int, default=m.max_depth, help=f"heads at most (default {m.max_depth})")
+    d.add_argument("--head-cost-gib", type=float, default=m.head_cost_gib,
+                   help=f"memory one head takes, GiB (default {m.head_cost_gib:g})")
+    d.add_argument("--r-low", type=float, default=m.r_low,
+                   help=f"coherence at or below which no head is funded (default {m.r_low:g})")
+    d.add_argument("--r-high", type=float, default=m.r_high,
+                   help=f"coherence at or above which every affordable head is funded (default {m.r_high:g})")
     d.add_argument("--reserve-gib", type=float, default=0.0, help="--live: memory to keep free, GiB")
     d.add_argument("--json", action="store_true", help="print the telemetry as JSON")
     d.set_defaults(func=_cmd_depth)
@@ -674,7 +685,8 @@ def _add_tune_parsers(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--storage", help="Optuna storage URL (default: sqlite:///results/<study>/optuna.db)")
     ex.add_argument("--trial", default="best", help="'best' (feasible Pareto trial with the best primary objective) "
                     "or a trial number (exported even if it fails the constraints, with a warning)")
-    ex.add_argument("--format", required=True, choices=["vllm", "sglang", "memtp"], dest="fmt")
+    ex.add_argument("--format", required=True, choices=["vllm", "sglang", "memtp"], dest="fmt",
+                    help="vllm (JSON config), sglang (launch arguments) or memtp (the MEMTP controller's settings, YAML)")
     ex.add_argument("-o", "--output", help="output file (default: results/<study>/export/...)")
     ex.add_argument("--out", default="results", type=_folder, help="results folder (default: results)")
     ex.set_defaults(func=_cmd_export)

@@ -421,3 +421,46 @@ def test_a_long_list_of_failed_runs_says_how_many_it_leaves_out(capsys):
     assert "16 of 20 run(s) failed" in err and "r09: MemoryError" in err and "r10:" not in err, err
     assert "  ... and 5 more (each with its failed.json under runs/)" in err, err
     assert err.count("... and") == 1 and "1 failed on their input" in err, err  # the short group: no such line
+
+
+@pytest.mark.parametrize("text, needles", [
+    # an unclosed flow mapping: where the parser stopped, what it expected, and where the mapping began
+    # (libyaml's and PyYAML's own parser word the problem differently: the needles hold for both)
+    ("name: t\npolicies:\n  - {name: mtp1\nseeds: [0]\n", ["at line 4, column ", "expected ',' or '}'",
+                                                         "(while parsing a flow mapping at line 3, column 5)"]),
+    ("name: t\n\tseeds: [0]\n", ["at line 2, column 1: found "]),  # a tab
+    ("name: a: b\n", ["at line 1, column 8", "mapping values are not allowed"]),
+])
+def test_a_yaml_syntax_error_says_what_and_where(tmp_path, capsys, text, needles):
+    # fresh user: "not valid YAML at line 38" gave neither the parser's reason nor the column, and the
+    # mistake was on the line before (where the mapping opened)
+    study = tmp_path / "s.yaml"
+    study.write_text(text)
+    _one_line_exit_2(["run", str(study), "--out", str(tmp_path / "out")], capsys, f"{study}: not valid YAML",
+                     *needles)
+
+
+def test_a_yaml_syntax_error_in_a_profile_or_a_cost_table_says_what_and_where(tmp_path):
+    # the same words wherever a YAML file is read (they said only the error's class name there)
+    from memtp_sim.errors import CalibrationError
+    from memtp_sim.hardware import load_profile
+    from memtp_sim.hardware.importers import import_measurements
+
+    bad = tmp_path / "p.yaml"
+    bad.write_text("name: x\nverify: {b: [1, 2\n")
+    for read in (lambda: load_profile(bad), lambda: import_measurements(bad, "table")):
+        with pytest.raises(CalibrationError) as e:
+            read()
+        assert f"{bad}: not valid YAML at line 3, column 1" in str(e.value)
+        assert "while parsing a flow" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_report_on_a_missing_folder_or_on_the_folder_above_the_studies(tmp_path, capsys):
+    # fresh user: a path that does not exist was told "no study.json here"; results/ itself named
+    # none of the studies inside it
+    _one_line_exit_2(["report", str(tmp_path / "nope")], capsys, f"{tmp_path / 'nope'}: no such folder")
+    for name in ("load", "memtp"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "study.json").write_text("{}")
+    _one_line_exit_2(["report", str(tmp_path)], capsys, "not a study folder, but it holds 2:",
+                     str(tmp_path / "load"), str(tmp_path / "memtp"), "report one of them")

@@ -439,6 +439,15 @@ def test_page_renders_without_an_acceptance_block(load_study):
     assert not list(load_study.glob("*.tmp")) and not list(load_study.glob(".*.tmp"))
 
 
+def test_the_same_results_give_the_same_page(load_study):
+    # fresh user: the page changed on every rebuild (Plotly's random div ids), so a diff of two
+    # reports of the same results showed every figure
+    first = write_report(load_study).read_bytes()
+    assert write_report(load_study).read_bytes() == first
+    assert re.findall(r'<div id="([^"]+)" class="plotly-graph-div"', first.decode()) == [
+        f"figure-{k}" for k in range(1, 5)]
+
+
 def test_page_sections_of_a_memtp_study(memtp_study):
     out = write_report(memtp_study)
     # every run of this study rejects one request: the reasons get their own section

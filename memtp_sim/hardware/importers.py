@@ -76,7 +76,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .._io import atomic_write_bytes, atomic_write_text, cache_dir, load_yaml, not_a_file
+from .._io import atomic_write_bytes, atomic_write_text, cache_dir, load_yaml, not_a_file, yaml_error_text
 from .._version import __version__
 from ..errors import CalibrationError
 from .memory import GIB
@@ -268,9 +268,7 @@ def _table_from_yaml(path: Path) -> pd.DataFrame:
     try:
         doc = load_yaml(_read_text(path))
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"row {mark.line + 1}, column {mark.column + 1}" if mark else "row ?"
-        raise CalibrationError(f"{path}: {where}: not valid YAML ({e.__class__.__name__})") from None
+        raise CalibrationError(f"{path}: {yaml_error_text(e)}") from None
     ctx = 0
     if isinstance(doc, dict) and "pass_ms" in doc:
         ctx = _num(doc.get("context_tokens", 0), path, "context_tokens", "context_tokens", integer=True, strict=False)

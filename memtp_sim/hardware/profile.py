@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .._io import load_yaml, not_a_file
+from .._io import load_yaml, not_a_file, yaml_error_text
 from ..errors import CalibrationError
 from .cost import BELOW_MIN_RULES, BEYOND_MAX_RULES, DrafterCost, Overheads, SPSTable
 from . import tables
@@ -417,7 +417,7 @@ def _read_profile_doc(path_s: str, mtime_ns: int, size: int) -> dict[str, Any]: 
     try:
         doc = load_yaml(Path(path_s).read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
-        raise CalibrationError(f"{path_s}: not valid YAML ({e.__class__.__name__})") from None
+        raise CalibrationError(f"{path_s}: {yaml_error_text(e)}") from None
     except UnicodeDecodeError:
         raise CalibrationError(f"{path_s}: not a UTF-8 text file (a hardware profile is YAML text)") from None
     if not isinstance(doc, dict):
