@@ -61,11 +61,16 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
-def _eta(elapsed_s: float, done: int, total: int) -> str:
-    """``"12 s, about 2 min left"``: elapsed time and a linear estimate of what remains."""
-    if done <= 0 or done >= total:
+def _eta(elapsed_s: float, done: int, total: int, *, reused: int = 0, first_done_s: float | None = None) -> str:
+    """``"12 s, about 2 min left"``: elapsed time, and what remains at the pace of the runs this
+    command computed after its first (``first_done_s``, when the first of them finished: it carries
+    the start-up, worker processes and imports, and ``reused`` runs took no time); no estimate
+    before a second run is computed."""
+    computed = done - reused
+    if done >= total or computed < 2 or first_done_s is None:
         return _duration(elapsed_s)
-    return f"{_duration(elapsed_s)}, about {_duration(elapsed_s / done * (total - done))} left"
+    pace_s = (elapsed_s - first_done_s) / (computed - 1)
+    return f"{_duration(elapsed_s)}, about {_duration(pace_s * (total - done))} left"
 
 
 #: errors of the machine, not of the input: exit code 1 (a failure), not 2 (bad input)
@@ -130,10 +135,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         task = prog.add_task("runs", total=n_runs)
         inner = prog.add_task("requests (current run)", total=None, visible=False)
 
+        pace = {"reused": 0, "first_done_s": None}  # for the estimate of what remains (_eta)
+
         def on_progress(done: int, total: int, run_id: str) -> None:
             prog.update(task, completed=done)
+            elapsed_s = time.perf_counter() - t0
+            if not run_id:  # before any run: the reused ones
+                pace["reused"] = done
+            elif pace["first_done_s"] is None:
+                pace["first_done_s"] = elapsed_s
             if not console.is_terminal and not args.quiet and run_id:
-                print(f"  [{done}/{total}] {run_id} ({_eta(time.perf_counter() - t0, done, total)})",
+                print(f"  [{done}/{total}] {run_id} ({_eta(elapsed_s, done, total, **pace)})",
                       file=sys.stderr, flush=True)
 
         def on_run_progress(done: int, total: int) -> None:  # runs executing in this process

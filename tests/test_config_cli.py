@@ -202,12 +202,17 @@ def test_schedule_command_bad_confidence(capsys):
     _assert_one_line_error(rc, err, "confidences")
 
 
-def test_eta_is_elapsed_plus_a_linear_estimate_of_what_remains():
+def test_eta_is_elapsed_plus_what_remains_at_the_pace_after_the_first_run():
     from memtp_sim.cli import _eta
 
-    assert _eta(30.0, 10, 112) == "30 s, about 5 min left"   # 30 / 10 x 102 = 306 s
-    assert _eta(600.0, 10, 112) == "10 min, about 1.7 h left"  # 6120 s
-    assert _eta(3.0, 112, 112) == "3 s" and _eta(100.0, 0, 10) == "2 min"  # done, or nothing to go on
+    assert _eta(30.0, 10, 112, first_done_s=3.0) == "30 s, about 5 min left"   # (30 - 3) / 9 x 102 = 306 s
+    assert _eta(600.0, 10, 112, first_done_s=60.0) == "10 min, about 1.7 h left"  # 60 s a run x 102
+    # fresh user: the first run carries the start-up (6 s study, "about 3 min left" after it)
+    assert _eta(1.0, 1, 112, first_done_s=1.0) == "1 s"
+    assert _eta(1.5, 3, 112, first_done_s=1.0) == "2 s, about 27 s left"  # 0.25 s a run x 109
+    # resumed: 23 runs reused took no time; the pace is that of the 7 computed
+    assert _eta(10.0, 30, 112, reused=23, first_done_s=4.0) == "10 s, about 82 s left"
+    assert _eta(3.0, 112, 112, first_done_s=1.0) == "3 s" and _eta(100.0, 0, 10) == "2 min"  # done, or nothing to go on
 
 
 def test_run_without_a_terminal_prints_one_progress_line_per_run_with_its_eta(tmp_path, capsys):
@@ -223,4 +228,5 @@ def test_run_without_a_terminal_prints_one_progress_line_per_run_with_its_eta(tm
     got = [pat.match(ln) for ln in lines]
     assert len(lines) == 4 and all(got), lines
     assert [int(m.group(1)) for m in got] == [1, 2, 3, 4]
-    assert got[-1].group(3) is None and all(m.group(3) for m in got[:-1])  # the last run: nothing left
+    # the first run: no pace yet; the last: nothing left
+    assert got[0].group(3) is None and got[-1].group(3) is None and all(m.group(3) for m in got[1:-1])
