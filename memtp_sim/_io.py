@@ -154,13 +154,28 @@ def _construct_unique_mapping(loader: Any, node: yaml.MappingNode, deep: bool = 
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:  # (a list or mapping as a key: the safe constructor's own error, which the check below preempted)
+            raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                    "found unhashable key", key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
 
+def _construct_timestamp(loader: Any, node: yaml.ScalarNode) -> Any:
+    # YAML 1.1 reads 2020-13-45 as a date, and datetime's ValueError named no line
+    try:
+        return yaml.constructor.SafeConstructor.construct_yaml_timestamp(loader, node)
+    except ValueError as e:
+        raise yaml.constructor.ConstructorError(None, None, f"{node.value!r} is not a date ({e})",
+                                                node.start_mark) from None
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
 # YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot and a signed exponent, so
 # `1e-3`, `5e6` and `1.0e5` were strings and a number field said "not a number" (a user's report).
 # Integers keep their own resolver, which is tried first.
@@ -179,9 +194,16 @@ def load_yaml(text: str) -> Any:
     float as in YAML 1.2).
 
     Raises:
-        yaml.YAMLError: the text is not valid YAML or repeats a key (callers name their file).
+        yaml.YAMLError: the text is not valid YAML or repeats a key (callers name their file); a
+            construction the parser's marks do not cover (nesting too deep for Python's stack, or
+            another constructor's ValueError or TypeError) as a plain ``yaml.YAMLError`` with its words.
     """
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+    except (ValueError, TypeError) as e:  # (the input's, raised by a constructor: every caller catches YAMLError)
+        raise yaml.YAMLError(str(e)) from None
 
 
 def yaml_error_text(e: yaml.YAMLError) -> str:
@@ -191,14 +213,16 @@ def yaml_error_text(e: yaml.YAMLError) -> str:
     what it was reading then, where that started elsewhere).
 
     Args:
-        e: a PyYAML error (a ``MarkedYAMLError`` carries the marks; others give only the words).
+        e: a PyYAML error (a ``MarkedYAMLError`` carries the marks; a reader's error, or a bare
+            ``yaml.YAMLError``, gives its words, with the position in them where it has one).
     """
     mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
     context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
     at = (lambda m: f"line {m.line + 1}, column {m.column + 1}")
     text = "not valid YAML" + (f" at {at(mark)}" if mark is not None else "")
-    if problem:
-        text += f": {' '.join(str(problem).split())}"
+    words = problem if problem else (str(e) if not hasattr(e, "problem") else "")  # (a reader's error, or a bare one)
+    if words:
+        text += f": {' '.join(str(words).split())}"
     if context and context_mark is not None and (mark is None or (context_mark.line, context_mark.column)
                                                  != (mark.line, mark.column)):
         text += f" ({' '.join(str(context).split())} at {at(context_mark)})"
@@ -256,9 +280,6 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
         raise error(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError:
         raise error(f"{path}: not a UTF-8 text file") from None
-    except yaml.constructor.ConstructorError as e:
-        line = f" at line {e.problem_mark.line + 1}" if e.problem_mark is not None else ""
-        raise error(f"{path}: {e.problem}{line}") from None
     except yaml.YAMLError as e:
         raise error(f"{path}: {yaml_error_text(e)}") from None
     if not isinstance(doc, dict):

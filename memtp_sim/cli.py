@@ -249,9 +249,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not root.exists():
         return _fail(f"{root}: no such folder; report takes the folder a study's results went to "
                      "(run writes them under --out, by default results/<study name>/)")
+    if not root.is_dir():
+        return _fail(f"{root}: a file; report takes the folder a study's results went to")
     if not (root / "study.json").is_file():
-        inside = sorted(d for d in root.iterdir() if (d / "study.json").is_file()) if root.is_dir() else []
-        if inside:  # the parent of study folders (results/)
+        inside = sorted(d for d in root.iterdir() if (d / "study.json").is_file())
+        if len(inside) == 1:  # the parent of study folders (results/)
+            return _fail(f"{root}: not a study folder, but it holds one: {inside[0]}; report that")
+        if inside:
             shown = ", ".join(str(d) for d in inside[:4]) + (f" (+{len(inside) - 4} more)" if len(inside) > 4 else "")
             return _fail(f"{root}: not a study folder, but it holds {len(inside)}: {shown}; report one of them")
         return _fail(f"{root}: no study.json here; this is not a study folder "
@@ -669,9 +673,9 @@ def _add_depth_parser(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--head-cost-gib", type=float, default=m.head_cost_gib,
                    help=f"memory one head takes, GiB (default {m.head_cost_gib:g})")
     d.add_argument("--r-low", type=float, default=m.r_low,
-                   help=f"coherence at or below which no head is funded (default {m.r_low:g})")
+                   help=f"coherence at or below which the gate is 0: the depth floor of 1 (default {m.r_low:g})")
     d.add_argument("--r-high", type=float, default=m.r_high,
-                   help=f"coherence at or above which every affordable head is funded (default {m.r_high:g})")
+                   help=f"coherence at or above which the gate is 1: every affordable head (default {m.r_high:g})")
     d.add_argument("--reserve-gib", type=float, default=0.0, help="--live: memory to keep free, GiB")
     d.add_argument("--json", action="store_true", help="print the telemetry as JSON")
     d.set_defaults(func=_cmd_depth)

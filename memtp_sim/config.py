@@ -317,7 +317,7 @@ class MemtpConfig(StrictModel):
     max_depth: PositiveInt = Field(MEMTP_DEFAULTS.max_depth, description="heads at most")
     head_cost_gib: PositiveFloat = Field(MEMTP_DEFAULTS.head_cost_gib,
                                          description="memory one head holds while alive (weights + buffers)")
-    r_low: float = Field(MEMTP_DEFAULTS.r_low, ge=0.0, le=1.0, description="coherence at or below which no head is funded")
+    r_low: float = Field(MEMTP_DEFAULTS.r_low, ge=0.0, le=1.0, description="coherence at or below which the gate is 0 (the depth falls to its floor of 1)")
     r_high: float = Field(MEMTP_DEFAULTS.r_high, ge=0.0, le=1.0,
                           description="coherence at or above which free memory is fully used")
     coherence_half_life_rounds: PositiveFloat = Field(

@@ -197,24 +197,36 @@ def test_the_floor_check_can_fail(tmp_path, bad):
     assert names and all(FLOOR_OF[_top(n)] > FLOOR_OF["hardware"] for n in names)
 
 
-#: Writers that take where to write, by name: (its keyword, its position). pandas' are methods of a
-#: frame; pyarrow's are functions (pq.write_table, or imported by name) and ParquetWriter.
-_FRAME_WRITERS = {"to_csv": ("path_or_buf", 0), "to_parquet": ("path", 0), "to_json": ("path_or_buf", 0),
-                  "to_feather": ("path", 0), "to_pickle": ("path", 0), "to_excel": ("excel_writer", 0),
-                  "to_hdf": ("path_or_buf", 0)}
+#: Writers that take where to write, by name: (its keyword, its position). pandas' and plotly's are
+#: methods (of a frame, of a figure); pyarrow's are functions (pq.write_table, or imported by name)
+#: and ParquetWriter; numpy's are np.save... (a method call of that name on anything is counted).
+_METHOD_WRITERS = {
+    "to_csv": ("path_or_buf", 0), "to_parquet": ("path", 0), "to_json": ("path_or_buf", 0), "to_feather": ("path", 0),
+    "to_pickle": ("path", 0), "to_excel": ("excel_writer", 0), "to_hdf": ("path_or_buf", 0), "to_html": ("buf", 0),
+    "to_orc": ("path", 0), "to_latex": ("buf", 0), "to_markdown": ("buf", 0), "to_string": ("buf", 0),
+    "to_xml": ("path_or_buffer", 0), "to_stata": ("path", 0),
+    "write_html": ("file", 0), "write_image": ("file", 0), "write_json": ("file", 0),
+    "save": ("file", 0), "savetxt": ("fname", 0), "savez": ("file", 0), "savez_compressed": ("file", 0)}
 _ARROW_WRITERS = {"write_table": ("where", 1), "write_csv": ("output_file", 1), "write_feather": ("dest", 1),
                   "write_to_dataset": ("root_path", 1), "write_dataset": ("base_dir", 1),
-                  "ParquetWriter": ("where", 0)}
+                  "write_metadata": ("where", 1), "ParquetWriter": ("where", 0)}
+_ARROW_WRITERS_BY_METHOD = {"write_table", "write_csv", "write_feather", "write_to_dataset", "write_dataset",
+                            "write_metadata", "ParquetWriter"}
+
+
+def _writes_mode(modes: list[ast.AST]) -> bool:
+    return any(isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax+") for m in modes)
 
 
 def _direct_writes(tree: ast.AST) -> list[int]:
     """Lines that write a file other than through memtp_sim._io's atomic writers: Path.write_text /
-    write_bytes, open() in a writing mode, a DataFrame's to_csv / to_parquet / to_json (...) or
-    pyarrow's write_table / write_csv / ParquetWriter (...) given where to write, by position or
-    keyword (a buffer named buf... is fine: its bytes then go through the atomic writer)."""
-    # pyarrow's writers imported by name (from pyarrow.parquet import write_table); a bare call of
-    # another name (the project's own write_csv) is not one
-    arrow_names = {a.asname or a.name for node in ast.walk(tree)
+    write_bytes, open() or ZipFile() in a writing mode, a frame's to_csv / to_parquet / to_json
+    (...), a figure's write_html (...), np.save (...), or pyarrow's write_table / write_csv /
+    ParquetWriter (...) given where to write, by position or keyword (a buffer named buf... is
+    fine: its bytes then go through the atomic writer; None writes nowhere)."""
+    # pyarrow's writers imported by name, under their own name or another (from pyarrow.csv import
+    # write_csv as wcsv); a bare call of another name (the project's own write_csv) is not one
+    arrow_names = {a.asname or a.name: a.name for node in ast.walk(tree)
                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pyarrow")
                    for a in node.names}
     out = []
@@ -222,24 +234,28 @@ def _direct_writes(tree: ast.AST) -> list[int]:
         if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Attribute, ast.Name)):
             continue
         attr = isinstance(node.func, ast.Attribute)
-        name = node.func.attr if attr else node.func.id
+        name = node.func.attr if attr else arrow_names.get(node.func.id, node.func.id)
         if name in ("write_text", "write_bytes"):
             out.append(node.lineno)
-        elif name == "open":
+        elif name in ("open", "ZipFile"):
             modes = [a for a in node.args[1:2]] + [k.value for k in node.keywords if k.arg == "mode"]
-            if attr and node.args[:1] and not isinstance(node.func.value, ast.Name):
+            if name == "open" and attr and node.args[:1] and not isinstance(node.func.value, ast.Name):
                 modes = [node.args[0]] + modes  # Path(...).open("w")
-            elif attr:
+            elif name == "open" and attr:
                 modes = list(node.args[:1]) + modes  # path.open("w")
-            if any(isinstance(m, ast.Constant) and isinstance(m.value, str) and set(m.value) & set("wax")
-                   for m in modes):
+            into_buffer = name == "ZipFile" and node.args[:1] and isinstance(node.args[0], ast.Name) \
+                and node.args[0].id.startswith("buf")  # (a zip built in memory)
+            if _writes_mode(modes) and not into_buffer:
                 out.append(node.lineno)
-        elif (name in _FRAME_WRITERS and attr) or (name in _ARROW_WRITERS and (attr or name in arrow_names)):
-            keyword, pos = _FRAME_WRITERS.get(name) or _ARROW_WRITERS[name]
+        elif (name in _METHOD_WRITERS and attr) or (name in _ARROW_WRITERS and (
+                (attr and name in _ARROW_WRITERS_BY_METHOD) or (not attr and node.func.id in arrow_names))):
+            keyword, pos = _ARROW_WRITERS[name] if name in _ARROW_WRITERS else _METHOD_WRITERS[name]
             where = next((k.value for k in node.keywords if k.arg == keyword), None)
             if where is None and len(node.args) > pos:
                 where = node.args[pos]
-            if where is not None and not (isinstance(where, ast.Name) and where.id.startswith("buf")):
+            if where is None or (isinstance(where, ast.Constant) and where.value is None):
+                continue  # (returns the text, or writes nowhere)
+            if not (isinstance(where, ast.Name) and where.id.startswith("buf")):
                 out.append(node.lineno)
     return out
 
@@ -256,11 +272,14 @@ def test_every_file_the_package_writes_goes_through_the_atomic_writers():
 
 
 @pytest.mark.parametrize("src", [
-    'Path("x").write_text("a")', 'open(p, "w")', 'p.open("a")', 'df.to_csv(path)', 'df.to_parquet("r.parquet")',
-    'df.to_parquet(path="r.parquet")', 'pq.write_table(t, "r.parquet")', 'pq.write_table(t, where="r.parquet")',
-    'pq.write_table(t, pq_path)', 'pyarrow.csv.write_csv(t, path)', 'pq.ParquetWriter("r.parquet", schema)',
+    'Path("x").write_text("a")', 'open(p, "w")', 'p.open("a")', 'open(p, "r+")', 'zipfile.ZipFile(p, "w")',
+    'df.to_csv(path)', 'df.to_parquet("r.parquet")', 'df.to_parquet(path="r.parquet")', 'df.to_html(path)',
+    'df.to_xml(path_or_buffer=p)', 'fig.write_html(path)', 'np.save(path, a)', 'np.savetxt(fname=p, X=a)',
+    'pq.write_table(t, "r.parquet")', 'pq.write_table(t, where="r.parquet")', 'pq.write_table(t, pq_path)',
+    'pyarrow.csv.write_csv(t, path)', 'pq.ParquetWriter("r.parquet", schema)', 'pq.write_metadata(schema, p)',
     'pyarrow.feather.write_feather(t, dest=p)', 'pq.write_to_dataset(t, root_path="d")',
-    'from pyarrow.parquet import write_table\nwrite_table(t, "r.parquet")'])
+    'from pyarrow.parquet import write_table\nwrite_table(t, "r.parquet")',
+    'from pyarrow.csv import write_csv as wcsv\nwcsv(t, path)'])
 def test_the_atomic_write_check_can_fail(src):
     assert _direct_writes(ast.parse(src)) == [src.count("\n") + 1]
 
@@ -269,5 +288,7 @@ def test_the_atomic_write_check_passes_buffers_and_other_calls():
     # buffers whose bytes go through the atomic writers; a frame's text returned; the project's own
     # write_csv (not pyarrow's); reading
     src = ("df.to_csv(buf, index=False); text = df.to_csv(index=False); open(p); p.open(); spec.to_json()\n"
-           "pq.write_table(t, buf_pq); pq.write_table(t, where=buf); write_csv(path, rows); pq.read_table(p)")
+           "pq.write_table(t, buf_pq); pq.write_table(t, where=buf); write_csv(path, rows); pq.read_table(p)\n"
+           "df.to_csv(None, index=False); fig.to_html(full_html=False); zipfile.ZipFile(p); open(p, 'rb')\n"
+           "zipfile.ZipFile(buf, 'w')")
     assert _direct_writes(ast.parse(src)) == []

@@ -440,6 +440,40 @@ def test_a_yaml_syntax_error_says_what_and_where(tmp_path, capsys, text, needles
                      *needles)
 
 
+@pytest.mark.parametrize("text, needles", [
+    # review: these came out as tracebacks (exit 1): datetime's and the unique-key check's own errors
+    ("a: 2020-13-45\n", ["at line 1, column 4: '2020-13-45' is not a date (month must be in 1..12)"]),
+    ("2020-02-30: 1\n", ["at line 1, column 1: '2020-02-30' is not a date"]),
+    ("? [1, 2]\n: 3\n", ["at line 1, column 3: found unhashable key (while constructing a mapping at line 1"]),
+    ("{[1]: 2}\n", ["found unhashable key"]),
+    ("a: b\x00c\n", ["not valid YAML: unacceptable character #x0000"]),  # (the reader's own words, once lost)
+    ("a: 1\na: 2\n", ["at line 2, column 1: key 'a' is given twice"]),
+    ("a: !foo 1\n", ["at line 1, column 4: could not determine a constructor for the tag '!foo'"]),
+])
+def test_yaml_the_parser_reads_but_cannot_build_is_one_line(tmp_path, capsys, text, needles):
+    study = tmp_path / "s.yaml"
+    study.write_text(text)
+    _one_line_exit_2(["run", str(study), "--out", str(tmp_path / "out")], capsys, f"{study}: not valid YAML",
+                     *needles)
+
+
+def test_load_yaml_turns_what_a_constructor_raises_into_a_yaml_error(monkeypatch):
+    # nesting deeper than Python's stack (PyYAML's own parser; libyaml stops at 1,000 levels with a
+    # marked error) and any other constructor's ValueError or TypeError: every caller catches YAMLError
+    import yaml
+
+    from memtp_sim._io import load_yaml, yaml_error_text
+
+    for raised, words in ((RecursionError("deep"), "nested too deeply"), (ValueError("bad value"), "bad value"),
+                          (TypeError("bad type"), "bad type")):
+        def boom(*_a, raised=raised, **_k):
+            raise raised
+        monkeypatch.setattr(yaml, "load", boom)
+        with pytest.raises(yaml.YAMLError) as e:
+            load_yaml("a: 1")
+        assert yaml_error_text(e.value) == f"not valid YAML: {words}"
+
+
 def test_a_yaml_syntax_error_in_a_profile_or_a_cost_table_says_what_and_where(tmp_path):
     # the same words wherever a YAML file is read (they said only the error's class name there)
     from memtp_sim.errors import CalibrationError
@@ -464,3 +498,7 @@ def test_report_on_a_missing_folder_or_on_the_folder_above_the_studies(tmp_path,
         (tmp_path / name / "study.json").write_text("{}")
     _one_line_exit_2(["report", str(tmp_path)], capsys, "not a study folder, but it holds 2:",
                      str(tmp_path / "load"), str(tmp_path / "memtp"), "report one of them")
+    (tmp_path / "memtp" / "study.json").unlink()
+    _one_line_exit_2(["report", str(tmp_path)], capsys, f"holds one: {tmp_path / 'load'}; report that")
+    (tmp_path / "notes.txt").write_text("x")
+    _one_line_exit_2(["report", str(tmp_path / "notes.txt")], capsys, "notes.txt: a file; report takes the folder")

@@ -217,7 +217,7 @@ def _memtp(v: dict[str, Any]) -> html.Details:
         _field("head cost (GiB)", dcc.Input(id="memtp-head-cost", value=v["memtp-head-cost"], step="any", **_NUM),
                "memtp-head-cost"),
         _field("r_low", dcc.Input(id="memtp-r-low", value=v["memtp-r-low"], step="any", **_NUM), "memtp-r-low",
-               "coherence at or below which no head is funded"),
+               "coherence at or below which the depth falls to its floor of 1"),
         _field("r_high", dcc.Input(id="memtp-r-high", value=v["memtp-r-high"], step="any", **_NUM), "memtp-r-high",
                "coherence at or above which all free memory funds heads"),
     ])
