@@ -123,7 +123,7 @@ from .config import (
     read_config_yaml,
 )
 from .errors import ConfigError, InvalidArgumentError
-from .metrics import METRIC_NAMES, is_overloaded
+from .metrics import METRIC_NAMES, bound_never_holds, is_overloaded
 
 __all__ = [
     "SLO",
@@ -230,18 +230,10 @@ def _parse_term(text: str, whole: str) -> SLOTerm:
                                    "(any name of memtp_sim.metrics.METRIC_NAMES)")
     if not math.isfinite(bound):
         raise InvalidArgumentError(f"SLO {whole!r}: bound of {metric} must be a finite number")
-    if op == "<=" and bound < 0:
-        raise InvalidArgumentError(f"SLO {whole!r}: {metric} <= {bound:g} can never hold ({metric} is never "
-                                   "negative); give a bound >= 0")
-    if op == ">=" and bound > 1 and _is_fraction(metric):
-        raise InvalidArgumentError(f"SLO {whole!r}: {metric} >= {bound:g} can never hold ({metric} is a fraction "
-                                   "in [0, 1]); give a bound <= 1")
+    why = bound_never_holds(metric, op, bound)
+    if why is not None:
+        raise InvalidArgumentError(f"SLO {whole!r}: {why}")
     return SLOTerm(metric, op, bound)
-
-
-def _is_fraction(metric: str) -> bool:
-    """Whether ``metric`` is a fraction in [0, 1] (``*_frac``, ``acceptance_rate``, ``auc_mean``)."""
-    return metric.endswith("_frac") or metric in ("acceptance_rate", "auc_mean")
 
 
 @dataclass(frozen=True)

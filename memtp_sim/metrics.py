@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 from .confidence import _auc_rows, _ece_rows, reliability_curve, survival_calibration
 from .engine import FINISHED, REJECTED, EngineState
 
-__all__ = ["RunResult", "compute_metrics", "METRIC_NAMES"]
+__all__ = ["RunResult", "compute_metrics", "METRIC_NAMES", "bound_never_holds"]
 
 #: Every scalar metric a run reports (what tuning objectives and constraints may name).
 METRIC_NAMES: tuple[str, ...] = (
@@ -83,6 +83,22 @@ METRIC_NAMES: tuple[str, ...] = (
     "offered_load_ratio_late", "extrapolated_cost_frac", "mean_kv_read_tokens", "overhead_time_frac",
     "ece_raw_mean", "ece_mean", "auc_mean",
 )
+
+
+def bound_never_holds(metric: str, op: str, bound: float) -> str | None:
+    """Why ``metric op bound`` can hold for no run, or None: every metric here is a count, a
+    time, a rate or a size, never negative, and ``*_frac``, ``acceptance_rate`` and ``auc_mean``
+    are fractions in [0, 1] (the SLO terms of ``capacity`` and the constraints of ``tune``).
+
+    Args:
+        metric: a name of :data:`METRIC_NAMES` (or the capacity metric, a rate); op: ``"<="`` or
+            ``">="``; bound: the bound, in the metric's units.
+    """
+    if op == "<=" and bound < 0:
+        return f"{metric} <= {bound:g} can never hold ({metric} is never negative); give a bound >= 0"
+    if op == ">=" and bound > 1 and (metric.endswith("_frac") or metric in ("acceptance_rate", "auc_mean")):
+        return f"{metric} >= {bound:g} can never hold ({metric} is a fraction in [0, 1]); give a bound <= 1"
+    return None
 
 
 def _pcts(x: np.ndarray, qs: tuple[float, ...]) -> list[float]:

@@ -36,7 +36,7 @@ from pydantic import (
 from ..capacity import SLO
 from ..config import Scenario, StrictModel
 from ..errors import InvalidArgumentError
-from ..metrics import METRIC_NAMES
+from ..metrics import METRIC_NAMES, bound_never_holds
 
 __all__ = [
     "CAPACITY_METRIC",
@@ -364,6 +364,15 @@ class MetricConstraint(StrictModel):
         return v
 
     _known = field_validator("metric")(_known_metric)
+
+    @model_validator(mode="after")
+    def _can_hold(self) -> "MetricConstraint":
+        # a bound no run can meet (capacity refuses the same SLO terms): every trial would be
+        # infeasible, and "run more trials" could not help
+        why = bound_never_holds(self.metric, self.op, self.value)
+        if why is not None:
+            raise ValueError(why)
+        return self
 
     @property
     def label(self) -> str:

@@ -293,3 +293,21 @@ def test_a_base_gamma_the_memtp_ensemble_replaces_is_refused():
         parse_tune_spec(doc, source="t.yaml")
     doc["base"]["policy"] = {"name": "dspark"}
     parse_tune_spec(doc, source="t.yaml")
+
+
+@pytest.mark.parametrize("constraint, says", [
+    ("num_rejected <= -1", "constraints.0: num_rejected <= -1 can never hold (num_rejected is never negative)"),
+    ({"metric": "acceptance_rate", "op": ">=", "value": 1.5},
+     "constraints.0: acceptance_rate >= 1.5 can never hold (acceptance_rate is a fraction in [0, 1])"),
+    ("wasted_verify_frac >= 2", "constraints.0: wasted_verify_frac >= 2 can never hold"),
+])
+def test_a_constraint_no_run_can_meet_is_refused_at_load(tmp_path, capsys, constraint, says):
+    """Before: every trial ran, then "no feasible trial ... run more trials", which could never help;
+    capacity refused the same bound as an SLO term (one rule for both: metrics.bound_never_holds)."""
+    path = _write(tmp_path, tiny_doc(constraints=[constraint]))
+    rc = main(["tune", str(path), "--out", str(tmp_path / "results"), "--quiet"])
+    _assert_one_line_error(rc, capsys.readouterr().err, says, starts=f"error: {path}: ")
+    assert not (tmp_path / "results").exists()
+    # the bounds at the edge hold for some run, and stay allowed
+    for fine in ("num_rejected <= 0", "acceptance_rate >= 1", "tok_per_s_user_p10 >= 1e+06"):
+        assert MetricConstraint.model_validate(fine).label == fine
