@@ -502,3 +502,14 @@ def test_report_on_a_missing_folder_or_on_the_folder_above_the_studies(tmp_path,
     _one_line_exit_2(["report", str(tmp_path)], capsys, f"holds one: {tmp_path / 'load'}; report that")
     (tmp_path / "notes.txt").write_text("x")
     _one_line_exit_2(["report", str(tmp_path / "notes.txt")], capsys, "notes.txt: a file; report takes the folder")
+
+
+@pytest.mark.parametrize("given, needles", [
+    # fresh user: a scenario said "missing field 'measurements'", a CSV "expected a mapping at the top level"
+    (REPO / "scenarios" / "h200-colocated.yaml", ["this is a scenario, not a hardware profile", "capacity"]),
+    (REPO / "studies" / "load.yaml", ["this is a study, not a hardware profile", "memtp_sim run"]),
+    (REPO / "calibration" / "gfx1151" / "measurements.csv",
+     ["not a hardware profile (a YAML file)", "calibrate import", "--format"]),
+])
+def test_calibrate_check_given_another_kind_of_file_says_what_it_is(capsys, given, needles):
+    _one_line_exit_2(["calibrate", "check", str(given), "--out", "/nonexistent-never-written"], capsys, *needles)

@@ -34,9 +34,9 @@ from plotly.subplots import make_subplots
 from pydantic import ValidationError
 
 from .._html import HtmlPage, escape
-from .._io import atomic_write_bytes, atomic_write_text, check_writable_dir
+from .._io import atomic_write_bytes, atomic_write_text, check_writable_dir, read_yaml
 from ..api import run
-from ..config import Scenario, format_validation_error, load_scenario
+from ..config import Scenario, format_validation_error, load_scenario, read_config_yaml, yaml_kind
 from ..errors import CalibrationError, ConfigError, MemtpSimError
 from ..hardware import HardwareProfile, calibration_dir, load_profile
 from ..hardware import fidelity as hf
@@ -617,6 +617,33 @@ def _summary_lines(fid: hf.Fidelity, sens: Sensitivity | None) -> list[str]:
     return out
 
 
+def _refuse_other_kinds(arg: str) -> None:
+    """A file ``calibrate check`` was given that is not a hardware profile, refused in one line
+    that says what it is and where it goes: a measurements table (imported first) or another
+    kind of YAML (:func:`memtp_sim.config.read_config_yaml`'s words). A profile's name, or a
+    file that is no kind the keys tell, is left to :func:`load_profile`.
+
+    Raises:
+        CalibrationError: a table of measurements, or a YAML of another kind.
+    """
+    p = Path(arg)
+    if not p.is_file():
+        return
+    if p.suffix.lower() not in (".yaml", ".yml"):
+        raise CalibrationError(f"{p}: not a hardware profile (a YAML file); a table of measurements is imported into "
+                               f"one first: python -m memtp_sim calibrate import {p} --format FORMAT -o "
+                               "calibration/<chip>/<name>.yaml")
+    try:
+        kind = yaml_kind(read_yaml(p))
+    except ConfigError:
+        return  # (not readable as YAML: load_profile's own line says why)
+    if kind not in (None, "hardware profile"):
+        try:
+            read_config_yaml(p, "hardware profile")  # (it refuses another kind, in its words)
+        except ConfigError as e:
+            raise CalibrationError(str(e)) from None
+
+
 def cli_check(args: Any) -> int:
     """``python -m memtp_sim calibrate check PROFILE [--out DIR] [--scenario FILE] [--quick]``.
 
@@ -634,6 +661,7 @@ def cli_check(args: Any) -> int:
         CalibrationError: the profile does not load (the CLI prints one line and exits 2).
         ConfigError: the scenario does not load, or ``--out`` cannot be written.
     """
+    _refuse_other_kinds(args.profile)
     profile = load_profile(args.profile)
     fid = hf.check_profile(profile)
     plan = (plan_from_scenario(args.scenario, profile, quick=args.quick) if args.scenario
