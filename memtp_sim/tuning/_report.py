@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["write_tune_report"]
 
 
-def write_tune_report(study: optuna.Study, spec: TuneSpec, path: str | Path) -> Path:
+def write_tune_report(study: optuna.Study, spec: TuneSpec, path: str | Path, *, storage: str | None = None) -> Path:
     """Write a self-contained HTML report with Optuna's own plots.
 
     Pareto front (feasible trials; infeasible ones grey, never on the front; 2 or 3 objectives),
@@ -38,6 +38,8 @@ def write_tune_report(study: optuna.Study, spec: TuneSpec, path: str | Path) -> 
         study: the study.
         spec: its tune spec.
         path: output HTML file (written atomically).
+        storage: the study's storage URL (password masked), named on the page: studies of one
+            name in two storages write their reports to the same folder.
 
     Returns:
         ``path``.
@@ -56,7 +58,8 @@ def write_tune_report(study: optuna.Study, spec: TuneSpec, path: str | Path) -> 
     page.add_paragraph(
         f"Objectives: {', '.join(f'{o.direction} {o.metric}' for o in spec.objectives)}; "
         f"constraints: {'; '.join(c.label for c in spec.constraints) or 'none'}; "
-        f"tuning seeds {spec.seeds} (common random numbers, mean per trial).")
+        f"tuning seeds {spec.seeds} (common random numbers, mean per trial)."
+        + (f" Study storage: {storage}." if storage else ""))
     feas = feasible_trials(study)
     n_complete = len([t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"])
     if len(spec.objective_names) in (2, 3) and n_complete:

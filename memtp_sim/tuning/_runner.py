@@ -225,6 +225,9 @@ def run_tune(
     states = dict(collections.Counter(t.state.name.lower() for t in mine))
     outcome = TuneOutcome(spec.name, mask_url(url), n_trials, complete, len(mine), stale, codes, {}, None, elapsed,
                           ran_states=states, notes=[note] if note is not None else [])
+    shared = _shared_results_note(spec.name, out_dir, storage_url)
+    if shared is not None and report and not outcome.short:
+        outcome.notes.append(shared)
     zero = zero_capacity_warning(spec, trials)
     if zero is not None:
         outcome.warnings.append(zero)
@@ -233,8 +236,22 @@ def run_tune(
     if validate and spec.validation.top_k > 0:
         outcome.validation = _validate_top(study, spec, out_dir)
     if report:
-        outcome.report = write_tune_report(study, spec, Path(out_dir) / spec.name / "report.html")
+        outcome.report = write_tune_report(study, spec, Path(out_dir) / spec.name / "report.html",
+                                           storage=mask_url(url))
     return outcome
+
+
+def _shared_results_note(name: str, out_dir: str | Path, storage_url: str | None) -> str | None:
+    """What a tune with ``--storage`` writes over: ``<out_dir>/<name>/`` may also hold a study of
+    the same name in its default storage (``optuna.db`` there), whose report.html and
+    validation.json this run's now replace (the study itself stays in its storage)."""
+    default = default_storage_url(name, out_dir)
+    folder = Path(out_dir) / name
+    if storage_url is None or mask_url(storage_url) == mask_url(default) or not (folder / "optuna.db").exists():
+        return None
+    return (f"{folder}/ also holds a study {name!r} in its default storage ({mask_url(default)}): its report.html "
+            f"and validation.json now describe the study in {mask_url(storage_url)} (the report names its storage; "
+            "give --out another folder to keep both)")
 
 
 def _run_in_process(spec: TuneSpec, study: optuna.Study, remaining: int, existing: int, n_trials: int,

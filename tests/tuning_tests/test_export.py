@@ -258,22 +258,22 @@ def test_bad_trial_numbers(tuned, capsys):
 
 def test_no_feasible_trial(tmp_path, capsys):
     doc = _doc("infeasible")
-    doc["constraints"] = ["num_rejected <= -1"]
+    doc["constraints"] = ["num_completed >= 1000"]  # (possible in principle, out of these trials' reach)
     doc["validation"] = {"top_k": 0, "num_seeds": 2}
     spec_path = tmp_path / "infeasible.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
     rc = main(["tune", str(spec_path), "--out", str(tmp_path), "--n-trials", "2", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "no feasible trial: none of the 2 complete trials meets the constraints (num_rejected <= -1)" in out
+    assert "no feasible trial: none of the 2 complete trials meets the constraints (num_completed >= 1000)" in out
     assert "export:" not in out  # no export hint that could only fail
     rc, _, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm")
     _one_line_error(rc, err, "meets the constraints", "--trial N")
     rc, stdout, err = _export(capsys, tmp_path, "--study", "infeasible", "--format", "vllm", "--trial", "1")
     assert rc == 0, err  # an infeasible trial can still be exported by number: a warning, then the file
     lines = err.strip().splitlines()
-    assert lines[0] == ("warning: trial 1 is infeasible: num_rejected <= -1: num_rejected = 0, over by 1 (mean "
-                        "over tuning seeds 0, 1); writing it anyway, as asked")
+    assert lines[0] == ("warning: trial 1 is infeasible: num_completed >= 1000: num_completed = 24, short by 976 "
+                        "(mean over tuning seeds 0, 1); writing it anyway, as asked")
     assert len(lines) == 1  # vLLM's dspark method runs this trial's drafter and policy (no other warning)
     path = tmp_path / "infeasible" / "export" / "infeasible-trial1.vllm.json"
     assert stdout.strip() == str(path)

@@ -14,7 +14,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def test_infeasible_trials_kept_but_not_on_front(tmp_path):
-    spec = parse_tune_spec(tiny_doc("infeas", constraints=["num_rejected <= -1"]))
+    spec = parse_tune_spec(tiny_doc("infeas", constraints=["num_completed >= 1000"]))
     url = f"sqlite:///{tmp_path / 'i.db'}"
     out = run_tune(spec, storage_url=url, n_trials=3, out_dir=tmp_path, report=True)
     assert out.complete == 3 and out.validation == {}

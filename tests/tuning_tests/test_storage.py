@@ -319,3 +319,20 @@ def test_readers_never_create_a_storage(tmp_path, kind):
     # the writer (tune) still creates it
     open_storage(url)
     assert target.is_file()
+
+
+def test_a_study_in_another_storage_says_it_replaces_the_reports_of_the_default_one(tmp_path, capsys):
+    # fresh user: `tune --storage journal:...` rewrote results/<name>/report.html and validation.json
+    # of the study in results/<name>/optuna.db, and nothing showed which storage the report was of
+    spec, out = _write(tmp_path, tiny_doc("same")), tmp_path / "results"
+    assert main(["tune", str(spec), "--out", str(out), "--n-trials", "2", "--quiet"]) == 0
+    first = capsys.readouterr().err
+    assert "also holds a study" not in first  # the default storage's own report: nothing to say
+    page = (out / "same" / "report.html").read_text()
+    assert f"Study storage: sqlite:///{out / 'same' / 'optuna.db'}." in page
+    journal = f"journal://{tmp_path / 'other.log'}"
+    assert main(["tune", str(spec), "--out", str(out), "--n-trials", "2", "--quiet", "--storage", journal]) == 0
+    said = capsys.readouterr()
+    note = [ln for ln in (said.out + said.err).splitlines() if "also holds a study 'same'" in ln]
+    assert len(note) == 1 and f"now describe the study in {journal}" in note[0], said
+    assert f"Study storage: {journal}." in (out / "same" / "report.html").read_text()
