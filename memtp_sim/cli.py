@@ -377,15 +377,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     def on_progress(done: int, total: int) -> None:
         if not args.quiet and done != last[0]:
-            print(f"  [{done}/{total}] trials complete", file=sys.stderr, flush=True)
+            # (a resumed study may hold more than asked: it runs none)
+            print(f"  [{done}/{total}] trials complete" if done <= total else
+                  f"  {done} trials complete, {total} asked: none to run", file=sys.stderr, flush=True)
             last[0] = done
 
     out = run_tune(spec, storage_url=args.storage, n_trials=args.n_trials, workers=args.workers, out_dir=args.out,
                    validate=not args.no_validate, on_progress=on_progress)
     if out.stale_failed:
         print(f"resume: marked FAIL the RUNNING trial(s) {out.stale_failed} of dead workers", file=sys.stderr)
-    print(f"{spec.name}: {out.complete}/{out.requested} complete trials ({out.started_note()}; "
-          f"{out.elapsed_s:.1f} s) in {out.storage_url}")
+    held = (f"{out.complete}/{out.requested} complete trials" if out.complete <= out.requested
+            else f"{out.complete} complete trials ({out.requested} asked)")
+    print(f"{spec.name}: {held} ({out.started_note()}; {out.elapsed_s:.1f} s) in {out.storage_url}")
     for message in out.notes:
         print(f"note: {message}", file=sys.stderr)
     if out.short:

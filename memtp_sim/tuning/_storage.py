@@ -356,9 +356,9 @@ def open_study(spec: TuneSpec, storage: optuna.storages.BaseStorage, *, create: 
                               f"paths ({moved}); its trials and export "
                               "read the files where they were: tune from there, or give the tune spec a new name")
         if diff:
-            raise ConfigError(f"{spec.source}: {diff[0]}: does not match study {spec.name!r} in storage (tuned with a "
-                              f"different {', '.join(diff)}); resume with the same spec or give the tune spec a "
-                              "new name")
+            raise ConfigError(f"{spec.source}: {diff[0]}: does not match study {spec.name!r} in storage (its "
+                              f"{', '.join(diff)} differ{'s' if len(diff) == 1 else ''}); resume with the same spec "
+                              "or give the tune spec a new name")
     theirs_dirs = [d.name.lower() for d in study.directions]
     if theirs_dirs != spec.directions:
         raise ConfigError(f"{spec.source}: objectives: study {spec.name!r} in storage has directions "

@@ -94,7 +94,7 @@ def test_errors_after_loading_name_the_file(tmp_path, capsys):
     doc["search_space"]["policy.gamma"]["high"] = 5
     path = _write(tmp_path, doc)
     rc = main(["tune", str(path), "--storage", url, "--quiet"])
-    _assert_one_line_error(rc, capsys.readouterr().err, "different search_space", "new name",
+    _assert_one_line_error(rc, capsys.readouterr().err, "(its search_space differs)", "new name",
                            starts=f"error: {path}: search_space: ")
     spec = parse_tune_spec(tiny_doc(), source="my.yaml")
     with pytest.raises(ConfigError) as e:  # numpy scalars (what a sampler might hand over) are written plainly

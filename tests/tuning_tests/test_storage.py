@@ -50,7 +50,7 @@ def test_resume_refuses_a_changed_spec(tmp_path):
     open_study(spec, open_storage(url))
     doc = tiny_doc("changed")
     doc["search_space"]["policy.gamma"]["high"] = 5
-    with pytest.raises(ConfigError, match="different search_space"):
+    with pytest.raises(ConfigError, match=r"\(its search_space differs\)"):
         open_study(parse_tune_spec(doc), open_storage(url))
 
 
@@ -71,7 +71,7 @@ def test_resume_from_a_copied_tree_says_the_input_paths_moved(tmp_path):
                                           "tune spec a new name$"):
         open_study(parse_tune_spec(doc), open_storage(url))
     doc["base"]["workload"]["num_requests"] = 7  # another base, not only a path: the general message
-    with pytest.raises(ConfigError, match="tuned with a different base"):
+    with pytest.raises(ConfigError, match=r"\(its base differs\)"):
         open_study(parse_tune_spec(doc), open_storage(url))
 
 def test_resume_refuses_changed_input_files(tmp_path, capsys):
@@ -336,3 +336,14 @@ def test_a_study_in_another_storage_says_it_replaces_the_reports_of_the_default_
     note = [ln for ln in (said.out + said.err).splitlines() if "also holds a study 'same'" in ln]
     assert len(note) == 1 and f"now describe the study in {journal}" in note[0], said
     assert f"Study storage: {journal}." in (out / "same" / "report.html").read_text()
+
+
+def test_a_study_holding_more_trials_than_asked_says_so(tmp_path, capsys):
+    # fresh user: resuming with fewer trials than the study holds printed "[101/60] trials complete"
+    spec, out = _write(tmp_path, tiny_doc("more")), tmp_path / "results"
+    assert main(["tune", str(spec), "--out", str(out), "--n-trials", "3", "--no-validate"]) == 0
+    capsys.readouterr()
+    assert main(["tune", str(spec), "--out", str(out), "--n-trials", "2", "--no-validate"]) == 0
+    said = capsys.readouterr()
+    assert "  3 trials complete, 2 asked: none to run" in said.err and "[3/2]" not in said.err
+    assert "more: 3 complete trials (2 asked) (none started now; " in said.out
