@@ -292,3 +292,19 @@ def test_calibrate_check_refuses_an_unwritable_out_before_running(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and not ran
     assert err[-1].startswith("error:") and "cannot write results here" in err[-1] and "--out" in err[-1]
+
+
+def test_the_printed_loo_table_states_no_error_for_a_curve_of_fewer_than_three_points():
+    # fresh user: a 2-point imported profile printed a mean LOO error of 3313.6% beside the note
+    # that leave-one-out needs at least 3 points (each point left out is extrapolated from one)
+    from memtp_sim.report.fidelity import _summary_lines
+
+    t = _table([1, 512], [20.0, 600.0], below_min="flat")
+    loo = hf.leave_one_out(t, "verify")
+    summary = hf.loo_summary(loo)
+    assert summary["num_points"].iloc[0] == 2 and summary["mean_abs_error"].iloc[0] > 1  # the meaningless number
+    fid = hf.Fidelity("two", "two.yaml", loo, summary, hf.cliff_errors({"verify": t}, loo), pd.DataFrame(),
+                      ["verify: 2 measured point(s); leave-one-out needs at least 3"])
+    row = next(line for line in _summary_lines(fid, None) if line.strip().startswith("verify"))
+    assert row.split() == ["verify", "2", str(summary["num_refused"].iloc[0]), "-", "-", "-", "-"]
+    assert "%" not in row

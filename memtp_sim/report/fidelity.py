@@ -596,6 +596,9 @@ def _summary_lines(fid: hf.Fidelity, sens: Sensitivity | None) -> list[str]:
     out = [f"{fid.name}  ({fid.path})", "leave-one-out error of the cost lookup (each measured point left out):",
            f"  {'curve':8} {'points':>6} {'refused':>7} {'mean|err|':>9} {'interior':>8} {'max|err|':>8}  at B"]
     for s in fid.summary.itertuples():
+        if s.num_points < 3:  # each point left out is then extrapolated from the others: no error to state
+            out.append(f"  {s.curve:8} {s.num_points:>6} {s.num_refused:>7} {'-':>9} {'-':>8} {'-':>8}  -")
+            continue
         b = "-" if not np.isfinite(s.b_at_max) else str(int(s.b_at_max))
         out.append(f"  {s.curve:8} {s.num_points:>6} {s.num_refused:>7} {_abs_pct(s.mean_abs_error, 9)} "
                    f"{_abs_pct(s.interior_mean_abs_error, 8)} {_abs_pct(s.max_abs_error, 8)}  {b}")
