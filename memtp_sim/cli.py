@@ -241,25 +241,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .report import load_results, write_report  # lazy: pandas + plotly; keep --help fast
+    from .study import not_a_study_folder
 
     root = Path(args.study_dir)
     if root.is_file() and root.suffix.lower() in (".yaml", ".yml"):  # the study, not its results
         return _fail(f"{root}: a study file; report takes the folder its results went to (run writes them "
                      "under --out, by default results/<study name>/)")
-    if not root.exists():
-        return _fail(f"{root}: no such folder; report takes the folder a study's results went to "
-                     "(run writes them under --out, by default results/<study name>/)")
-    if not root.is_dir():
-        return _fail(f"{root}: a file; report takes the folder a study's results went to")
-    if not (root / "study.json").is_file():
-        inside = sorted(d for d in root.iterdir() if (d / "study.json").is_file())
-        if len(inside) == 1:  # the parent of study folders (results/)
-            return _fail(f"{root}: not a study folder, but it holds one: {inside[0]}; report that")
-        if inside:
-            shown = ", ".join(str(d) for d in inside[:4]) + (f" (+{len(inside) - 4} more)" if len(inside) > 4 else "")
-            return _fail(f"{root}: not a study folder, but it holds {len(inside)}: {shown}; report one of them")
-        return _fail(f"{root}: no study.json here; this is not a study folder "
-                     "(run one first: python -m memtp_sim run STUDY.yaml)")
+    why = not_a_study_folder(root)
+    if why is not None:
+        return _fail(why)
     try:
         print(write_report(root))
     except MemtpSimError as e:  # the reader's own line names the file (e.g. an unreadable study.json)

@@ -750,6 +750,35 @@ def _study_meta(study: Study, specs: list[RunSpec], source: str) -> dict[str, An
     }
 
 
+def not_a_study_folder(root: str | Path) -> str | None:
+    """Why ``root`` is not a study's results folder, in words that say where to look instead, or
+    None where it holds a ``study.json`` (``report`` and the dashboard's Study page ask).
+
+    Returns:
+        ``"<root>: no such folder; ..."``, ``"<root>: a file; ..."``, a tuning study's folder
+        (``optuna.db``: its own page and commands), the parent of study folders (``results/``:
+        names them), or ``"<root>: no study.json here; ..."``.
+    """
+    root = Path(root)
+    if (root / "study.json").is_file():
+        return None
+    where = "report takes the folder a study's results went to (run writes them under --out, by default results/<study name>/)"
+    if not root.exists():
+        return f"{root}: no such folder; {where}"
+    if not root.is_dir():
+        return f"{root}: a file; {where}"
+    if (root / "optuna.db").is_file() or (root / "validation.json").is_file():
+        return (f"{root}: a tuning study's folder, not a study's: its report is {root / 'report.html'} (the dashboard's "
+                "Tuning page shows it; python -m memtp_sim export writes its configs)")
+    inside = sorted(d for d in root.iterdir() if (d / "study.json").is_file())
+    if len(inside) == 1:
+        return f"{root}: not a study folder, but it holds one: {inside[0]}; report that"
+    if inside:
+        shown = ", ".join(str(d) for d in inside[:4]) + (f" (+{len(inside) - 4} more)" if len(inside) > 4 else "")
+        return f"{root}: not a study folder, but it holds {len(inside)}: {shown}; report one of them"
+    return f"{root}: no study.json here; this is not a study folder (run one first: python -m memtp_sim run STUDY.yaml)"
+
+
 def collect_runs(root: str | Path) -> tuple[pd.DataFrame, dict[str, dict[str, Any]], dict[str, str]]:
     """Rebuild a study's results from its run folders (never from ``runs.csv``, which is a copy).
 
@@ -762,9 +791,13 @@ def collect_runs(root: str | Path) -> tuple[pd.DataFrame, dict[str, dict[str, An
         study that has no verified result (failed, not run yet, or damaged).
 
     Raises:
-        ConfigError: ``study.json`` is missing or unreadable.
+        ConfigError: not a study folder (:func:`not_a_study_folder` says why), or ``study.json``
+            is unreadable.
     """
     root = Path(root)
+    why = not_a_study_folder(root)
+    if why is not None:
+        raise ConfigError(why)
     try:
         meta = json.loads((root / "study.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:

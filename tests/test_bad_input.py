@@ -502,6 +502,25 @@ def test_report_on_a_missing_folder_or_on_the_folder_above_the_studies(tmp_path,
     _one_line_exit_2(["report", str(tmp_path)], capsys, f"holds one: {tmp_path / 'load'}; report that")
     (tmp_path / "notes.txt").write_text("x")
     _one_line_exit_2(["report", str(tmp_path / "notes.txt")], capsys, "notes.txt: a file; report takes the folder")
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "optuna.db").write_bytes(b"")
+    _one_line_exit_2(["report", str(tmp_path / "tune")], capsys, "a tuning study's folder, not a study's",
+                     "Tuning page", "export")
+
+
+def test_the_dashboards_study_page_says_what_a_folder_is_not_to_rebuild_it(tmp_path):
+    # fresh user: /etc or results/tune on the Study page said "study.json is missing or unreadable
+    # (FileNotFoundError); run the study again to rebuild it"
+    from memtp_sim.errors import ConfigError
+    from memtp_sim.report import load_results
+
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "validation.json").write_text("{}")
+    for folder, says in ((tmp_path, "no study.json here; this is not a study folder"),
+                         (tmp_path / "tune", "a tuning study's folder"), (tmp_path / "gone", "no such folder")):
+        with pytest.raises(ConfigError) as e:
+            load_results(folder)
+        assert says in str(e.value) and "rebuild" not in str(e.value)
 
 
 @pytest.mark.parametrize("given, needles", [
