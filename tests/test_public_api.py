@@ -67,6 +67,23 @@ def test_import_and_help_load_no_heavy_dependency():
         memtp_sim.not_a_name  # noqa: B018
 
 
+def test_the_tuning_package_loads_neither_scipy_nor_optuna():
+    """``tune`` and ``export`` validate their input before anything needs scipy or optuna: the
+    tuning package imported scipy.stats at its top (0.7 s), so a typo in a tune spec took 1.9 s to
+    report (fresh user), and every export paid it."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, json, memtp_sim.tuning; "
+            "print(json.dumps(sorted(m for m in ('scipy', 'optuna') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+    from memtp_sim.tuning import t_confidence_interval
+
+    assert t_confidence_interval([1.0, 3.0])["half_width"] == pytest.approx(12.706204736 * 1.0)  # t(0.975, 1) s/sqrt(2)
+
+
 def test_every_submodule_is_an_attribute_after_a_bare_import():
     """``import memtp_sim`` then ``memtp_sim.<submodule>.X`` works for every public submodule (the docs
     write ``memtp_sim.metrics.METRIC_NAMES``), whatever was touched first: the lazy loader

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats  # memtp_sim.confidence already imports scipy.stats: no extra import cost
 
 from .._io import atomic_write_text
 from ._evaluation import evaluate
@@ -50,6 +49,8 @@ def t_confidence_interval(values: Sequence[float], level: float = 0.95) -> dict[
     n = int(finite.size)
     mean = float(finite.mean()) if n else float("nan")
     if n >= 2:
+        from scipy import stats  # lazy: 0.7 s to import, which every tune and export command paid at start
+
         sd = float(finite.std(ddof=1))
         half = float(stats.t.ppf(0.5 + level / 2.0, n - 1)) * sd / math.sqrt(n)
     else:
