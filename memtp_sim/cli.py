@@ -350,19 +350,24 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     except ValueError as e:
         return _fail(_name_flags(str(e), {"max_batch_tokens": "--max-batch-tokens"}))
     print(f"lengths={r.lengths.tolist()} batch_tokens={r.batch_tokens} tau={r.tau:.4f} theta={r.theta:.4f}")
+    if sps is None:  # (the scheduler priced the passes with the shipped default profile's curve)
+        from .hardware import load_profile
+
+        print(f"(pass costs: the {load_profile(None).name} profile's verify curve; --sps B=SPS,... gives your own)",
+              file=sys.stderr)
     return 0
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     import shlex
 
-    import optuna  # lazy: only this command needs optuna (~0.1 s at startup)
-
-    # lazy: tuning imports scipy.stats and optuna (~1 s); --help and the other commands never need them
+    # lazy: the tuning package's config models (~0.5 s); --help and the other commands never need them
     from .tuning import constraint_failures, default_storage_url, load_tune_spec, open_storage, run_tune, top_trials
 
+    spec = load_tune_spec(args.spec)  # (a bad spec is reported before optuna loads)
+    import optuna  # lazy: only this command needs optuna (~0.15 s)
+
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    spec = load_tune_spec(args.spec)
     last = [-1]
 
     def on_progress(done: int, total: int) -> None:

@@ -150,6 +150,17 @@ def test_schedule_with_a_cap(capsys):
     assert "lengths=[1, 0] batch_tokens=3" in capsys.readouterr().out
 
 
+def test_schedule_says_whose_pass_costs_it_used(capsys):
+    # fresh user: without --sps it did not say which profile priced the passes
+    from memtp_sim.hardware import load_profile
+
+    assert main(["schedule", "0.9,0.8", "0.7"]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith("lengths=") and f"the {load_profile(None).name} profile's verify curve" in said.err
+    assert main(["schedule", "0.9,0.8", "--sps", "1=1.0,2=0.5,3=0.45"]) == 0
+    assert capsys.readouterr().err == ""  # its own curve: nothing to say
+
+
 def test_report_on_a_folder_that_is_not_a_study(tmp_path, capsys):
     (tmp_path / "runs.csv").write_text("")
     _one_line_exit_2(["report", str(tmp_path)], capsys, "study.json")
