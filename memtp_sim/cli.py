@@ -241,7 +241,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .report import load_results, write_report  # lazy: pandas + plotly; keep --help fast
-    from .study import not_a_study_folder
+    from .study import not_a_study_folder  # lazy: pandas, as the line above
 
     root = Path(args.study_dir)
     if root.is_file() and root.suffix.lower() in (".yaml", ".yml"):  # the study, not its results
@@ -351,7 +351,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         return _fail(_name_flags(str(e), {"max_batch_tokens": "--max-batch-tokens"}))
     print(f"lengths={r.lengths.tolist()} batch_tokens={r.batch_tokens} tau={r.tau:.4f} theta={r.theta:.4f}")
     if sps is None:  # (the scheduler priced the passes with the shipped default profile's curve)
-        from .hardware import load_profile
+        from .hardware import load_profile  # lazy: only this message reads a profile
 
         print(f"(pass costs: the {load_profile(None).name} profile's verify curve; --sps B=SPS,... gives your own)",
               file=sys.stderr)
