@@ -208,9 +208,11 @@ def load_yaml(text: str) -> Any:
 
 def yaml_error_text(e: yaml.YAMLError) -> str:
     """What is wrong with a YAML text, for a one-line error after its file's name: ``not valid YAML
-    at line 38, column 1: expected ',' or '}', but got '<block end>' (while parsing a flow mapping
-    at line 37, column 3)``, as much of it as the parser gave (its problem, where it found it, and
-    what it was reading then, where that started elsewhere).
+    at line 2, column 1: found character that cannot start any token``, with what the parser was
+    reading and where that began when elsewhere: first for a flow collection or a quoted scalar
+    (``not valid YAML while parsing a flow mapping at line 37, column 3: expected ',' or '}', but
+    got '<block end>' at line 38, column 1``: the unclosed bracket or quote is the mistake), else in
+    parentheses after the problem.
 
     Args:
         e: a PyYAML error (a ``MarkedYAMLError`` carries the marks; a reader's error, or a bare
@@ -219,13 +221,17 @@ def yaml_error_text(e: yaml.YAMLError) -> str:
     mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
     context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
     at = (lambda m: f"line {m.line + 1}, column {m.column + 1}")
-    text = "not valid YAML" + (f" at {at(mark)}" if mark is not None else "")
     words = problem if problem else (str(e) if not hasattr(e, "problem") else "")  # (a reader's error, or a bare one)
-    if words:
-        text += f": {' '.join(str(words).split())}"
+    words = " ".join(str(words).split())
+    text = "not valid YAML" + (f" at {at(mark)}" if mark is not None else "") + (f": {words}" if words else "")
     if context and context_mark is not None and (mark is None or (context_mark.line, context_mark.column)
                                                  != (mark.line, mark.column)):
-        text += f" ({' '.join(str(context).split())} at {at(context_mark)})"
+        context = " ".join(str(context).split())
+        if "flow" in context or "quoted" in context:
+            # where it began first: an unclosed { [ ' " is the mistake, found only lines later
+            found = f" at {at(mark)}" if mark is not None else ""
+            return f"not valid YAML {context} at {at(context_mark)}: {words}{found}"
+        text += f" ({context} at {at(context_mark)})"
     return text
 
 

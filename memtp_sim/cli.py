@@ -349,7 +349,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
                                             max_batch_tokens=args.max_batch_tokens)
     except ValueError as e:
         return _fail(_name_flags(str(e), {"max_batch_tokens": "--max-batch-tokens"}))
-    print(f"lengths={r.lengths.tolist()} batch_tokens={r.batch_tokens} tau={r.tau:.4f} theta={r.theta:.4f}")
+    print(f"lengths={r.lengths.tolist()} batch_tokens={r.batch_tokens} tau={r.tau:.4f} (tokens the pass is expected "
+          f"to emit, all requests) theta={r.theta:.4f} tok/s (tau over the pass's time)")
     if sps is None:  # (the scheduler priced the passes with the shipped default profile's curve)
         from .hardware import load_profile  # lazy: only this message reads a profile
 

@@ -770,6 +770,9 @@ def not_a_study_folder(root: str | Path) -> str | None:
     if (root / "optuna.db").is_file() or (root / "validation.json").is_file():
         return (f"{root}: a tuning study's folder, not a study's: its report is {root / 'report.html'} (the dashboard's "
                 "Tuning page shows it; python -m memtp_sim export writes its configs)")
+    above = next((p for p in root.resolve().parents if (p / "study.json").is_file()), None)
+    if above is not None:  # (runs/, or a run's folder)
+        return f"{root}: inside the study folder {above}; report that"
     inside = sorted(d for d in root.iterdir() if (d / "study.json").is_file())
     if len(inside) == 1:
         return f"{root}: not a study folder, but it holds one: {inside[0]}; report that"

@@ -437,8 +437,9 @@ def test_a_long_list_of_failed_runs_says_how_many_it_leaves_out(capsys):
 @pytest.mark.parametrize("text, needles", [
     # an unclosed flow mapping: where the parser stopped, what it expected, and where the mapping began
     # (libyaml's and PyYAML's own parser word the problem differently: the needles hold for both)
-    ("name: t\npolicies:\n  - {name: mtp1\nseeds: [0]\n", ["at line 4, column ", "expected ',' or '}'",
-                                                         "(while parsing a flow mapping at line 3, column 5)"]),
+    # (where the mapping opened comes first: the mistake is there, and the parser finds it a line on)
+    ("name: t\npolicies:\n  - {name: mtp1\nseeds: [0]\n", [
+        "not valid YAML while parsing a flow mapping at line 3, column 5: ", "expected ',' or '}'", " at line 4, column "]),
     ("name: t\n\tseeds: [0]\n", ["at line 2, column 1: found "]),  # a tab
     ("name: a: b\n", ["at line 1, column 8", "mapping values are not allowed"]),
 ])
@@ -456,6 +457,7 @@ def test_a_yaml_syntax_error_says_what_and_where(tmp_path, capsys, text, needles
     ("a: 2020-13-45\n", ["at line 1, column 4: '2020-13-45' is not a date (month must be in 1..12)"]),
     ("2020-02-30: 1\n", ["at line 1, column 1: '2020-02-30' is not a date"]),
     ("? [1, 2]\n: 3\n", ["at line 1, column 3: found unhashable key (while constructing a mapping at line 1"]),
+    ("a: 'never closed\nb: 1\n", ["not valid YAML while scanning a quoted scalar at line 1, column 4: "]),
     ("{[1]: 2}\n", ["found unhashable key"]),
     ("a: b\x00c\n", ["not valid YAML: unacceptable character #x0000"]),  # (the reader's own words, once lost)
     ("a: 1\na: 2\n", ["at line 2, column 1: key 'a' is given twice"]),
@@ -496,8 +498,8 @@ def test_a_yaml_syntax_error_in_a_profile_or_a_cost_table_says_what_and_where(tm
     for read in (lambda: load_profile(bad), lambda: import_measurements(bad, "table")):
         with pytest.raises(CalibrationError) as e:
             read()
-        assert f"{bad}: not valid YAML at line 3, column 1" in str(e.value)
-        assert "while parsing a flow" in str(e.value) and "\n" not in str(e.value)
+        assert f"{bad}: not valid YAML while parsing a flow" in str(e.value)
+        assert str(e.value).endswith(" at line 3, column 1") and "\n" not in str(e.value)
 
 
 def test_report_on_a_missing_folder_or_on_the_folder_above_the_studies(tmp_path, capsys):
@@ -513,6 +515,10 @@ def test_report_on_a_missing_folder_or_on_the_folder_above_the_studies(tmp_path,
     _one_line_exit_2(["report", str(tmp_path)], capsys, f"holds one: {tmp_path / 'load'}; report that")
     (tmp_path / "notes.txt").write_text("x")
     _one_line_exit_2(["report", str(tmp_path / "notes.txt")], capsys, "notes.txt: a file; report takes the folder")
+    (tmp_path / "load" / "runs" / "r1").mkdir(parents=True)  # (fresh user: runs/ said "run one first")
+    for inner in ("runs", "runs/r1"):
+        _one_line_exit_2(["report", str(tmp_path / "load" / inner)], capsys,
+                         f"inside the study folder {(tmp_path / 'load').resolve()}; report that")
     (tmp_path / "tune").mkdir()
     (tmp_path / "tune" / "optuna.db").write_bytes(b"")
     _one_line_exit_2(["report", str(tmp_path / "tune")], capsys, "a tuning study's folder, not a study's",
