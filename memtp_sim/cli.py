@@ -172,11 +172,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"  {line}")
         for note in rejection_notes(res) + overload_notes(res) + extrapolation_notes(res):
             print(f"warning: {note}", file=sys.stderr)
-        parts = ([f"{out.num_ran} ran now", f"{out.num_reused} reused from an earlier run"] if out.num_reused else []) \
+        parts = ([f"{out.num_ran} ran now", f"{out.num_reused} reused"] if out.num_reused else []) \
             + ([f"{len(out.failed)} failed"] if out.failed else [])
         ran = f" ({', '.join(parts)})" if parts else ""
+        # (two lines: one ran past a 110-column terminal with a resumed study's counts)
         print(f"\n{n_runs} run{'' if n_runs == 1 else 's'}{ran} in {elapsed:.1f} s; results in {root}/ (every metric: "
-              f"runs.csv); report: {report}")
+              f"runs.csv)\nreport: {report}")
     if out.failed:
         _print_failed(out.failed, n_runs, "run the same command again")
         return 1
@@ -399,7 +400,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     study = optuna.load_study(study_name=spec.name, storage=storage)
     best = top_trials(study, spec, 1)
     for num, rec in sorted(out.validation.items()):
-        tag = " (best)" if best and num == best[0].number else ""
+        # (export's default: best by the tuning seeds' means, which the fresh seeds below may order otherwise)
+        tag = " (best on the tuning seeds: export's default)" if best and num == best[0].number else ""
         vals = ", ".join(f"{m} {rec['metrics'][m]['mean']:.2f} ± {rec['metrics'][m]['half_width']:.2f}"
                          for m in spec.objective_names if m in rec["metrics"])
         fails = constraint_failures(spec, rec["constraint_values"],

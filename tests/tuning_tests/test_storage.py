@@ -347,3 +347,13 @@ def test_a_study_holding_more_trials_than_asked_says_so(tmp_path, capsys):
     said = capsys.readouterr()
     assert "  3 trials complete, 2 asked: none to run" in said.err and "[3/2]" not in said.err
     assert "more: 3 complete trials (2 asked) (none started now; " in said.out
+
+
+def test_the_trial_export_takes_is_marked_best_on_the_tuning_seeds(tmp_path, capsys):
+    # fresh user: "(best)" sat on a trial whose fresh-seed mean was below another's, with no word
+    # that best means best on the tuning seeds (what export picks by default)
+    spec, out = _write(tmp_path, tiny_doc("marked")), tmp_path / "results"
+    assert main(["tune", str(spec), "--out", str(out), "--n-trials", "3"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  trial ")]
+    marked = [ln for ln in lines if "(best on the tuning seeds: export's default)" in ln]
+    assert lines and len(marked) == 1 and "(fresh seeds, 95% CI)" in marked[0]
