@@ -245,9 +245,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .study import not_a_study_folder  # lazy: pandas, as the line above
 
     root = Path(args.study_dir)
-    if root.is_file() and root.suffix.lower() in (".yaml", ".yml"):  # the study, not its results
-        return _fail(f"{root}: a study file; report takes the folder its results went to (run writes them "
-                     "under --out, by default results/<study name>/)")
     why = not_a_study_folder(root)
     if why is not None:
         return _fail(why)

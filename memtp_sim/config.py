@@ -1227,12 +1227,22 @@ def read_config_yaml(path: str | Path, expected: str) -> dict[str, Any]:
     if Path(path).is_dir():
         raise ConfigError(f"{path}: is a directory, not a {expected} file; give the YAML file, e.g. {example}")
     doc = read_yaml(path, what=f"a mapping at the top level ({keys})")
-    kind = yaml_kind(doc)
-    if kind is not None and kind != expected:
-        advice = _KINDS[kind][2].format(path=path)
-        raise ConfigError(f"{path}: this is {_a(kind)} {kind}, not {_a(expected)} {expected} (whose top level has "
-                          f"{keys}, e.g. {example}); {advice}")
+    why = other_kind(path, doc, expected)
+    if why is not None:
+        raise ConfigError(why)
     return doc
+
+
+def other_kind(path: str | Path, doc: Any, expected: str) -> str | None:
+    """Why the parsed YAML ``doc`` of ``path`` is not the kind ``expected`` (a key of the kinds
+    :func:`yaml_kind` tells apart), or None where its keys say it is, or say nothing: ``"<path>:
+    this is a study, not a hardware profile (whose top level has ...); run it with ..."``."""
+    kind = yaml_kind(doc)
+    if kind is None or kind == expected:
+        return None
+    keys, example, _ = _KINDS[expected]
+    return (f"{path}: this is {_a(kind)} {kind}, not {_a(expected)} {expected} (whose top level has {keys}, e.g. "
+            f"{example}); {_KINDS[kind][2].format(path=path)}")
 
 
 def load_study(path: str | Path) -> Study:

@@ -806,7 +806,7 @@ class Engine:
         kv = self.kv
         if self._kernels is None or type(kv) is not KVCacheManager:
             return None
-        if any(name in vars(kv) or getattr(KVCacheManager, name) is not fn for name, fn in _KV_OWN.items()):
+        if any(_replaced(kv, name, fn) for name, fn in _KV_OWN.items()):
             return None
         return self._kernels
 

@@ -766,7 +766,8 @@ def not_a_study_folder(root: str | Path) -> str | None:
     if not root.exists():
         return f"{root}: no such folder; {where}"
     if not root.is_dir():
-        return f"{root}: a file; {where}"
+        what = "a study file" if root.suffix.lower() in (".yaml", ".yml") else "a file"  # (the study, not its results)
+        return f"{root}: {what}; {where}"
     if (root / "optuna.db").is_file() or (root / "validation.json").is_file():
         return (f"{root}: a tuning study's folder, not a study's: its report is {root / 'report.html'} (the dashboard's "
                 "Tuning page shows it; python -m memtp_sim export writes its configs)")

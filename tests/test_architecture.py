@@ -210,8 +210,6 @@ _METHOD_WRITERS = {
 _ARROW_WRITERS = {"write_table": ("where", 1), "write_csv": ("output_file", 1), "write_feather": ("dest", 1),
                   "write_to_dataset": ("root_path", 1), "write_dataset": ("base_dir", 1),
                   "write_metadata": ("where", 1), "ParquetWriter": ("where", 0)}
-_ARROW_WRITERS_BY_METHOD = {"write_table", "write_csv", "write_feather", "write_to_dataset", "write_dataset",
-                            "write_metadata", "ParquetWriter"}
 
 
 def _writes_mode(modes: list[ast.AST]) -> bool:
@@ -247,8 +245,7 @@ def _direct_writes(tree: ast.AST) -> list[int]:
                 and node.args[0].id.startswith("buf")  # (a zip built in memory)
             if _writes_mode(modes) and not into_buffer:
                 out.append(node.lineno)
-        elif (name in _METHOD_WRITERS and attr) or (name in _ARROW_WRITERS and (
-                (attr and name in _ARROW_WRITERS_BY_METHOD) or (not attr and node.func.id in arrow_names))):
+        elif (name in _METHOD_WRITERS and attr) or (name in _ARROW_WRITERS and (attr or node.func.id in arrow_names)):
             keyword, pos = _ARROW_WRITERS[name] if name in _ARROW_WRITERS else _METHOD_WRITERS[name]
             where = next((k.value for k in node.keywords if k.arg == keyword), None)
             if where is None and len(node.args) > pos:

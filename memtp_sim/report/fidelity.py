@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from .._html import HtmlPage, escape
 from .._io import atomic_write_bytes, atomic_write_text, check_writable_dir, read_yaml
 from ..api import run
-from ..config import Scenario, format_validation_error, load_scenario, read_config_yaml, yaml_kind
+from ..config import Scenario, format_validation_error, load_scenario, other_kind
 from ..errors import CalibrationError, ConfigError, MemtpSimError
 from ..hardware import HardwareProfile, calibration_dir, load_profile
 from ..hardware import fidelity as hf
@@ -623,7 +623,7 @@ def _summary_lines(fid: hf.Fidelity, sens: Sensitivity | None) -> list[str]:
 def _refuse_other_kinds(arg: str) -> None:
     """A file ``calibrate check`` was given that is not a hardware profile, refused in one line
     that says what it is and where it goes: a measurements table (imported first) or another
-    kind of YAML (:func:`memtp_sim.config.read_config_yaml`'s words). A profile's name, or a
+    kind of YAML (:func:`memtp_sim.config.other_kind`'s words). A profile's name, or a
     file that is no kind the keys tell, is left to :func:`load_profile`.
 
     Raises:
@@ -637,14 +637,12 @@ def _refuse_other_kinds(arg: str) -> None:
                                f"one first: python -m memtp_sim calibrate import {p} --format FORMAT -o "
                                "calibration/<chip>/<name>.yaml")
     try:
-        kind = yaml_kind(read_yaml(p))
+        doc = read_yaml(p)
     except ConfigError:
         return  # (not readable as YAML: load_profile's own line says why)
-    if kind not in (None, "hardware profile"):
-        try:
-            read_config_yaml(p, "hardware profile")  # (it refuses another kind, in its words)
-        except ConfigError as e:
-            raise CalibrationError(str(e)) from None
+    why = other_kind(p, doc, "hardware profile")
+    if why is not None:
+        raise CalibrationError(why)
 
 
 def cli_check(args: Any) -> int:
