@@ -672,12 +672,95 @@ cdef i64 _plain_apply_core(i64* ids, Py_ssize_t num, i64 rounds, i64* gen, i64* 
 
 
 
+cdef struct _Absorb:
+    # completions a block goes on past (a drafted or plain block's ``absorb``): the kind of what each
+    # sets off, Engine._finish's arrays, the list of them, and their users' submissions as mirrored
+    i64 kind, next_req, n, idle, remote
+    Py_ssize_t num
+    double think
+    double* fin_at
+    int8_t* status
+    i64* ids
+    double* at
+    double* prefill
+    char* refused
+
+
+cdef int _read_absorb(object absorb, Py_ssize_t size, i64 waiting, i64 remote, _Absorb* ab) except -1:
+    # a block's ``absorb`` argument (see drafted_block), checked; kind 0 where None
+    ab.kind, ab.num, ab.remote = 0, 0, remote
+    if absorb is None:
+        return 0
+    _check_fields(<tuple?>absorb, "absorb", 11)
+    ab.kind, ab.next_req, ab.n, ab.idle, ab.think = absorb[0], absorb[5], absorb[6], absorb[7], absorb[10]
+    if not (1 <= ab.kind <= 3 and 0 <= ab.next_req <= ab.n == size and ab.idle >= 0 and 0.0 <= ab.think < INFINITY):
+        raise ValueError(f"absorb: kind {ab.kind}, next request {ab.next_req} of {ab.n} ({size} requests), "
+                         f"{ab.idle} idle prefill GPUs and think time {ab.think} are not a completion path's")
+    if waiting != 0:
+        raise ValueError(f"absorb: {waiting} requests wait for admission (completions are absorbed only where none "
+                         "waits)")
+    ab.fin_at = _f64(_w(<cnp.ndarray?>absorb[1], "finished_at"), "finished_at", size)
+    _check_1d(<cnp.ndarray?>absorb[2], "status", cnp.NPY_INT8, "int8", size, True)
+    ab.status = <int8_t*>cnp.PyArray_DATA(_w(<cnp.ndarray>absorb[2], "status"))
+    ab.ids = _i64(_w(<cnp.ndarray?>absorb[3], "absorbed"), "absorbed", size)
+    ab.at = _f64(_w(<cnp.ndarray?>absorb[4], "absorbed_at"), "absorbed_at", size)
+    ab.prefill = _f64(<cnp.ndarray?>absorb[8], "prefill_s", size)
+    _check_1d(<cnp.ndarray?>absorb[9], "refused", cnp.NPY_BOOL, "bool", size, True)
+    ab.refused = <char*>cnp.PyArray_DATA(<cnp.ndarray>absorb[9])
+    return 0
+
+
+cdef i64 _absorb_round(_Absorb* ab, i64* fin, Py_ssize_t nf, double now, i64* blk, i64* ids, Py_ssize_t* num_run,
+                       double* next_event) noexcept nogil:
+    # the completions fin[:nf] of a round that ended at now, absorbed: Engine._finish's array work
+    # (finish time, status 3, KV blocks freed: returns how many), listed for the caller in order,
+    # removed from the running ids (in order, as list.remove), and their users' submissions
+    # mirrored (Engine._release_users): the next request not refused joins the remote prefill
+    # queue, or a free GPU takes it and its end is an event; a think time's end is one
+    cdef Py_ssize_t q, kept = 0
+    cdef i64 i, j, freed = 0
+    cdef double t
+    for q in range(nf):
+        i = fin[q]
+        ab.fin_at[i] = now
+        ab.status[i] = 3
+        freed += blk[i]
+        blk[i] = 0
+        ab.ids[ab.num] = i
+        ab.at[ab.num] = now
+        ab.num += 1
+        if ab.kind == 2:
+            while ab.next_req < ab.n:
+                j = ab.next_req
+                ab.next_req += 1
+                if ab.refused[j]:
+                    continue  # rejected as it arrives: it completes, and its user goes on
+                ab.remote += 1
+                if ab.idle > 0:
+                    ab.idle -= 1
+                    t = now + ab.prefill[j]
+                    if t < next_event[0]:
+                        next_event[0] = t
+                break
+        elif ab.kind == 3:
+            t = now + ab.think
+            if t < next_event[0]:
+                next_event[0] = t
+    for q in range(num_run[0]):
+        if ab.status[ids[q]] != 3:
+            ids[kept] = ids[q]
+            kept += 1
+    num_run[0] = kept
+    return freed
+
+
 def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarray kv_blocks not None,
                 cnp.ndarray output not None, cnp.ndarray generated not None, cnp.ndarray num_rounds not None,
                 i64 block_tokens, i64 capacity, i64 blocks_used, double now, double next_event, i64 ahead,
                 i64 max_rounds, i64 max_rows, tuple price not None, tuple checks not None, list rows not None,
                 tuple template not None, cnp.ndarray times not None, cnp.ndarray durations not None,
-                cnp.ndarray verify_s not None, cnp.ndarray blocks not None, cnp.ndarray finished not None):
+                cnp.ndarray verify_s not None, cnp.ndarray blocks not None, cnp.ndarray finished not None,
+                object absorb=None, object prices=None):
     """A block of plain rounds in one call (``Engine._plain_run``): :func:`plain_plan`, the round
     checks of ``Engine._check_pass`` on the block's extremes, :func:`plain_apply` and
     :func:`plain_rows` (the rows only for blocks of at most ``max_rows`` rounds; longer ones the
@@ -705,9 +788,20 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
         times: float64 out, ``(max_rounds + 1,)`` or longer; durations, verify_s: float64 out and
             blocks: int64 out, ``(max_rounds,)`` or longer (:func:`plain_plan`'s).
         finished: int64 out, ``(R,)`` or longer: ids that finished, in ``dec`` order.
+        absorb: None, or :func:`drafted_block`'s: a block of at most ``max_rows`` rounds that ends
+            where requests finish (not at ``next_event``, and with ``prices`` for the requests
+            left) goes on: the finished requests freed and listed (``absorb``'s arrays), the
+            template's queues (fields 4, 7, 11, 13, 25 and 28: decoding, batch, emitted, running,
+            remote prefill, extrapolated) and pricing then those of the requests left, for at most
+            ``max_rows`` rounds in all (``ahead`` and the KV cache as above). Its template's field
+            12 (waiting) must be 0.
+        prices: with ``absorb``, a list: ``Engine._plain_price``'s 9 fields at each batch size (an
+            entry that is not such a tuple stops the block at the completions, as without ``absorb``).
 
     Returns:
-        ``(code, rounds, kv_read_tokens, blocks_added, num_finished)``; code 0: not even one round
+        ``(code, rounds, kv_read_tokens, blocks_added, num_finished, absorbed)`` (the first pass's KV
+        read, the KV blocks after the block less before it, ``absorbed`` :func:`drafted_block`'s:
+        ``(num_absorbed, next_request, prefill_idle, num_remote_prefill)``, or None without ``absorb``); code 0: not even one round
         fits the KV cache (nothing done); 1: planned, but a round check may fail (the engine runs
         ``Engine._check_pass``, which raises); 2 and 3: applied, its rows written if ``rounds <=
         max_rows``, the last with the KV after the block before finished requests free theirs; 3:
@@ -739,32 +833,87 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
     cdef double held_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 22))
     cdef double head_load_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 24))
     cdef double overhead_s = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(template, 27))
-    cdef i64 rounds, kv_read = 0, added, j
-    rounds = _plain_plan_core(
-        ids, num, tok, out, gen, block_tokens, capacity, now, next_event, ahead, max_rounds,
-        0.0 + draft_s + overhead_s, <bint>price[0], PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 1)),
-        PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 2)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 3)),
-        PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 4)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 5)),
-        PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 6)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 7)),
-        buf.times, buf.durations, buf.verify_s, buf.blocks, &kv_read)
-    if rounds < 1:
-        return 0, 0, kv_read, 0, 0
-    # Engine._check_pass on the extremes (the KV peak is the last round's): any doubt, and
-    # that function decides (and raises) on the plan
-    if (num > PyLong_AsLongLong(<object>PyTuple_GET_ITEM(checks, 0))
-            or <double>buf.blocks[rounds - 1] * PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 1))
-            + held_gib
-            > PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 2)) + 1e-9
-            or not (draft_s >= 0.0 and overhead_s >= 0.0 and head_load_s >= 0.0)):
-        return 1, rounds, kv_read, 0, 0
-    for j in range(rounds):
-        if not (buf.verify_s[j] > 0.0 and buf.durations[j] < INFINITY):
-            return 1, rounds, kv_read, 0, 0
-    added = _plain_apply_core(ids, num, rounds, gen, nr, tok, blk, out, block_tokens, fin, &nf)
-    if rounds <= max_rows:
-        _plain_rows_core(rows, template, buf.times, buf.durations, buf.verify_s, buf.blocks, rounds,
-                         blocks_used + added, kv_read, num)
-    return (3 if next_event > buf.times[rounds] else 2), rounds, kv_read, added, nf
+    cdef i64 max_b = PyLong_AsLongLong(<object>PyTuple_GET_ITEM(checks, 0))
+    cdef double block_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 1))
+    cdef double fixed_gib = PyFloat_AsDouble(<object>PyTuple_GET_ITEM(checks, 2))
+    cdef _Absorb ab
+    _read_absorb(absorb, size, PyLong_AsLongLong(<object>PyTuple_GET_ITEM(template, 12)),
+                 PyLong_AsLongLong(<object>PyTuple_GET_ITEM(template, 25)), &ab)
+    if ab.kind and type(prices) is not list:
+        raise TypeError(f"prices: a list is required with absorb, got {type(prices).__name__}")
+    cdef i64* own = NULL
+    if ab.kind:  # the running ids as the absorbed completions leave them (the caller's array stays as given)
+        own = <i64*>PyMem_Malloc(num * sizeof(i64) + 1)
+        if own == NULL:
+            raise MemoryError()
+        memcpy(own, ids, num * sizeof(i64))
+        ids = own
+    cdef i64 rounds, kv_read = 0, kv_read0 = 0, added, j, total = 0, used = blocks_used, sub_max = max_rounds
+    cdef double now_s = now
+    cdef int code = 3
+    cdef object tmpl = template, nxt
+    cdef list fields
+    try:
+        while True:  # a sub-block: the block as without absorb, from the requests left
+            rounds = _plain_plan_core(
+                ids, num, tok, out, gen, block_tokens, capacity, now_s, next_event, ahead - total, sub_max,
+                0.0 + draft_s + overhead_s, <bint>price[0], PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 1)),
+                PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 2)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 3)),
+                PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 4)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 5)),
+                PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 6)), PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 7)),
+                buf.times + total, buf.durations + total, buf.verify_s + total, buf.blocks + total, &kv_read)
+            if total == 0:
+                kv_read0 = kv_read
+            if rounds < 1:
+                if total == 0:
+                    return 0, 0, kv_read, 0, 0, None
+                break  # (after absorbed completions: the caller's next block finds the same)
+            # Engine._check_pass on the extremes (the KV peak is the last round's): any doubt, and
+            # that function decides (and raises) on the plan
+            if (num > max_b or <double>buf.blocks[total + rounds - 1] * block_gib + held_gib > fixed_gib + 1e-9
+                    or not (draft_s >= 0.0 and overhead_s >= 0.0 and head_load_s >= 0.0)):
+                if total == 0:
+                    return 1, rounds, kv_read, 0, 0, None
+                break
+            for j in range(total, total + rounds):
+                if not (buf.verify_s[j] > 0.0 and buf.durations[j] < INFINITY):
+                    if total == 0:
+                        return 1, rounds, kv_read, 0, 0, None
+                    rounds = 0
+                    break
+            if rounds == 0:
+                break
+            added = _plain_apply_core(ids, num, rounds, gen, nr, tok, blk, out, block_tokens, fin, &nf)
+            used += added
+            total += rounds
+            code = 3 if next_event > buf.times[total] else 2
+            nxt = None
+            if ab.kind and nf and code == 3 and total <= max_rows and used <= capacity and num - nf >= 1:
+                nxt = <object>PyList_GET_ITEM(prices, num - nf) if num - nf < PyList_GET_SIZE(prices) else None
+                if not (type(nxt) is tuple and PyTuple_GET_SIZE(nxt) == 9):
+                    nxt = None
+            if nxt is not None:  # absorbed: freed before the sub-block's last row is written (its KV after)
+                used -= _absorb_round(&ab, fin, nf, buf.times[total], blk, ids, &num, &next_event)
+            if total <= max_rows:
+                _plain_rows_core(rows, tmpl, buf.times + total - rounds, buf.durations + total - rounds,
+                                 buf.verify_s + total - rounds, buf.blocks + total - rounds, rounds, used,
+                                 kv_read, num if nxt is None else num + nf)
+            if nxt is None:
+                break
+            nf = 0
+            price = <tuple>nxt
+            fields = list(tmpl)  # the requests left: their queues and pricing
+            fields[4] = fields[7] = fields[11] = fields[13] = num
+            fields[25] = ab.remote
+            fields[28] = price[8]
+            tmpl = tuple(fields)
+            now_s = buf.times[total]
+            sub_max = max_rows - total
+            if sub_max < 1 or ahead - total < 1:
+                break
+    finally:
+        PyMem_Free(own)
+    return code, total, kv_read0, used - blocks_used, nf, (ab.num, ab.next_req, ab.idle, ab.remote) if ab.kind else None
 
 
 cdef inline void _merge_front(double* sv, i64* sr, double* dv, i64* dr, Py_ssize_t i, Py_ssize_t ie,
@@ -2108,7 +2257,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                   cnp.ndarray conf not None, cnp.ndarray finished not None, object diag_raw, object diag_conf,
                   object diag_would, cnp.ndarray lengths_out not None, cnp.ndarray chunks_out not None,
                   cnp.ndarray crossing not None, object elastic=None, object tower=None, bint drafter_prefills=False,
-                  object control=None):
+                  object control=None, object absorb=None):
     """Run drafted rounds (``Engine._engine``'s round with ``policies.dspark.DSparkPolicy``, or one of
     the plans below; the ``always`` controller or a dynamic one, ``control``; the EWMA or tower
     coherence; a fixed depth or the elastic ensemble) one after another while nothing outside the
@@ -2222,6 +2371,21 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             it (the controller as it was: its answer stands once the round draws or is kept). A
             round of k 0 drafts nothing: a plain pass of the decode table, every request emits
             its bonus token. Each kept round that drafted updates the learning (``observe``).
+        absorb: None, or ``(kind, finished_at, status, absorbed, absorbed_at, next_request, num_requests,
+            prefill_idle, prefill_s, refused, think_s)``: a kept round (not crossing ``next_event``)
+            that finishes requests goes on instead of stopping the block: their finish time,
+            status 3 and KV blocks freed (``Engine._finish``'s array work: float64 and int8 ``(n,)``,
+            written), their ids and times listed in ``absorbed`` (int64) and ``absorbed_at``
+            (float64), ``(n,)`` out, for the caller to run each completion at its time
+            (``Engine._complete``), and the rounds after it without them. Only where nothing waits
+            for admission (a completion then changes no round but through its user's next
+            submission): ``kind`` 1, an open loop (a completion submits nothing); 2, closed-loop
+            users that go on at once to remote prefill GPUs: each completion submits request
+            ``next_request`` (the next not ``refused``, bool ``(n,)``: a refused one completes at
+            once, and its user goes on), which joins the remote prefill queue
+            (``num_remote_prefill`` + 1), or starts on one of the ``prefill_idle`` free GPUs and
+            ends ``prefill_s[j]`` (float64 ``(n,)``) later: a new event the block stops at; 3,
+            closed-loop users that think ``think_s`` s first: a new event that much later.
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
@@ -2235,7 +2399,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         history rows (plan 3); and the controller's ``(last_round, last_target, above_since,
         below_since, below_max_target)`` after them (-1 for None), or None without ``elastic``;
         and the tower's depth after them (None without ``tower``); and with ``control``,
-        ``(spec_on, state)`` after them (``state`` as given, empty for kind 1), else None.
+        ``(spec_on, state)`` after them (``state`` as given, empty for kind 1), else None; and with
+        ``absorb``, ``(num_absorbed, next_request, prefill_idle, num_remote_prefill)`` after them, else None.
 
     Raises:
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids;
@@ -2382,11 +2547,16 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             if not (c_every >= 1 and 0.0 <= c_fixed < INFINITY and c_since >= 0 and -1 <= c_acc_len <= c_depth):
                 raise ValueError(f"control: {control[8][:2]!r} and {control[9]!r} are not a probing controller's")
 
+    # completions absorbed (absorb): what each sets off, and the list of them
+    cdef _Absorb ab
+    _read_absorb(absorb, size, consts[0], consts[2], &ab)
+    cdef bint ab_new = False
+
     # scratch: offsets (N), noise and draws (N*L each), scan candidates (2*N*L), times (N*L + 1);
-    # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L)
+    # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L); with absorb the ids (N)
     cdef Py_ssize_t most = num_run * width
     cdef double* fbuf = <double*>PyMem_Malloc((5 * most + num_run + 1) * sizeof(double))
-    cdef i64* ibuf = <i64*>PyMem_Malloc((2 * most + 2 * num_run + 1) * sizeof(i64))
+    cdef i64* ibuf = <i64*>PyMem_Malloc((2 * most + 3 * num_run + 1) * sizeof(i64))
     cdef char* would = <char*>PyMem_Malloc(most) if dg_would != NULL else NULL
     if fbuf == NULL or ibuf == NULL or (dg_would != NULL and would == NULL):
         PyMem_Free(fbuf)
@@ -2400,6 +2570,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double* times = surv + 2 * most
     cdef i64* acc = ibuf
     cdef i64* picked = acc + num_run
+    if ab.kind:  # the running ids as the absorbed completions leave them (the caller's array stays as given)
+        memcpy(picked + 2 * most + num_run + 1, ids, num_run * sizeof(i64))
+        ids = picked + 2 * most + num_run + 1
 
     cdef int code = 0
     cdef bint had_prefill = False, extrapolated, across = False, use_noise = not oracle and noise_sd != 0.0
@@ -2753,6 +2926,12 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     c_acc[j] = c_rate if j == 0 else c_acc[j - 1] * c_rate
             if c_kind:
                 c_spec = k_r > 0  # Engine._pass_time: speculation on after a round that drafted
+            if nf and ab.kind and not across and blocks_used <= capacity:
+                # absorbed: Engine._finish's array work now (the row's KV after is the freed cache, as
+                # there), the completions listed for the caller, their users' submissions mirrored
+                blocks_used -= _absorb_round(&ab, fin, nf, now, blk, ids, &num_run, &next_event)
+                totals[3] = nf = 0
+                ab_new = True
             _append_row(rows, (start, duration, draft_s, vs, num, num_prefill, chunk_total, b, k_r, verify_tokens,
                                totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
                                theta_g, 0, 0, py_depth, coh, py_held_gib, py_capacity, 0.0, consts[2], kv_read,
@@ -2765,6 +2944,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             if nf or blocks_used > capacity:
                 code = 2  # requests finished (or the KV check fails): the caller frees them
                 break
+            if ab_new:  # the next rows' queues: fewer running, more in remote prefill
+                consts = (0, num_run, ab.remote)
+                ab_new = False
     finally:
         PyMem_Free(fbuf)
         PyMem_Free(ibuf)
@@ -2773,4 +2955,5 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             totals[3] if code == 2 or code == 3 else 0, diag_rows, num, num_pre, had_prefill, h0, h_len,
             (e_last, e_target, e_above, e_below, e_below_max) if is_elastic else None,
             tw_depth if tw_vals != NULL else None,
-            _control_state(c_kind, c_spec, c_k, c_ema, c_off, c_since, c_probing, c_acc_len))
+            _control_state(c_kind, c_spec, c_k, c_ema, c_off, c_since, c_probing, c_acc_len),
+            (ab.num, ab.next_req, ab.idle, ab.remote) if ab.kind else None)

@@ -230,6 +230,10 @@ def _same_numpy(kernels) -> bool:  # noqa: ANN001 - the kernels module
 
 
 _numpy_warned = False
+#: the functions a completion runs (Engine._finish's Python part and what it sets off): a drafted block
+#: goes on past completions (mirroring their effects) only where each is Engine's own
+_COMPLETION_PATH = ("_finish", "_complete", "_release_users", "_user_next", "_user_done", "_submit", "_reject",
+                    "_start_remote_prefill", "_prefill_time_s", "_price_prefill_s", "_count_in_system", "_enqueue")
 #: the drafted-block kernel's gate fields for a policy without a gate (it reads none of them)
 _NO_GATE = (False, 0.0, 0.0, -1, 0, 1)
 
@@ -584,6 +588,7 @@ class Engine:
         self._kernels = _compiled.active()
         self.kv.kernels = self._kernels
         self._plain_prices: dict[int, tuple | None] = {}
+        self._plain_prices_by_b: list = []  # the same as a list, for plain blocks' absorbed completions
         self._plain_fused: tuple | None = None  # _plain_block_inputs, set as the rounds start
         self._finished_after_wait: list[int] | None = None  # a drafted block's, freed after its last pass
         self._kv_kernels = None  # the kernels admission and completions use: _kv_kernels_if_own, as the rounds start
@@ -874,8 +879,7 @@ class Engine:
         listens, plain_ok = self._listens(), self._plain_blocks_possible()
         block, by_depth = self._drafted_setup()
         dynamic = by_depth is not None and self.control.dynamic  # a controller the kernel keeps (asked once a round)
-        self._plain_fused = self._plain_block_inputs() if plain_ok else None
-        self._kv_kernels = self._kv_kernels_if_own()
+        self._start_rounds(plain_ok)
         round_index = 0
         while self.num_done < self.n:
             busy = drafter.elastic and (self.running or self.waiting)
@@ -1008,7 +1012,7 @@ class Engine:
         if self._kernels is not None:
             price = self._plain_prices.get(num_dec, False)
             if price is False:
-                price = self._plain_prices[num_dec] = self._plain_price(num_dec)
+                price = self._plain_price_at(num_dec)
             if price is not None:
                 return self._plan_plain_block_compiled(dec, ahead, price)
         now, next_event = self.env.now, self.env.peek()
@@ -1048,6 +1052,17 @@ class Engine:
             return None
         return _PlainBlock(rounds, times[: rounds + 1], durations[:rounds], verify_s[:rounds], blocks[:rounds],
                            kv_read, draft_s, overhead_s, extrapolated)
+
+    def _plain_price_at(self, num_dec: int) -> tuple | None:
+        """:meth:`_plain_price` at ``num_dec``, priced once a run: kept by batch size in
+        ``_plain_prices`` and in the list ``_kernels.plain_block`` reads after a completion
+        (``absorb``; an entry is False until priced)."""
+        price = self._plain_prices[num_dec] = self._plain_price(num_dec)
+        by_b = self._plain_prices_by_b
+        if len(by_b) <= num_dec:
+            by_b.extend([False] * (num_dec + 1 - len(by_b)))
+        by_b[num_dec] = price
+        return price
 
     def _plain_price(self, num_dec: int) -> tuple | None:
         """The plain pass's pricing at B = ``num_dec`` for the compiled planner: (context term?,
@@ -1097,7 +1112,7 @@ class Engine:
         if fused is not None and len(self.running) == num_dec:
             price = self._plain_prices.get(num_dec, False)
             if price is False:
-                price = self._plain_prices[num_dec] = self._plain_price(num_dec)
+                price = self._plain_price_at(num_dec)
         if price is None:  # the planner and the block apart (the numpy engine, or numpy pricing)
             plan = self._plan_plain_block(dec, ahead)
             if plan is None:
@@ -1108,10 +1123,15 @@ class Engine:
         draft_s, overhead_s, checks = fused
         times, durations, verify_s, blocks, finished = self._scratch
         template = self._plain_template(num_dec, gamma, draft_s, overhead_s, head_load_s, price[8])
-        code, rounds, kv_read, added, num_fin = self._kernels.plain_block(
+        absorb = self._absorb_args(template[12:14] + template[25:26])
+        code, rounds, kv_read, added, num_fin, absorbed = self._kernels.plain_block(
             dec, kv.tokens, kv.blocks, self.output, self.generated, self.num_rounds, kv.block_tokens, kv.capacity,
             kv.blocks_used, env._now, env.peek(), ahead, _MAX_BLOCK_ROUNDS, log.SHORT_BLOCK, price, checks, log.rows,
-            template, times, durations, verify_s, blocks, finished)
+            template, times, durations, verify_s, blocks, finished, absorb, self._plain_prices_by_b)
+        if absorbed is not None and absorbed[0]:  # completions it went on past, each at its time (before
+            kv.blocks_used += added  # the wait for a last pass that crosses an event, which runs events after them)
+            added = 0
+            self._absorbed(absorbed)
         if code == 3:
             env._now = float(times[rounds])  # no event falls inside the block (SimPy's clock, as the round path moves it)
         elif code == 2:  # applied, its last round's pass runs across the next event: wait for its end
@@ -1395,7 +1415,7 @@ class Engine:
         control_args = (self._control_args(dec.size, gamma, gamma if first_k is None else first_k)
                         if self.control.dynamic else None)
         (code, rounds, now, blocks_used, gain, last_round, skipped, coh_value, coh_n, num_fin, diag_rows, num_dec,
-         num_pre, had_prefill, h0, h_len, ctl_state, tower_depth, control) = self._kernels.drafted_block(
+         num_pre, had_prefill, h0, h_len, ctl_state, tower_depth, control, absorbed) = self._kernels.drafted_block(
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
@@ -1403,7 +1423,8 @@ class Engine:
                                            gate.probe_every),
             coh_args, round_index, _MAX_BLOCK_ROUNDS, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, crossing,
-            None if ctl is None else self._elastic_args(ctl), tower, drafter.kind == "draft_model", control_args)
+            None if ctl is None else self._elastic_args(ctl), tower, drafter.kind == "draft_model", control_args,
+            self._absorb_args(consts))
         if control is not None:
             self._kept_control(*control, control_args)
         if ctl_state is not None:
@@ -1416,14 +1437,16 @@ class Engine:
         if diag_rows:
             self._kept_diag(diag, state, at, diag_rows)
         if rounds:
+            kv.blocks_used = blocks_used
+            if absorbed is not None and absorbed[0]:
+                self._absorbed(absorbed)
             # no event falls inside the rounds run but a crossing last one's pass: the clock at its
             # end, or at that round's start (SimPy's clock, as the round path moves it)
             self.env._now = now if code != 3 else float(crossing[0])
-            kv.blocks_used = blocks_used
             self._kept_coherence(coh_value, coh_n, tower, tower_depth)
             if control is None:  # (a dynamic controller's: as its rounds left it)
                 self._spec_on = True
-            if had_prefill:
+            if had_prefill and self._run_ids is not None:  # (None: completions went out of the run)
                 self._run_ids = (run, None)  # "all decode" may have become true
             if kv.blocks_used > kv.capacity:
                 kv.check("append")
@@ -1436,6 +1459,69 @@ class Engine:
         # copies: the round path keeps them (diagnostics) and the next block reuses the buffers
         return rounds, dec_ids[:num_dec].copy(), pre_ids[:num_pre].copy(), (
             probs[:num_dec].copy(), raw[:num_dec].copy(), conf[:num_dec].copy()), 0.0
+
+    def _start_rounds(self, plain_ok: bool) -> None:
+        # what the rounds use, decided as they start (after any patch or subclass has been applied):
+        # the plain blocks' fixed inputs, the admission and completion kernels, completions absorbed
+        self._plain_fused = self._plain_block_inputs() if plain_ok else None
+        self._kv_kernels = self._kv_kernels_if_own()
+        self._absorb = self._absorb_setup()
+
+    def _absorb_setup(self) -> tuple | None:
+        """What drafted blocks need to go on past completions (``_kernels.drafted_block``'s
+        ``absorb``): the kind of what a completion sets off (1: nothing, an open loop; 2: its user
+        submits the next request to the remote prefill GPUs; 3: its user thinks first), each
+        request's remote prefill time and whether it is refused as it arrives, and the think time.
+        None where a completion sets off more (a colocated closed loop's user joins the admission
+        queue at once), where the KV manager is not the kernels' (:meth:`_kv_kernels_if_own`), or
+        where one of the functions a completion runs is another than this class's: blocks then stop
+        at each completion, and Python frees it."""
+        if self._kv_kernels is None or any(_replaced(self, name, fn) for name, fn in _COMPLETION_OWN.items()):
+            return None
+        if not self.wl.closed_loop:
+            kind = 1
+        elif not self._resubmit_at_once:
+            return None
+        elif self.wl.think_time_s > 0:
+            kind = 3
+        else:
+            kind = 2
+        refused = np.zeros(self.n, dtype=bool)
+        refused[list(self._refused)] = True
+        prefill_s = np.array([self._prefill_time_s(p) for p in self._prompt_list]) if kind == 2 else np.zeros(self.n)
+        return kind, prefill_s, refused, float(self.wl.think_time_s), np.empty(self.n, dtype=np.int64), np.empty(self.n)
+
+    def _absorb_args(self, consts: tuple) -> tuple | None:
+        """A drafted block's ``absorb`` argument now: None while requests wait for admission (a
+        completion would let the next one in)."""
+        ab = self._absorb
+        if ab is None or consts[0]:
+            return None
+        return (ab[0], self.finished_at, self.status, ab[4], ab[5], self._next_request, self.n, self._prefill_idle,
+                ab[1], ab[2], ab[3])
+
+    def _absorbed(self, absorbed: tuple) -> None:
+        """The completions a drafted block went on past, each at its own time and in order:
+        :meth:`_finish` without its array work (the kernel did it), the clock at each one's time
+        (its user's next submission, a SimPy event, is scheduled from there).
+
+        Raises:
+            EngineInvariantError: the submissions they made are not those the kernel mirrored.
+        """
+        num, next_request, prefill_idle, num_remote = absorbed
+        ids, times = self._absorb[4][:num].tolist(), self._absorb[5][:num].tolist()
+        env, running = self.env, self.running
+        self._run_ids = None
+        for i, t in zip(ids, times):
+            env._now = t
+            running.remove(i)
+            self._complete(i)
+        self.kv.check("finish")
+        if (self._next_request, self._prefill_idle, self.num_remote_prefill) != (next_request, prefill_idle, num_remote):
+            raise EngineInvariantError(
+                f"drafted block: the {num} completions it went on past submitted up to request {self._next_request} "
+                f"({self._prefill_idle} prefill GPUs free, {self.num_remote_prefill} in remote prefill), not "
+                f"{next_request} ({prefill_idle}, {num_remote}) as the kernel mirrored them")
 
     def _drafted_waited(self, finished: list[int] | None = None) -> None:
         """After a drafted block (and the wait for its last round's pass, if it ran across an
@@ -1965,3 +2051,5 @@ class Engine:
 _MIRRORED = _mirrored()  # as defined here, before anything could replace them
 # the KV manager's functions whose work _kernels.admit and finish do (Engine._kv_kernels_if_own)
 _KV_OWN = {name: getattr(KVCacheManager, name) for name in ("blocks_for", "can_allocate", "allocate", "free")}
+# the functions a completion runs, as defined here (Engine._absorb_setup)
+_COMPLETION_OWN = {name: getattr(Engine, name) for name in _COMPLETION_PATH}

@@ -126,7 +126,8 @@ def _block(tokens, left, *, capacity=100, next_event=math.inf, checks=(8192, 0.0
     args = [dec, *state, 16, capacity, int(state[1].sum()), 0.0, next_event, 1 << 62, max_rounds, max_rows, price,
             checks, rows, template, *bufs, finished]
     codes = [kernels.plain_block(*args)]
-    _, rounds, kv_read, added, num_fin = codes[-1]
+    _, rounds, kv_read, added, num_fin, absorbed = codes[-1]
+    assert absorbed is None  # (no absorb: the block stops at its first completions)
     return [c[0] for c in codes], rounds, kv_read, added, finished[:num_fin].tolist(), rows, state
 
 
@@ -149,6 +150,91 @@ def test_one_block_call_plans_applies_and_logs_as_the_separate_kernels_by_hand()
     # a block longer than max_rows is applied without rows (the engine logs it as columns)
     codes, rounds, *_, rows, _ = _block([15, 3], [4, 9], max_rows=3)
     assert codes == [3] and rounds == 4 and rows == []
+
+
+def _absorbing_block(kind, *, next_request=0, idle=0, prefill_s=0.05, max_rows=64, refused=(False, False, False)):
+    """plain_block on two requests (tokens 15 and 3, 4 and 9 tokens left, as :func:`_block`) that
+    goes on past the first one's completion (``absorb``): nothing waits, 3 in remote prefill, a
+    third request whose remote prefill takes ``prefill_s``; 10 ms a pass at B=2, 20 ms at B=1."""
+    tok = np.array([15, 3, 0], dtype=np.int64)
+    state = (tok, -(-tok // 16), np.array([9, 14, 9], dtype=np.int64), np.array([5, 5, 0], dtype=np.int64),
+             np.zeros(3, dtype=np.int64))
+    template = _TEMPLATE[:12] + (0,) + _TEMPLATE[13:]
+    prices = [False, (False, 0.020, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1), (False, 0.010, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0)]
+    finished_at, status = np.full(3, np.nan), np.array([2, 2, 0], dtype=np.int8)
+    ids, at = np.zeros(3, dtype=np.int64), np.zeros(3)
+    absorb = (kind, finished_at, status, ids, at, next_request, 3, idle, np.full(3, prefill_s), np.array(refused), 0.0)
+    bufs, finished, rows = _buffers(64), np.zeros(3, dtype=np.int64), []
+    out = kernels.plain_block(np.arange(2, dtype=np.int64), *state, 16, 100, 2, 0.0, math.inf, 1 << 62, 64, max_rows,
+                              prices[2], (8192, 0.01, 10.0), rows, template, *bufs, finished, absorb, prices)
+    return out, rows, state, finished, (finished_at, status, ids, at)
+
+
+@needs_kernels
+def test_a_plain_block_goes_on_past_a_completion_where_nothing_waits():
+    # hand-derived: 4 rounds of 11 ms (0.5 + 0.5 ms + the 10 ms pass) finish request 0 (its 4
+    # tokens); it is freed then (2 blocks), and request 1 goes on alone at 21 ms a round (the
+    # B=1 price) for its 5 tokens left: 9 rounds in all, request 1 finished in the last (left to
+    # the engine, as without absorb: no request would be left to go on with)
+    (code, rounds, kv_read, added, num_fin, absorbed), rows, (tok, blk, out, gen, nr), finished, ab = \
+        _absorbing_block(1)
+    t, fixed = [0.0], 0.0 + 0.0005 + 0.0005
+    for d in [fixed + 0.010] * 4 + [fixed + 0.020] * 5:
+        t.append(t[-1] + d)
+    assert (code, rounds, kv_read, num_fin, finished[:1].tolist()) == (3, 9, 18, 1, [1])
+    assert absorbed == (1, 0, 0, 3) and ab[2][:1].tolist() == [0] and ab[3][:1].tolist() == [t[4]]
+    assert ab[0][0] == t[4] and ab[1].tolist() == [3, 2, 0] and blk.tolist() == [0, 1, 0]
+    assert tok.tolist() == [19, 12, 0] and gen.tolist() == [9, 14, 0] and nr.tolist() == [4, 9, 0]
+    assert added == 1 - 2  # request 1's one block held, less the two the block started with
+    assert [r[0] for r in rows] == t[:9] and [r[1] for r in rows] == [fixed + 0.010] * 4 + [fixed + 0.020] * 5
+    assert [r[4] for r in rows] == [2] * 4 + [1] * 5 and [r[13] for r in rows] == [2] * 4 + [1] * 5
+    assert [r[28] for r in rows] == [0] * 4 + [1] * 5  # the B=1 price is extrapolated
+    # KV after: request 0 freed after its last round; peak and after as they stand then
+    assert [r[14] for r in rows] == [2, 3, 3, 3, 1, 1, 1, 1, 1] and [r[15] for r in rows] == [2, 3, 3, 1, 1, 1, 1, 1, 1]
+    assert [r[26] for r in rows] == [18, 20, 22, 24, 7, 8, 9, 10, 11]
+
+
+@needs_kernels
+def test_absorb_is_refused_where_requests_wait_or_its_fields_are_not_a_completion_path_s():
+    # a waiting request would be admitted after a completion: the block must stop there
+    tok = np.array([15, 3, 0], dtype=np.int64)
+    n3 = np.zeros(3, dtype=np.int64)
+
+    def call(kind=1, waiting=0, next_request=0, prices=[False, None, None]):
+        template = _TEMPLATE[:12] + (waiting,) + _TEMPLATE[13:]
+        absorb = (kind, np.full(3, np.nan), np.zeros(3, dtype=np.int8), n3.copy(), np.zeros(3), next_request, 3, 0,
+                  np.zeros(3), np.zeros(3, dtype=bool), 0.0)
+        kernels.plain_block(np.arange(2, dtype=np.int64), tok.copy(), -(-tok // 16), tok + 9, n3.copy(), n3.copy(),
+                            16, 100, 2, 0.0, math.inf, 1 << 62, 64, 64, (False, 0.01, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0),
+                            (8192, 0.01, 10.0), [], template, *_buffers(64), n3.copy(), absorb, prices)
+
+    call()
+    with pytest.raises(ValueError, match="wait for admission"):
+        call(waiting=1)
+    for bad in ({"kind": 4}, {"kind": 0}, {"next_request": 4}):
+        with pytest.raises(ValueError, match="not a completion path's"):
+            call(**bad)
+    with pytest.raises(TypeError, match="prices"):
+        call(prices=None)
+
+
+@needs_kernels
+def test_an_absorbed_completion_s_new_remote_prefill_ends_the_block_where_its_event_falls():
+    # closed-loop users going on at once to remote prefill (kind 2): request 0's user submits
+    # request 2, which a free prefill GPU takes at once; its end (0.044 + 0.05) falls in the
+    # third round after it (0.044 + 3 * 0.021): that round is the block's last (code 2)
+    (code, rounds, _, _, num_fin, absorbed), rows, *_ = _absorbing_block(2, next_request=2, idle=1)
+    assert (code, rounds, num_fin) == (2, 7, 0) and absorbed == (1, 3, 0, 4)
+    assert [r[25] for r in rows] == [3] * 4 + [4] * 3  # one more in remote prefill after the completion
+    # request 2 refused as it arrives: it completes at once, its user finds nothing left to submit
+    (code, rounds, *_, absorbed), rows, *_ = _absorbing_block(2, next_request=2, idle=1, refused=(False, False, True))
+    assert (code, rounds, absorbed) == (3, 9, (1, 3, 1, 3)) and [r[25] for r in rows] == [3] * 9
+    # no GPU free: it queues, no event, the block runs on to request 1's end
+    (code, rounds, *_), _, *_ = _absorbing_block(2, next_request=2, idle=0)
+    assert (code, rounds) == (3, 9)
+    # a block longer than max_rows does not go on (the engine logs it as columns)
+    (code, rounds, _, _, num_fin, absorbed), rows, *_ = _absorbing_block(1, max_rows=3)
+    assert (code, rounds, num_fin, absorbed[0], rows) == (3, 4, 1, 0, [])
 
 
 @needs_kernels

@@ -1,0 +1,93 @@
+"""Blocks that go on past completions (issue 13): where nothing waits for admission, a drafted or
+plain block frees the requests a round finished and goes on with the rest, and the engine runs each
+completion (its user's next submission) afterwards at the completion's own time. An exact shortcut:
+every run must match the one whose blocks stop at each completion, and the round-by-round path."""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+
+import pytest
+
+from memtp_sim import _compiled, run
+from memtp_sim.engine import Engine
+
+from _sim_helpers import assert_same_state, scenario
+
+pytestmark = pytest.mark.skipif(_compiled.kernels is None, reason="needs the compiled kernels (pip install -e .)")
+
+# each kind of what a completion sets off: an open loop's (nothing), closed-loop users who go on
+# at once to remote prefill GPUs (a submission: a new event where a GPU is free), users who think
+# first (an event at the think time's end); prompts longer than the model takes are refused as
+# they arrive (their users go on at once)
+CASES = {
+    "open-loop": ({"name": "dspark"}, {"workload": {"mode": "poisson", "rate_per_s": 2.0, "num_requests": 40}}),
+    "remote-prefill": ({"name": "dspark"}, {"workload": {"concurrency": 24, "num_requests": 120},
+                                            "engine": {"prefill": "disaggregated", "prefill_gpus": 2}}),
+    "remote-prefill-no-spec": ({"name": "no_spec"}, {"workload": {"concurrency": 24, "num_requests": 120},
+                                                     "engine": {"prefill": "disaggregated", "prefill_gpus": 3}}),
+    "remote-prefill-refused": ({"name": "dspark"}, {
+        "workload": {"concurrency": 16, "num_requests": 120},
+        "engine": {"prefill": "disaggregated", "prefill_gpus": 2},
+        "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                     "memory": {"gpu_allocatable_gib": 40.0, "weights_bytes": 1 << 30, "kv_bytes_per_token": 131072,
+                                "max_model_len": 1500}}}),
+    "think": ({"name": "dspark"}, {"workload": {"concurrency": 16, "num_requests": 60, "think_time_s": 0.5}}),
+}
+
+
+def _absorbed_by_caller(monkeypatch) -> Counter:
+    counts: Counter = Counter()
+    real = Engine._absorbed
+
+    def counted(self, absorbed):
+        counts[inspect.stack()[1].function] += absorbed[0]
+        return real(self, absorbed)
+
+    monkeypatch.setattr(Engine, "_absorbed", counted)
+    return counts
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_blocks_that_go_on_past_completions_match_blocks_that_stop_there(name, monkeypatch):
+    policy, sections = CASES[name]
+    scen = scenario(policy=policy, **sections)
+    counts = _absorbed_by_caller(monkeypatch)
+    fast = run(scen, seed=3)
+    assert sum(counts.values()) > 0, "no completion went on past: the test would prove nothing"
+    # drafted blocks went on past completions, and plain ones (all of no_spec's rounds are plain)
+    assert counts["_plain_run" if policy["name"] == "no_spec" else "_drafted_block"] > 0, counts
+    if name == "remote-prefill-refused":
+        assert fast.metrics["num_rejected"] > 0
+    monkeypatch.setattr(Engine, "_absorb_setup", lambda self: None)
+    stopping = run(scen, seed=3)
+    assert_same_state(stopping.state, fast.state)
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    monkeypatch.setattr(Engine, "PLAIN_BLOCKS", False)
+    assert_same_state(run(scen, seed=3).state, fast.state)
+
+
+def test_colocated_closed_loop_users_join_the_queue_so_blocks_stop_at_completions(monkeypatch):
+    # a completion's user submits at once to this GPU's admission queue: the next round admits it
+    counts = _absorbed_by_caller(monkeypatch)
+    run(scenario(policy={"name": "dspark"}, workload={"concurrency": 8, "num_requests": 40}), seed=0)
+    assert sum(counts.values()) == 0
+
+
+def test_a_replaced_completion_runs_for_every_request_at_its_finish_time(monkeypatch):
+    # a subclass's (or a patch's) _complete: blocks stop at completions and call it there, so it
+    # sees each request at its finish time (the kernel's mirror of it is not used)
+    seen: list[tuple[int, float]] = []
+    real = Engine._complete
+
+    def complete(self, i):
+        seen.append((i, self.env.now))
+        real(self, i)
+
+    counts = _absorbed_by_caller(monkeypatch)
+    monkeypatch.setattr(Engine, "_complete", complete)
+    policy, sections = CASES["remote-prefill"]
+    res = run(scenario(policy=policy, **sections), seed=3)
+    assert sum(counts.values()) == 0 and len(seen) == res.metrics["num_requests"]
+    assert all(t == res.state.finished_at_s[i] for i, t in seen)
