@@ -673,26 +673,47 @@ cdef i64 _plain_apply_core(i64* ids, Py_ssize_t num, i64 rounds, i64* gen, i64* 
 
 
 cdef struct _Absorb:
-    # completions a block goes on past (a drafted or plain block's ``absorb``): the kind of what each
-    # sets off, Engine._finish's arrays, the list of them, and their users' submissions as mirrored
+    # what a block goes on past (a drafted or plain block's ``absorb``): completions, the kind of
+    # what each sets off, Engine._finish's arrays, the log of it all for the caller (act: 0 a
+    # completion, 1 a wait across events (Engine._advance's key for its end), 2 a remote prefill's
+    # end, 3 an admission), their users' submissions as mirrored; and with ``events`` (plain
+    # blocks, kind 2) the remote prefills' ends: the ones in flight, the queue (the requests not
+    # refused from q_head on, q_len of them: submissions are in id order), the next SimPy event
+    # besides them, and what a prefill's end and an admission write
     i64 kind, next_req, n, idle, remote
-    Py_ssize_t num
+    Py_ssize_t num, cap
     double think
     double* fin_at
     int8_t* status
+    int8_t* act
     i64* ids
     double* at
     double* prefill
     char* refused
+    bint events
+    Py_ssize_t num_ev, cap_ev, num_wait
+    double* ev_t
+    i64* ev_eid
+    i64* ev_id
+    double other_next
+    i64 q_head, q_len, next_eid, watermark, limit
+    i64* wait
+    i64* prompt
+    char* transferred
+    double* ready_at
+    double* first_at
+    double* admitted_at
+    i64* target
+    i64* prefilled
 
 
 cdef int _read_absorb(object absorb, Py_ssize_t size, i64 waiting, i64 remote, _Absorb* ab) except -1:
-    # a block's ``absorb`` argument (see drafted_block), checked; kind 0 where None
-    ab.kind, ab.num, ab.remote = 0, 0, remote
+    # a block's ``absorb`` argument (see drafted_block and plain_block), checked; kind 0 where None
+    ab.kind, ab.num, ab.remote, ab.events, ab.num_wait, ab.num_ev, ab.q_len, ab.q_head = 0, 0, remote, False, 0, 0, 0, 0
     if absorb is None:
         return 0
-    _check_fields(<tuple?>absorb, "absorb", 11)
-    ab.kind, ab.next_req, ab.n, ab.idle, ab.think = absorb[0], absorb[5], absorb[6], absorb[7], absorb[10]
+    _check_fields(<tuple?>absorb, "absorb", 13)
+    ab.kind, ab.next_req, ab.n, ab.idle, ab.think = absorb[0], absorb[6], absorb[7], absorb[8], absorb[11]
     if not (1 <= ab.kind <= 3 and 0 <= ab.next_req <= ab.n == size and ab.idle >= 0 and 0.0 <= ab.think < INFINITY):
         raise ValueError(f"absorb: kind {ab.kind}, next request {ab.next_req} of {ab.n} ({size} requests), "
                          f"{ab.idle} idle prefill GPUs and think time {ab.think} are not a completion path's")
@@ -702,18 +723,90 @@ cdef int _read_absorb(object absorb, Py_ssize_t size, i64 waiting, i64 remote, _
     ab.fin_at = _f64(_w(<cnp.ndarray?>absorb[1], "finished_at"), "finished_at", size)
     _check_1d(<cnp.ndarray?>absorb[2], "status", cnp.NPY_INT8, "int8", size, True)
     ab.status = <int8_t*>cnp.PyArray_DATA(_w(<cnp.ndarray>absorb[2], "status"))
-    ab.ids = _i64(_w(<cnp.ndarray?>absorb[3], "absorbed"), "absorbed", size)
-    ab.at = _f64(_w(<cnp.ndarray?>absorb[4], "absorbed_at"), "absorbed_at", size)
-    ab.prefill = _f64(<cnp.ndarray?>absorb[8], "prefill_s", size)
-    _check_1d(<cnp.ndarray?>absorb[9], "refused", cnp.NPY_BOOL, "bool", size, True)
-    ab.refused = <char*>cnp.PyArray_DATA(<cnp.ndarray>absorb[9])
+    _check_1d(<cnp.ndarray?>absorb[3], "actions", cnp.NPY_INT8, "int8", 4 * size + 8, True)
+    ab.act = <int8_t*>cnp.PyArray_DATA(_w(<cnp.ndarray>absorb[3], "actions"))
+    ab.cap = 4 * size + 8
+    ab.ids = _i64(_w(<cnp.ndarray?>absorb[4], "action_ids"), "action_ids", ab.cap)
+    ab.at = _f64(_w(<cnp.ndarray?>absorb[5], "action_at"), "action_at", ab.cap)
+    ab.prefill = _f64(<cnp.ndarray?>absorb[9], "prefill_s", size)
+    _check_1d(<cnp.ndarray?>absorb[10], "refused", cnp.NPY_BOOL, "bool", size, True)
+    ab.refused = <char*>cnp.PyArray_DATA(<cnp.ndarray>absorb[10])
+    cdef tuple ev = absorb[12]
+    if ev is None:
+        return 0
+    if ab.kind != 2:
+        raise ValueError(f"absorb: events with kind {ab.kind} (only closed-loop users going on at once to remote "
+                         "prefill, kind 2)")
+    _check_fields(ev, "events", 16)
+    ab.events = True
+    ab.num_ev, ab.other_next, ab.q_head, ab.q_len, ab.watermark, ab.limit = ev[3], ev[4], ev[5], ev[6], ev[7], ev[8]
+    ab.cap_ev = cnp.PyArray_DIM(<cnp.ndarray?>ev[0], 0) if cnp.PyArray_NDIM(<cnp.ndarray?>ev[0]) == 1 else 0
+    ab.ev_t = _f64(_w(<cnp.ndarray?>ev[0], "event_t"), "event_t", ab.cap_ev)
+    ab.ev_eid = _i64(_w(<cnp.ndarray?>ev[1], "event_eid"), "event_eid", ab.cap_ev)
+    ab.ev_id = _i64(_w(<cnp.ndarray?>ev[2], "event_id"), "event_id", ab.cap_ev)
+    if not (0 <= ab.num_ev <= ab.cap_ev and ab.num_ev + ab.idle <= ab.cap_ev and ab.q_len >= 0 and ab.watermark >= 0
+            and ab.limit >= 1 and not (ab.q_len and ab.idle) and 0 <= ab.q_head <= ab.next_req):
+        raise ValueError(f"events: {ab.num_ev} in flight of {ab.cap_ev}, {ab.idle} idle, {ab.q_len} queued from "
+                         f"{ab.q_head}, watermark {ab.watermark}, limit {ab.limit}: not a remote prefill pool's")
+    cdef Py_ssize_t k
+    cdef i64 queued = 0
+    for k in range(ab.q_head, ab.next_req):
+        queued += not ab.refused[k]
+    if queued != ab.q_len or (ab.q_len and ab.refused[ab.q_head]):
+        raise ValueError(f"events: {ab.q_len} queued from request {ab.q_head}, but {queued} not refused are "
+                         f"submitted from there to {ab.next_req}")
+    ab.next_eid = 0
+    for k in range(ab.num_ev):
+        if not (0 <= ab.ev_id[k] < size):
+            raise IndexError(f"event_id: request id {ab.ev_id[k]} outside 0..{size - 1}")
+        if ab.ev_eid[k] >= ab.next_eid:
+            ab.next_eid = ab.ev_eid[k] + 1  # (a new event's id: after every one known, as SimPy's count)
+    ab.wait = _i64(_w(<cnp.ndarray?>ev[9], "waiting"), "waiting", ab.cap_ev + 1, False)
+    ab.prompt = _i64(<cnp.ndarray?>ev[10], "prompt", size)
+    _check_1d(<cnp.ndarray?>ev[11], "transferred", cnp.NPY_BOOL, "bool", size, True)
+    ab.transferred = <char*>cnp.PyArray_DATA(_w(<cnp.ndarray>ev[11], "transferred"))
+    ab.ready_at = _f64(_w(<cnp.ndarray?>ev[12], "ready_at"), "ready_at", size)
+    ab.first_at = _f64(_w(<cnp.ndarray?>ev[13], "first_token_at"), "first_token_at", size)
+    ab.admitted_at = _f64(_w(<cnp.ndarray?>ev[14], "admitted_at"), "admitted_at", size)
+    ab.target = _i64(_w(<cnp.ndarray?>ev[15][0], "prefill_target"), "prefill_target", size)
+    ab.prefilled = _i64(_w(<cnp.ndarray?>ev[15][1], "prefilled"), "prefilled", size)
     return 0
+
+
+cdef inline void _log_action(_Absorb* ab, int8_t code, i64 i, double t) noexcept nogil:
+    ab.act[ab.num] = code
+    ab.ids[ab.num] = i
+    ab.at[ab.num] = t
+    ab.num += 1
+
+
+cdef inline double _next_known(_Absorb* ab, Py_ssize_t* at) noexcept nogil:
+    # the first remote prefill end in flight, by (time, event id) as SimPy's queue orders them (at:
+    # its slot; -1 and infinity for none)
+    cdef Py_ssize_t k
+    at[0] = -1
+    for k in range(ab.num_ev):
+        if at[0] < 0 or ab.ev_t[k] < ab.ev_t[at[0]] or (ab.ev_t[k] == ab.ev_t[at[0]] and ab.ev_eid[k] < ab.ev_eid[at[0]]):
+            at[0] = k
+    return INFINITY if at[0] < 0 else ab.ev_t[at[0]]
+
+
+cdef inline void _start_prefill(_Absorb* ab, i64 j, double now, double* next_event) noexcept nogil:
+    # Engine._start_remote_prefill: request j's prompt on a free GPU, its end an event
+    cdef double t = now + ab.prefill[j]
+    ab.idle -= 1
+    if ab.events:
+        ab.ev_t[ab.num_ev], ab.ev_eid[ab.num_ev], ab.ev_id[ab.num_ev] = t, ab.next_eid, j
+        ab.num_ev += 1
+        ab.next_eid += 1
+    if t < next_event[0]:
+        next_event[0] = t
 
 
 cdef i64 _absorb_round(_Absorb* ab, i64* fin, Py_ssize_t nf, double now, i64* blk, i64* ids, Py_ssize_t* num_run,
                        double* next_event) noexcept nogil:
     # the completions fin[:nf] of a round that ended at now, absorbed: Engine._finish's array work
-    # (finish time, status 3, KV blocks freed: returns how many), listed for the caller in order,
+    # (finish time, status 3, KV blocks freed: returns how many), logged for the caller in order,
     # removed from the running ids (in order, as list.remove), and their users' submissions
     # mirrored (Engine._release_users): the next request not refused joins the remote prefill
     # queue, or a free GPU takes it and its end is an event; a think time's end is one
@@ -726,9 +819,7 @@ cdef i64 _absorb_round(_Absorb* ab, i64* fin, Py_ssize_t nf, double now, i64* bl
         ab.status[i] = 3
         freed += blk[i]
         blk[i] = 0
-        ab.ids[ab.num] = i
-        ab.at[ab.num] = now
-        ab.num += 1
+        _log_action(ab, 0, i, now)
         if ab.kind == 2:
             while ab.next_req < ab.n:
                 j = ab.next_req
@@ -737,10 +828,11 @@ cdef i64 _absorb_round(_Absorb* ab, i64* fin, Py_ssize_t nf, double now, i64* bl
                     continue  # rejected as it arrives: it completes, and its user goes on
                 ab.remote += 1
                 if ab.idle > 0:
-                    ab.idle -= 1
-                    t = now + ab.prefill[j]
-                    if t < next_event[0]:
-                        next_event[0] = t
+                    _start_prefill(ab, j, now, next_event)
+                else:  # the queue's last
+                    if ab.q_len == 0:
+                        ab.q_head = j
+                    ab.q_len += 1
                 break
         elif ab.kind == 3:
             t = now + ab.think
@@ -752,6 +844,99 @@ cdef i64 _absorb_round(_Absorb* ab, i64* fin, Py_ssize_t nf, double now, i64* bl
             kept += 1
     num_run[0] = kept
     return freed
+
+
+cdef bint _absorb_events(_Absorb* ab, double end, i64* out, i64* gen, double* next_event) noexcept nogil:
+    # a pass that ended at end ran across events: where each is a remote prefill's end (Engine.
+    # _remote_prefill_done) this mirror runs, run them in SimPy's order (the wait's key first):
+    # its GPU takes the next queued prompt (an event: it must end after the pass) or goes idle,
+    # and the request, its first token out, waits for admission. False, with nothing done, where
+    # another event falls in the pass, a request would finish at its first token, or a prompt
+    # started in the pass would end in it (SimPy's run of them is the caller's)
+    cdef Py_ssize_t k, at, n_in = 0
+    cdef i64 i, j, head
+    cdef double t_ev
+    if not ab.events or ab.other_next <= end or ab.num_wait + ab.num_ev > ab.cap_ev + 1:
+        return False
+    for k in range(ab.num_ev):
+        if ab.ev_t[k] <= end:
+            n_in += 1
+            if out[ab.ev_id[k]] <= 1:
+                return False
+    # the prompts the GPUs take as they free up (the queue's first n_in) must end after the pass:
+    # each starts at the pass's first event or later
+    t_ev = _next_known(ab, &at)
+    head = ab.q_head
+    for k in range(n_in if n_in < ab.q_len else ab.q_len):
+        while ab.refused[head]:
+            head += 1
+        if not (t_ev + ab.prefill[head] > end):
+            return False
+        head += 1
+    _log_action(ab, 1, -1, end)
+    while True:
+        if _next_known(ab, &at) > end:
+            break
+        i, t_ev = ab.ev_id[at], ab.ev_t[at]
+        ab.num_ev -= 1  # its slot takes the last one's
+        ab.ev_t[at], ab.ev_eid[at], ab.ev_id[at] = ab.ev_t[ab.num_ev], ab.ev_eid[ab.num_ev], ab.ev_id[ab.num_ev]
+        _log_action(ab, 2, i, t_ev)
+        if ab.q_len > 0:  # this GPU takes the next prompt at once
+            j = ab.q_head
+            ab.q_len -= 1
+            if ab.q_len:
+                ab.q_head += 1
+                while ab.refused[ab.q_head]:
+                    ab.q_head += 1
+            ab.idle += 1  # (_start_prefill takes it)
+            _start_prefill(ab, j, t_ev, next_event)
+        else:
+            ab.idle += 1
+        ab.remote -= 1
+        ab.first_at[i] = t_ev
+        gen[i] = 1
+        ab.transferred[i] = 1
+        ab.ready_at[i] = t_ev
+        ab.status[i] = 1
+        ab.wait[ab.num_wait] = i
+        ab.num_wait += 1
+    next_event[0] = ab.other_next
+    if ab.num_ev:
+        t_ev = _next_known(ab, &at)
+        if t_ev < next_event[0]:
+            next_event[0] = t_ev
+    return True
+
+
+cdef i64 _admit_waiting(_Absorb* ab, double now, i64* ids, Py_ssize_t* num_run, i64* tok, i64* blk, i64 block_tokens,
+                        i64 capacity, i64* used) noexcept nogil:
+    # Engine._admit (the kernels' admit) of the requests the absorbed prefill ends left waiting,
+    # first come first served, while fewer than the limit run and each one's blocks fit with the
+    # watermark kept free: their KV was transferred (the prompt's blocks, stored); returns how
+    # many are left waiting (the caller stops there)
+    cdef Py_ssize_t k, taken = 0
+    cdef i64 i, need
+    for k in range(ab.num_wait):
+        i = ab.wait[k]
+        need = _blocks_for(ab.prompt[i], block_tokens)
+        if num_run[0] >= ab.limit or used[0] + need + (ab.watermark if num_run[0] else 0) > capacity or blk[i] != 0:
+            break
+        ab.status[i] = 2
+        if ab.admitted_at[i] != ab.admitted_at[i]:
+            ab.admitted_at[i] = now
+        ab.target[i] = ab.prompt[i]
+        ab.prefilled[i] = ab.prompt[i]
+        blk[i] = need
+        tok[i] = ab.prompt[i]
+        used[0] += need
+        ids[num_run[0]] = i
+        num_run[0] += 1
+        _log_action(ab, 3, i, now)
+        taken += 1
+    for k in range(taken, ab.num_wait):
+        ab.wait[k - taken] = ab.wait[k]
+    ab.num_wait -= taken
+    return ab.num_wait
 
 
 def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarray kv_blocks not None,
@@ -842,19 +1027,26 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
     if ab.kind and type(prices) is not list:
         raise TypeError(f"prices: a list is required with absorb, got {type(prices).__name__}")
     cdef i64* own = NULL
-    if ab.kind:  # the running ids as the absorbed completions leave them (the caller's array stays as given)
-        own = <i64*>PyMem_Malloc(num * sizeof(i64) + 1)
+    cdef Py_ssize_t room = num
+    if ab.events and ab.limit > room:
+        room = ab.limit if ab.limit < size else size  # (admissions: never more running than the limit, or requests)
+    if ab.kind:  # the running ids as the absorbed completions and admissions leave them (the caller's array stays)
+        own = <i64*>PyMem_Malloc(room * sizeof(i64) + 1)
         if own == NULL:
             raise MemoryError()
         memcpy(own, ids, num * sizeof(i64))
         ids = own
+    if ab.events:
+        _check_1d(finished, "finished", cnp.NPY_INT64, "int64", room, False)
     cdef i64 rounds, kv_read = 0, kv_read0 = 0, added, j, total = 0, used = blocks_used, sub_max = max_rounds
     cdef double now_s = now
     cdef int code = 3
+    cdef bint go_on
+    cdef Py_ssize_t rows_num
     cdef object tmpl = template, nxt
     cdef list fields
     try:
-        while True:  # a sub-block: the block as without absorb, from the requests left
+        while True:  # a sub-block: the block as without absorb, from the requests running now
             rounds = _plain_plan_core(
                 ids, num, tok, out, gen, block_tokens, capacity, now_s, next_event, ahead - total, sub_max,
                 0.0 + draft_s + overhead_s, <bint>price[0], PyFloat_AsDouble(<object>PyTuple_GET_ITEM(price, 1)),
@@ -887,33 +1079,42 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
             used += added
             total += rounds
             code = 3 if next_event > buf.times[total] else 2
-            nxt = None
-            if ab.kind and nf and code == 3 and total <= max_rows and used <= capacity and num - nf >= 1:
-                nxt = <object>PyList_GET_ITEM(prices, num - nf) if num - nf < PyList_GET_SIZE(prices) else None
-                if not (type(nxt) is tuple and PyTuple_GET_SIZE(nxt) == 9):
-                    nxt = None
-            if nxt is not None:  # absorbed: freed before the sub-block's last row is written (its KV after)
+            # going on: a block of at most max_rows rounds (its rows written here) whose KV fits, past
+            # its last round's completions, and past the events in that round's pass where they are
+            # remote prefills' ends this mirror runs (the wait for the pass's end, then its completions)
+            go_on = ab.kind and total <= max_rows and used <= capacity and (
+                nf > 0 if code == 3 else _absorb_events(&ab, buf.times[total], out, gen, &next_event))
+            rows_num = num
+            if go_on and nf:  # freed before the sub-block's last row is written (its KV after)
                 used -= _absorb_round(&ab, fin, nf, buf.times[total], blk, ids, &num, &next_event)
+                nf = 0
             if total <= max_rows:
                 _plain_rows_core(rows, tmpl, buf.times + total - rounds, buf.durations + total - rounds,
                                  buf.verify_s + total - rounds, buf.blocks + total - rounds, rounds, used,
-                                 kv_read, num if nxt is None else num + nf)
-            if nxt is None:
+                                 kv_read, rows_num)
+            if not go_on:
                 break
-            nf = 0
+            code = 3  # (the events and completions are the caller's to replay: nothing left pending)
+            now_s = buf.times[total]
+            if ab.num_wait and _admit_waiting(&ab, now_s, ids, &num, tok, blk, block_tokens, capacity, &used):
+                break  # one cannot be admitted: the round path's admission waits as well
+            sub_max = max_rows - total
+            if num < 1 or sub_max < 1 or ahead - total < 1:
+                break
+            nxt = <object>PyList_GET_ITEM(prices, num) if num < PyList_GET_SIZE(prices) else None
+            if not (type(nxt) is tuple and PyTuple_GET_SIZE(nxt) == 9):
+                break  # not priced at this batch yet: the caller prices it
             price = <tuple>nxt
-            fields = list(tmpl)  # the requests left: their queues and pricing
+            fields = list(tmpl)  # the requests running now: their queues and pricing
             fields[4] = fields[7] = fields[11] = fields[13] = num
+            fields[12] = 0
             fields[25] = ab.remote
             fields[28] = price[8]
             tmpl = tuple(fields)
-            now_s = buf.times[total]
-            sub_max = max_rows - total
-            if sub_max < 1 or ahead - total < 1:
-                break
     finally:
         PyMem_Free(own)
-    return code, total, kv_read0, used - blocks_used, nf, (ab.num, ab.next_req, ab.idle, ab.remote) if ab.kind else None
+    return code, total, kv_read0, used - blocks_used, nf, (ab.num, ab.next_req, ab.idle, ab.remote, ab.num_wait,
+                                                           ab.q_len if ab.events else -1) if ab.kind else None
 
 
 cdef inline void _merge_front(double* sv, i64* sr, double* dv, i64* dr, Py_ssize_t i, Py_ssize_t ie,
@@ -2956,4 +3157,4 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             (e_last, e_target, e_above, e_below, e_below_max) if is_elastic else None,
             tw_depth if tw_vals != NULL else None,
             _control_state(c_kind, c_spec, c_k, c_ema, c_off, c_since, c_probing, c_acc_len),
-            (ab.num, ab.next_req, ab.idle, ab.remote) if ab.kind else None)
+            (ab.num, ab.next_req, ab.idle, ab.remote, ab.num_wait, -1) if ab.kind else None)

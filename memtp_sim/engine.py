@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
+from heapq import heappop
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
@@ -98,6 +99,7 @@ _sum, _min, _max = np.add.reduce, np.minimum.reduce, np.maximum.reduce
 _any, _all_true = np.logical_or.reduce, np.logical_and.reduce
 _cumsum, _and_accumulate = np.add.accumulate, np.logical_and.accumulate
 _UNBOUNDED = 1 << 62  # "no limit" for a count of rounds
+_INF = float("inf")
 # the most rounds one plain block covers: its (requests x rounds) KV arrays stay a few MB however
 # long the outputs (a longer stretch is several blocks in a row)
 _MAX_BLOCK_ROUNDS = 4096
@@ -233,7 +235,8 @@ _numpy_warned = False
 #: the functions a completion runs (Engine._finish's Python part and what it sets off): a drafted block
 #: goes on past completions (mirroring their effects) only where each is Engine's own
 _COMPLETION_PATH = ("_finish", "_complete", "_release_users", "_user_next", "_user_done", "_submit", "_reject",
-                    "_start_remote_prefill", "_prefill_time_s", "_price_prefill_s", "_count_in_system", "_enqueue")
+                    "_start_remote_prefill", "_prefill_time_s", "_price_prefill_s", "_count_in_system", "_enqueue",
+                    "_remote_prefill_done", "_admit", "_advance")
 #: the drafted-block kernel's gate fields for a policy without a gate (it reads none of them)
 _NO_GATE = (False, 0.0, 0.0, -1, 0, 1)
 
@@ -1123,7 +1126,7 @@ class Engine:
         draft_s, overhead_s, checks = fused
         times, durations, verify_s, blocks, finished = self._scratch
         template = self._plain_template(num_dec, gamma, draft_s, overhead_s, head_load_s, price[8])
-        absorb = self._absorb_args(template[12:14] + template[25:26])
+        absorb = self._absorb_args(template[12:14] + template[25:26], events=True)
         code, rounds, kv_read, added, num_fin, absorbed = self._kernels.plain_block(
             dec, kv.tokens, kv.blocks, self.output, self.generated, self.num_rounds, kv.block_tokens, kv.capacity,
             kv.blocks_used, env._now, env.peek(), ahead, _MAX_BLOCK_ROUNDS, log.SHORT_BLOCK, price, checks, log.rows,
@@ -1468,14 +1471,17 @@ class Engine:
         self._absorb = self._absorb_setup()
 
     def _absorb_setup(self) -> tuple | None:
-        """What drafted blocks need to go on past completions (``_kernels.drafted_block``'s
-        ``absorb``): the kind of what a completion sets off (1: nothing, an open loop; 2: its user
-        submits the next request to the remote prefill GPUs; 3: its user thinks first), each
-        request's remote prefill time and whether it is refused as it arrives, and the think time.
+        """What blocks need to go on past completions (``_kernels.drafted_block``'s and
+        ``plain_block``'s ``absorb``): the kind of what a completion sets off (1: nothing, an open
+        loop; 2: its user submits the next request to the remote prefill GPUs; 3: its user thinks
+        first), each request's remote prefill time and whether it is refused as it arrives, the
+        think time, the action log the kernels write (codes, ids, times: see :meth:`_absorbed`) and,
+        for kind 2, the buffers of the remote prefills in flight (times, SimPy event ids, requests)
+        and of the requests waiting for admission (plain blocks also go on past those prefills' ends).
         None where a completion sets off more (a colocated closed loop's user joins the admission
         queue at once), where the KV manager is not the kernels' (:meth:`_kv_kernels_if_own`), or
-        where one of the functions a completion runs is another than this class's: blocks then stop
-        at each completion, and Python frees it."""
+        where one of the functions a completion or a prefill's end runs is another than this class's:
+        blocks then stop there, and Python runs it."""
         if self._kv_kernels is None or any(_replaced(self, name, fn) for name, fn in _COMPLETION_OWN.items()):
             return None
         if not self.wl.closed_loop:
@@ -1486,42 +1492,96 @@ class Engine:
             kind = 3
         else:
             kind = 2
-        refused = np.zeros(self.n, dtype=bool)
+        n = self.n
+        refused = np.zeros(n, dtype=bool)
         refused[list(self._refused)] = True
-        prefill_s = np.array([self._prefill_time_s(p) for p in self._prompt_list]) if kind == 2 else np.zeros(self.n)
-        return kind, prefill_s, refused, float(self.wl.think_time_s), np.empty(self.n, dtype=np.int64), np.empty(self.n)
+        prefill_s = np.array([self._prefill_time_s(p) for p in self._prompt_list]) if kind == 2 else np.zeros(n)
+        gpus = self.cfg.prefill_gpus
+        log = (np.empty(4 * n + 8, dtype=np.int8), np.empty(4 * n + 8, dtype=np.int64), np.empty(4 * n + 8))
+        events = (np.empty(gpus), np.empty(gpus, dtype=np.int64), np.empty(gpus, dtype=np.int64),
+                  np.empty(gpus + 1, dtype=np.int64)) if kind == 2 else None
+        return kind, prefill_s, refused, float(self.wl.think_time_s), log, events
 
-    def _absorb_args(self, consts: tuple) -> tuple | None:
-        """A drafted block's ``absorb`` argument now: None while requests wait for admission (a
-        completion would let the next one in)."""
+    def _absorb_args(self, consts: tuple, events: bool = False) -> tuple | None:
+        """A block's ``absorb`` argument now (``consts``: the waiting, running and remote prefill
+        counts): None while requests wait for admission (a completion would let the next one in);
+        with ``events`` (plain blocks), the remote prefills' ends too (:meth:`_prefill_events`)."""
         ab = self._absorb
         if ab is None or consts[0]:
             return None
-        return (ab[0], self.finished_at, self.status, ab[4], ab[5], self._next_request, self.n, self._prefill_idle,
-                ab[1], ab[2], ab[3])
+        return (ab[0], self.finished_at, self.status, *ab[4], self._next_request, self.n, self._prefill_idle,
+                ab[1], ab[2], ab[3], self._prefill_events() if events and ab[5] is not None else None)
+
+    def _prefill_events(self) -> tuple | None:
+        """``plain_block``'s ``events``: the remote prefills in flight, from SimPy's queue (each
+        one's end, event id and request), the earliest other event, the prefill queue (its first
+        request and length: users submit in id order, so it holds every request not refused from
+        that one on), admission's watermark and limit, and the arrays a prefill's end and an
+        admission write. None where SimPy's queue holds more remote prefills than GPUs."""
+        ev_t, ev_eid, ev_id, wait = self._absorb[5]
+        done, k, other = self._remote_prefill_done, 0, _INF
+        for t, _, eid, event in self.env._queue:
+            callbacks = event.callbacks
+            if callbacks is not None and len(callbacks) == 1 and callbacks[0] == done:
+                if k == ev_t.size:
+                    return None
+                ev_t[k], ev_eid[k], ev_id[k] = t, eid, event._value
+                k += 1
+            elif t < other:
+                other = t
+        queue = self._prefill_queue
+        return (ev_t, ev_eid, ev_id, k, other, queue[0] if queue else self._next_request, len(queue),
+                self.kv.watermark, self._admit_limit, wait, self.prompt, self.kv_transferred, self.ready_at,
+                self.first_token_at, self.admitted_at, (self.prefill_target, self.prefilled))
 
     def _absorbed(self, absorbed: tuple) -> None:
-        """The completions a drafted block went on past, each at its own time and in order:
-        :meth:`_finish` without its array work (the kernel did it), the clock at each one's time
-        (its user's next submission, a SimPy event, is scheduled from there).
+        """What a block went on past, in order, each at its own time: the Python part of what the
+        kernel did the array work of. Codes: 0, a completion (:meth:`_finish`'s Python part, the
+        clock at its time: its user's next submission, a SimPy event, is scheduled from there); 1,
+        the wait for a pass across events (the key :meth:`_advance` takes in SimPy's queue); 2, a
+        remote prefill's end (its event, SimPy's next, taken off the queue; :meth:`_remote_prefill_done`'s
+        Python part: its GPU takes the next prompt, the request joins the admission queue); 3, an
+        admission (:meth:`_admit`'s: from the admission queue to the running list).
 
         Raises:
-            EngineInvariantError: the submissions they made are not those the kernel mirrored.
+            EngineInvariantError: the queues it left are not those the kernel mirrored.
         """
-        num, next_request, prefill_idle, num_remote = absorbed
-        ids, times = self._absorb[4][:num].tolist(), self._absorb[5][:num].tolist()
-        env, running = self.env, self.running
+        num, next_request, prefill_idle, num_remote, num_waiting, queued = absorbed
+        codes, ids, times = (a[:num].tolist() for a in self._absorb[4])
+        env, running, waiting = self.env, self.running, self.waiting
         self._run_ids = None
-        for i, t in zip(ids, times):
-            env._now = t
-            running.remove(i)
-            self._complete(i)
+        for code, i, t in zip(codes, ids, times):
+            if code == 0:
+                env._now = t
+                running.remove(i)
+                self._complete(i)
+            elif code == 1:
+                next(env._eid)
+            elif code == 2:
+                t_queued, _, _, event = heappop(env._queue)
+                if t_queued != t or event._value != i:
+                    raise EngineInvariantError(f"block: SimPy's next event is {event!r} at {t_queued} s, not request "
+                                               f"{i}'s remote prefill end at {t} s as the kernel ran it")
+                event.callbacks = None  # processed, as Environment.step leaves it
+                env._now = t
+                if self._prefill_queue:
+                    self._start_remote_prefill(self._prefill_queue.popleft())
+                else:
+                    self._prefill_idle += 1
+                self.num_remote_prefill -= 1
+                waiting.append(i)
+            else:
+                waiting.popleft()
+                running.append(i)
         self.kv.check("finish")
-        if (self._next_request, self._prefill_idle, self.num_remote_prefill) != (next_request, prefill_idle, num_remote):
+        mirrored = (next_request, prefill_idle, num_remote, num_waiting, queued)
+        if (self._next_request, self._prefill_idle, self.num_remote_prefill, len(waiting),
+                len(self._prefill_queue) if queued >= 0 else -1) != mirrored:  # (-1: the queue not mirrored)
             raise EngineInvariantError(
-                f"drafted block: the {num} completions it went on past submitted up to request {self._next_request} "
-                f"({self._prefill_idle} prefill GPUs free, {self.num_remote_prefill} in remote prefill), not "
-                f"{next_request} ({prefill_idle}, {num_remote}) as the kernel mirrored them")
+                f"block: what it went on past left request {self._next_request} next to submit, "
+                f"{self._prefill_idle} prefill GPUs free, {self.num_remote_prefill} requests in remote prefill, "
+                f"{len(waiting)} waiting and {len(self._prefill_queue)} queued for prefill, not {mirrored} as the "
+                "kernel mirrored them")
 
     def _drafted_waited(self, finished: list[int] | None = None) -> None:
         """After a drafted block (and the wait for its last round's pass, if it ran across an

@@ -8,12 +8,13 @@ from __future__ import annotations
 import inspect
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from memtp_sim import _compiled, run
 from memtp_sim.engine import Engine
 
-from _sim_helpers import assert_same_state, scenario
+from _sim_helpers import assert_same_state, flat_profile, run_engine, scenario, workload
 
 pytestmark = pytest.mark.skipif(_compiled.kernels is None, reason="needs the compiled kernels (pip install -e .)")
 
@@ -91,3 +92,51 @@ def test_a_replaced_completion_runs_for_every_request_at_its_finish_time(monkeyp
     res = run(scenario(policy=policy, **sections), seed=3)
     assert sum(counts.values()) == 0 and len(seen) == res.metrics["num_requests"]
     assert all(t == res.state.finished_at_s[i] for i, t in seen)
+
+
+def _remote_prefill_case(seed: int, monkeypatch) -> Counter:
+    """A random closed loop on remote prefill GPUs (hand-made workload and profile: short and long
+    prompts, outputs of one token, a tight KV cache, a small batch limit, refused requests) run
+    three ways that must agree bit for bit: blocks going on past completions and remote prefills'
+    ends, blocks stopping there, round by round. Returns the actions the first logged, by code."""
+    rng = np.random.default_rng(700 + seed)
+    n = int(rng.integers(8, 40))
+    kv_blocks = int(rng.integers(24, 160))
+    prompt = rng.integers(1, 400, n)
+    output = np.where(rng.random(n) < 0.1, 1, rng.integers(1, 120, n))
+    wl = workload(prompt, output, concurrency=int(rng.integers(1, 12)))
+    prof = flat_profile(kv_blocks=kv_blocks, pass_ms=float(rng.choice([2.0, 10.0])),
+                        max_model_len=int(rng.choice([400, 1_000_000])))
+    settings = {"max_num_seqs": int(rng.integers(1, 12)), "kv_watermark_frac": float(rng.choice([0.0, 0.05])),
+                "prefill": "disaggregated", "prefill_gpus": int(rng.integers(1, 5))}
+    policy = str(rng.choice(["no_spec", "dspark", "static"]))
+    params = {"k": 2} if policy == "static" else {"gamma": 3, "fallback": True} if policy == "dspark" else {}
+    codes: Counter = Counter()
+    real = Engine._absorbed
+
+    def counted(self, absorbed):
+        codes.update(self._absorb[4][0][:absorbed[0]].tolist())
+        return real(self, absorbed)
+
+    monkeypatch.setattr(Engine, "_absorbed", counted)
+    fast = run_engine(prof, wl, policy, params, seed=seed, **settings)
+    monkeypatch.setattr(Engine, "_absorb_setup", lambda self: None)
+    assert_same_state(run_engine(prof, wl, policy, params, seed=seed, **settings), fast)
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    monkeypatch.setattr(Engine, "PLAIN_BLOCKS", False)
+    assert_same_state(run_engine(prof, wl, policy, params, seed=seed, **settings), fast)
+    monkeypatch.undo()
+    return codes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_remote_prefill_loops_match_without_going_on_and_round_by_round(seed, monkeypatch):
+    _remote_prefill_case(seed, monkeypatch)
+
+
+def test_the_random_remote_prefill_loops_go_on_past_each_kind_of_thing(monkeypatch):
+    # the fuzz above must log completions, waits across events, prefills' ends and admissions
+    codes: Counter = Counter()
+    for seed in range(12):
+        codes += _remote_prefill_case(seed, monkeypatch)
+    assert all(codes[c] > 0 for c in range(4)), codes

@@ -162,35 +162,37 @@ def _absorbing_block(kind, *, next_request=0, idle=0, prefill_s=0.05, max_rows=6
     template = _TEMPLATE[:12] + (0,) + _TEMPLATE[13:]
     prices = [False, (False, 0.020, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1), (False, 0.010, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0)]
     finished_at, status = np.full(3, np.nan), np.array([2, 2, 0], dtype=np.int8)
-    ids, at = np.zeros(3, dtype=np.int64), np.zeros(3)
-    absorb = (kind, finished_at, status, ids, at, next_request, 3, idle, np.full(3, prefill_s), np.array(refused), 0.0)
+    codes, ids, at = np.zeros(20, dtype=np.int8), np.zeros(20, dtype=np.int64), np.zeros(20)
+    absorb = (kind, finished_at, status, codes, ids, at, next_request, 3, idle, np.full(3, prefill_s), np.array(refused),
+              0.0, None)
     bufs, finished, rows = _buffers(64), np.zeros(3, dtype=np.int64), []
     out = kernels.plain_block(np.arange(2, dtype=np.int64), *state, 16, 100, 2, 0.0, math.inf, 1 << 62, 64, max_rows,
                               prices[2], (8192, 0.01, 10.0), rows, template, *bufs, finished, absorb, prices)
-    return out, rows, state, finished, (finished_at, status, ids, at)
+    return out, rows, state, finished, (finished_at, status, ids, at, codes)
 
 
 @needs_kernels
 def test_a_plain_block_goes_on_past_a_completion_where_nothing_waits():
     # hand-derived: 4 rounds of 11 ms (0.5 + 0.5 ms + the 10 ms pass) finish request 0 (its 4
     # tokens); it is freed then (2 blocks), and request 1 goes on alone at 21 ms a round (the
-    # B=1 price) for its 5 tokens left: 9 rounds in all, request 1 finished in the last (left to
-    # the engine, as without absorb: no request would be left to go on with)
+    # B=1 price) for its 5 tokens left: 9 rounds in all, request 1 finished in the last and freed
+    # there too (the block stops with no request left)
     (code, rounds, kv_read, added, num_fin, absorbed), rows, (tok, blk, out, gen, nr), finished, ab = \
         _absorbing_block(1)
     t, fixed = [0.0], 0.0 + 0.0005 + 0.0005
     for d in [fixed + 0.010] * 4 + [fixed + 0.020] * 5:
         t.append(t[-1] + d)
-    assert (code, rounds, kv_read, num_fin, finished[:1].tolist()) == (3, 9, 18, 1, [1])
-    assert absorbed == (1, 0, 0, 3) and ab[2][:1].tolist() == [0] and ab[3][:1].tolist() == [t[4]]
-    assert ab[0][0] == t[4] and ab[1].tolist() == [3, 2, 0] and blk.tolist() == [0, 1, 0]
+    assert (code, rounds, kv_read, num_fin) == (3, 9, 18, 0)
+    assert absorbed == (2, 0, 0, 3, 0, -1) and ab[2][:2].tolist() == [0, 1] and ab[3][:2].tolist() == [t[4], t[9]]
+    assert ab[4][:2].tolist() == [0, 0]  # logged as completions
+    assert ab[0][:2].tolist() == [t[4], t[9]] and ab[1].tolist() == [3, 3, 0] and blk.tolist() == [0, 0, 0]
     assert tok.tolist() == [19, 12, 0] and gen.tolist() == [9, 14, 0] and nr.tolist() == [4, 9, 0]
-    assert added == 1 - 2  # request 1's one block held, less the two the block started with
+    assert added == -2  # both freed: less the two blocks the block started with
     assert [r[0] for r in rows] == t[:9] and [r[1] for r in rows] == [fixed + 0.010] * 4 + [fixed + 0.020] * 5
     assert [r[4] for r in rows] == [2] * 4 + [1] * 5 and [r[13] for r in rows] == [2] * 4 + [1] * 5
     assert [r[28] for r in rows] == [0] * 4 + [1] * 5  # the B=1 price is extrapolated
     # KV after: request 0 freed after its last round; peak and after as they stand then
-    assert [r[14] for r in rows] == [2, 3, 3, 3, 1, 1, 1, 1, 1] and [r[15] for r in rows] == [2, 3, 3, 1, 1, 1, 1, 1, 1]
+    assert [r[14] for r in rows] == [2, 3, 3, 3, 1, 1, 1, 1, 1] and [r[15] for r in rows] == [2, 3, 3, 1, 1, 1, 1, 1, 0]
     assert [r[26] for r in rows] == [18, 20, 22, 24, 7, 8, 9, 10, 11]
 
 
@@ -202,8 +204,9 @@ def test_absorb_is_refused_where_requests_wait_or_its_fields_are_not_a_completio
 
     def call(kind=1, waiting=0, next_request=0, prices=[False, None, None]):
         template = _TEMPLATE[:12] + (waiting,) + _TEMPLATE[13:]
-        absorb = (kind, np.full(3, np.nan), np.zeros(3, dtype=np.int8), n3.copy(), np.zeros(3), next_request, 3, 0,
-                  np.zeros(3), np.zeros(3, dtype=bool), 0.0)
+        absorb = (kind, np.full(3, np.nan), np.zeros(3, dtype=np.int8), np.zeros(20, dtype=np.int8),
+                  np.zeros(20, dtype=np.int64), np.zeros(20), next_request, 3, 0, np.zeros(3), np.zeros(3, dtype=bool), 0.0,
+                  None)
         kernels.plain_block(np.arange(2, dtype=np.int64), tok.copy(), -(-tok // 16), tok + 9, n3.copy(), n3.copy(),
                             16, 100, 2, 0.0, math.inf, 1 << 62, 64, 64, (False, 0.01, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0),
                             (8192, 0.01, 10.0), [], template, *_buffers(64), n3.copy(), absorb, prices)
@@ -224,17 +227,57 @@ def test_an_absorbed_completion_s_new_remote_prefill_ends_the_block_where_its_ev
     # request 2, which a free prefill GPU takes at once; its end (0.044 + 0.05) falls in the
     # third round after it (0.044 + 3 * 0.021): that round is the block's last (code 2)
     (code, rounds, _, _, num_fin, absorbed), rows, *_ = _absorbing_block(2, next_request=2, idle=1)
-    assert (code, rounds, num_fin) == (2, 7, 0) and absorbed == (1, 3, 0, 4)
+    assert (code, rounds, num_fin) == (2, 7, 0) and absorbed == (1, 3, 0, 4, 0, -1)
     assert [r[25] for r in rows] == [3] * 4 + [4] * 3  # one more in remote prefill after the completion
     # request 2 refused as it arrives: it completes at once, its user finds nothing left to submit
     (code, rounds, *_, absorbed), rows, *_ = _absorbing_block(2, next_request=2, idle=1, refused=(False, False, True))
-    assert (code, rounds, absorbed) == (3, 9, (1, 3, 1, 3)) and [r[25] for r in rows] == [3] * 9
+    assert (code, rounds, absorbed) == (3, 9, (2, 3, 1, 3, 0, -1)) and [r[25] for r in rows] == [3] * 9
     # no GPU free: it queues, no event, the block runs on to request 1's end
     (code, rounds, *_), _, *_ = _absorbing_block(2, next_request=2, idle=0)
     assert (code, rounds) == (3, 9)
     # a block longer than max_rows does not go on (the engine logs it as columns)
     (code, rounds, _, _, num_fin, absorbed), rows, *_ = _absorbing_block(1, max_rows=3)
     assert (code, rounds, num_fin, absorbed[0], rows) == (3, 4, 1, 0, [])
+
+
+@needs_kernels
+def test_a_plain_block_goes_on_past_a_remote_prefill_s_end_and_admits_its_request():
+    # hand-derived: requests 0 and 1 run (as in _absorbing_block); request 2 (20 prompt tokens, 5
+    # output) is on the one remote prefill GPU until 0.015 s, inside round 2 (0.011..0.022). The
+    # block waits for that pass (a SimPy key), runs the prefill's end (first token at 0.015), admits
+    # request 2 at 0.022 (2 blocks for its transferred prompt) and goes on with three requests at
+    # 16 ms a round (the B=3 price): request 0 finishes after 2 more, request 2 after 2 more at B=2
+    # (11 ms), request 1 after 3 more alone (21 ms): 9 rounds, every completion run here
+    tok = np.array([15, 3, 0], dtype=np.int64)
+    out, gen = np.array([9, 14, 5], dtype=np.int64), np.array([5, 5, 0], dtype=np.int64)
+    state = (tok, -(-tok // 16), out, gen, np.zeros(3, dtype=np.int64))
+    template = _TEMPLATE[:12] + (0,) + _TEMPLATE[13:25] + (1,) + _TEMPLATE[26:]
+    prices = [False, (False, 0.020, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1), (False, 0.010, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0),
+              (False, 0.015, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0)]
+    finished_at, status = np.full(3, np.nan), np.array([2, 2, 0], dtype=np.int8)
+    codes, ids, at = np.zeros(20, dtype=np.int8), np.zeros(20, dtype=np.int64), np.zeros(20)
+    prompt, transferred = np.array([10, 3, 20], dtype=np.int64), np.zeros(3, dtype=bool)
+    ready_at, first_at, admitted_at = np.full(3, np.nan), np.full(3, np.nan), np.full(3, np.nan)
+    target, prefilled = np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64)
+    events = (np.array([0.015]), np.array([7]), np.array([2]), 1, math.inf, 3, 0, 0, 8, np.zeros(2, dtype=np.int64),
+              prompt, transferred, ready_at, first_at, admitted_at, (target, prefilled))
+    absorb = (2, finished_at, status, codes, ids, at, 3, 3, 0, np.full(3, 0.05), np.zeros(3, dtype=bool), 0.0, events)
+    bufs, finished, rows = _buffers(64), np.zeros(3, dtype=np.int64), []
+    code, rounds, _, added, num_fin, absorbed = kernels.plain_block(
+        np.arange(2, dtype=np.int64), *state, 16, 100, 2, 0.0, 0.015, 1 << 62, 64, 64, prices[2], (8192, 0.01, 10.0),
+        rows, template, *bufs, finished, absorb, prices)
+    t, fixed = [0.0], 0.0 + 0.0005 + 0.0005
+    for d in [fixed + 0.010] * 2 + [fixed + 0.015] * 2 + [fixed + 0.010] * 2 + [fixed + 0.020] * 3:
+        t.append(t[-1] + d)
+    assert (code, rounds, num_fin, added) == (3, 9, 0, -2) and absorbed == (6, 3, 1, 0, 0, 0)
+    assert codes[:6].tolist() == [1, 2, 3, 0, 0, 0] and ids[1:6].tolist() == [2, 2, 0, 2, 1]
+    assert at[1:6].tolist() == [0.015, t[2], t[4], t[6], t[9]]
+    assert (first_at[2], ready_at[2], admitted_at[2], target[2], prefilled[2], bool(transferred[2])) == \
+        (0.015, 0.015, t[2], 20, 20, True)
+    assert gen.tolist() == [9, 14, 5] and status.tolist() == [3, 3, 3] and finished_at.tolist() == [t[4], t[9], t[6]]
+    assert [r[0] for r in rows] == t[:9]
+    assert [r[13] for r in rows] == [2, 2, 3, 3, 2, 2, 1, 1, 1] and [r[25] for r in rows] == [1, 1] + [0] * 7
+    assert [r[12] for r in rows] == [0] * 9  # admitted as the round after the pass starts
 
 
 @needs_kernels
