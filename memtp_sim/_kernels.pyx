@@ -974,12 +974,25 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
             blocks: int64 out, ``(max_rounds,)`` or longer (:func:`plain_plan`'s).
         finished: int64 out, ``(R,)`` or longer: ids that finished, in ``dec`` order.
         absorb: None, or :func:`drafted_block`'s: a block of at most ``max_rows`` rounds that ends
-            where requests finish (not at ``next_event``, and with ``prices`` for the requests
-            left) goes on: the finished requests freed and listed (``absorb``'s arrays), the
-            template's queues (fields 4, 7, 11, 13, 25 and 28: decoding, batch, emitted, running,
-            remote prefill, extrapolated) and pricing then those of the requests left, for at most
-            ``max_rows`` rounds in all (``ahead`` and the KV cache as above). Its template's field
-            12 (waiting) must be 0.
+            where requests finish (not at ``next_event``) goes on: the finished requests freed and
+            logged (``absorb``'s arrays), the template's queues (fields 4, 7, 11, 12, 13, 25 and 28:
+            decoding, batch, emitted, waiting, running, remote prefill, extrapolated) and pricing
+            then those of the requests running, for at most ``max_rows`` rounds in all (``ahead``
+            and the KV cache as above). Its template's field 12 (waiting) must be 0. With
+            ``events``, ``(event_t, event_eid, event_id, num_events, other_next, queue_head,
+            queue_len, watermark, limit, waiting, prompt, transferred, ready_at, first_token_at,
+            admitted_at, (prefill_target, prefilled))``: the remote prefills in flight (float64
+            ends, int64 SimPy event ids and requests, the first ``num_events`` of arrays as long
+            as the GPUs), the next other SimPy event, s, the prefill queue (every request not
+            refused from ``queue_head`` to ``next_request``, ``queue_len`` of them), admission's
+            watermark and limit, an int64 buffer of ``len(event_t) + 1`` for the requests waiting,
+            and the per-request arrays a prefill's end and an admission write: a block whose last
+            round's pass runs across events goes on where each is such an end this mirror runs
+            (``Engine._remote_prefill_done``: the GPU takes the queue's first prompt, whose end must
+            fall after the pass, or goes idle; the request's first token, one more to come), logged
+            (code 1, the wait's key, then 2 for each end), then that round's completions, then at
+            the round's end the waiting requests admitted as ``Engine._admit`` (code 3; one that
+            does not fit stops the block there).
         prices: with ``absorb``, a list: ``Engine._plain_price``'s 9 fields at each batch size (an
             entry that is not such a tuple stops the block at the completions, as without ``absorb``).
 
@@ -2572,21 +2585,27 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             it (the controller as it was: its answer stands once the round draws or is kept). A
             round of k 0 drafts nothing: a plain pass of the decode table, every request emits
             its bonus token. Each kept round that drafted updates the learning (``observe``).
-        absorb: None, or ``(kind, finished_at, status, absorbed, absorbed_at, next_request, num_requests,
-            prefill_idle, prefill_s, refused, think_s)``: a kept round (not crossing ``next_event``)
-            that finishes requests goes on instead of stopping the block: their finish time,
-            status 3 and KV blocks freed (``Engine._finish``'s array work: float64 and int8 ``(n,)``,
-            written), their ids and times listed in ``absorbed`` (int64) and ``absorbed_at``
-            (float64), ``(n,)`` out, for the caller to run each completion at its time
-            (``Engine._complete``), and the rounds after it without them. Only where nothing waits
-            for admission (a completion then changes no round but through its user's next
-            submission): ``kind`` 1, an open loop (a completion submits nothing); 2, closed-loop
-            users that go on at once to remote prefill GPUs: each completion submits request
-            ``next_request`` (the next not ``refused``, bool ``(n,)``: a refused one completes at
-            once, and its user goes on), which joins the remote prefill queue
-            (``num_remote_prefill`` + 1), or starts on one of the ``prefill_idle`` free GPUs and
-            ends ``prefill_s[j]`` (float64 ``(n,)``) later: a new event the block stops at; 3,
-            closed-loop users that think ``think_s`` s first: a new event that much later.
+        absorb: None, or ``(kind, finished_at, status, actions, action_ids, action_at, next_request,
+            num_requests, prefill_idle, prefill_s, refused, think_s, events)``: a kept round (not
+            crossing ``next_event``) that finishes requests goes on instead of stopping the block:
+            their finish time, status 3 and KV blocks freed (``Engine._finish``'s array work:
+            float64 and int8 ``(n,)``, written), each logged (code 0, its id and time) in the action
+            log (``actions`` int8, ``action_ids`` int64, ``action_at`` float64, ``(4 n + 8,)`` out)
+            for the caller to run each completion at its time (``Engine._complete``), and the rounds
+            after it without them. Only where nothing waits for admission (a completion then changes
+            no round but through its user's next submission): ``kind`` 1, an open loop (a completion
+            submits nothing); 2, closed-loop users that go on at once to remote prefill GPUs: each
+            completion submits request ``next_request`` (the next not ``refused``, bool ``(n,)``: a
+            refused one completes at once, and its user goes on), which joins the remote prefill
+            queue (``num_remote_prefill`` + 1), or starts on one of the ``prefill_idle`` free GPUs
+            and ends ``prefill_s[j]`` (float64 ``(n,)``) later: a new event; 3, closed-loop users
+            that think ``think_s`` s first: a new event that much later. ``events`` (kind 2 only, at
+            a fixed depth and without a dynamic controller; else None): :func:`plain_block`'s, and
+            a round whose pass runs across remote prefills' ends goes on past them as there (the
+            wait's key, each end, the round's completions, then the admissions, logged with codes
+            1, 2, 0 and 3); the out arrays then have the rows of the admission limit (the batch
+            grows), and ``draft_times`` a NaN where not priced yet (the block stops before a round
+            of that many requests).
 
     Returns:
         ``(code, rounds, now, blocks_used, gain, last_round, skipped, coherence, num_updates,
@@ -2645,14 +2664,21 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         bs = _f64_2d(<cnp.ndarray?>base, "base", num_dom, width)
     cdef double* t = _f64(temps, "temps", width, False)
     cdef double* dts = _f64(draft_times, "draft_times", num_run + 1, False)
-    cdef i64* dec = _i64(_w(dec_out, "dec_out"), "dec_out", num_run)
-    cdef i64* pre = _i64(_w(pre_out, "pre_out"), "pre_out", num_run)
-    cdef double* p = _f64_2d(_w(probs, "probs"), "probs", num_run, width)
-    cdef double* rw = _f64_2d(_w(raw, "raw"), "raw", num_run, width)
-    cdef double* c = _f64_2d(_w(conf, "conf"), "conf", num_run, width)
-    cdef i64* fin = _i64(_w(finished, "finished"), "finished", num_run, False)
-    cdef i64* lengths = _i64(_w(lengths_out, "lengths_out"), "lengths_out", num_run)
-    cdef i64* chunks = _i64(_w(chunks_out, "chunks_out"), "chunks_out", num_run)
+    # the most requests a round may hold: the running ones, or with remote prefills' ends absorbed
+    # (admissions) the out arrays' rows (the caller's admission limit)
+    cdef Py_ssize_t room = num_run, view_rows = num_run
+    if absorb is not None and PyTuple_GET_SIZE(absorb) == 13 and <object>PyTuple_GET_ITEM(absorb, 12) is not None:
+        _check_1d(dec_out, "dec_out", cnp.NPY_INT64, "int64", num_run, False)
+        view_rows = cnp.PyArray_DIM(dec_out, 0)
+        room = view_rows if view_rows < size else size
+    cdef i64* dec = _i64(_w(dec_out, "dec_out"), "dec_out", view_rows)
+    cdef i64* pre = _i64(_w(pre_out, "pre_out"), "pre_out", view_rows)
+    cdef double* p = _f64_2d(_w(probs, "probs"), "probs", view_rows, width)
+    cdef double* rw = _f64_2d(_w(raw, "raw"), "raw", view_rows, width)
+    cdef double* c = _f64_2d(_w(conf, "conf"), "conf", view_rows, width)
+    cdef i64* fin = _i64(_w(finished, "finished"), "finished", room, False)
+    cdef i64* lengths = _i64(_w(lengths_out, "lengths_out"), "lengths_out", view_rows)
+    cdef i64* chunks = _i64(_w(chunks_out, "chunks_out"), "chunks_out", view_rows)
     cdef double* pf = _f64(_w(crossing, "crossing"), "crossing", 2)
     cdef object consts = row_consts
     _check_fields(gate, "gate", 6)
@@ -2751,13 +2777,18 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     # completions absorbed (absorb): what each sets off, and the list of them
     cdef _Absorb ab
     _read_absorb(absorb, size, consts[0], consts[2], &ab)
+    if ab.events:  # an admission writes the prefill target (the arrays given here, as the other kernels check them)
+        _w(target, "target")
+        ab.target, ab.prefilled, ab.first_at = want, done, first
     cdef bint ab_new = False
 
     # scratch: offsets (N), noise and draws (N*L each), scan candidates (2*N*L), times (N*L + 1);
     # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L); with absorb the ids (N)
-    cdef Py_ssize_t most = num_run * width
-    cdef double* fbuf = <double*>PyMem_Malloc((5 * most + num_run + 1) * sizeof(double))
-    cdef i64* ibuf = <i64*>PyMem_Malloc((2 * most + 3 * num_run + 1) * sizeof(i64))
+    if ab.events and (is_elastic or c_kind):
+        raise ValueError("absorb: remote prefills' ends are absorbed only at a fixed depth and k (the batch grows)")
+    cdef Py_ssize_t most = room * width
+    cdef double* fbuf = <double*>PyMem_Malloc((5 * most + room + 1) * sizeof(double))
+    cdef i64* ibuf = <i64*>PyMem_Malloc((2 * most + 3 * room + 1) * sizeof(i64))
     cdef char* would = <char*>PyMem_Malloc(most) if dg_would != NULL else NULL
     if fbuf == NULL or ibuf == NULL or (dg_would != NULL and would == NULL):
         PyMem_Free(fbuf)
@@ -2765,15 +2796,15 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         PyMem_Free(would)
         raise MemoryError()
     cdef double* offsets = fbuf
-    cdef double* noise = offsets + num_run
+    cdef double* noise = offsets + room
     cdef double* draws = noise + most
     cdef double* surv = draws + most
     cdef double* times = surv + 2 * most
     cdef i64* acc = ibuf
-    cdef i64* picked = acc + num_run
-    if ab.kind:  # the running ids as the absorbed completions leave them (the caller's array stays as given)
-        memcpy(picked + 2 * most + num_run + 1, ids, num_run * sizeof(i64))
-        ids = picked + 2 * most + num_run + 1
+    cdef i64* picked = acc + room
+    if ab.kind:  # the running ids as the absorbed completions and admissions leave them (the caller's array stays)
+        memcpy(picked + 2 * most + room + 1, ids, num_run * sizeof(i64))
+        ids = picked + 2 * most + room + 1
 
     cdef int code = 0
     cdef bint had_prefill = False, extrapolated, across = False, use_noise = not oracle and noise_sd != 0.0
@@ -3127,11 +3158,14 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     c_acc[j] = c_rate if j == 0 else c_acc[j - 1] * c_rate
             if c_kind:
                 c_spec = k_r > 0  # Engine._pass_time: speculation on after a round that drafted
-            if nf and ab.kind and not across and blocks_used <= capacity:
-                # absorbed: Engine._finish's array work now (the row's KV after is the freed cache, as
-                # there), the completions listed for the caller, their users' submissions mirrored
-                blocks_used -= _absorb_round(&ab, fin, nf, now, blk, ids, &num_run, &next_event)
-                totals[3] = nf = 0
+            # going on: past the round's completions, and past the events in its pass where they are
+            # remote prefills' ends the mirror runs (the wait for the pass's end, then its completions)
+            if ab.kind and blocks_used <= capacity and (
+                    (nf > 0 and not across) or (across and _absorb_events(&ab, now, out, gen, &next_event))):
+                if nf:  # Engine._finish's array work now (the row's KV after is the freed cache, as there)
+                    blocks_used -= _absorb_round(&ab, fin, nf, now, blk, ids, &num_run, &next_event)
+                    totals[3] = nf = 0
+                across = False
                 ab_new = True
             _append_row(rows, (start, duration, draft_s, vs, num, num_prefill, chunk_total, b, k_r, verify_tokens,
                                totals[0], totals[1] + completed, consts[0], consts[1], peak, blocks_used, theta,
@@ -3145,7 +3179,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             if nf or blocks_used > capacity:
                 code = 2  # requests finished (or the KV check fails): the caller frees them
                 break
-            if ab_new:  # the next rows' queues: fewer running, more in remote prefill
+            if ab.num_wait and _admit_waiting(&ab, now, ids, &num_run, tok, blk, block_tokens, capacity, &blocks_used):
+                break  # one cannot be admitted: the round path's admission waits as well (code 0)
+            if ab_new:  # the next rows' queues: fewer or more running, in remote prefill
                 consts = (0, num_run, ab.remote)
                 ab_new = False
     finally:

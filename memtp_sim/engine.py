@@ -1393,16 +1393,20 @@ class Engine:
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
         run = self._run_ids[0]
         num_run = run.size
-        views = state[3].get(num_run)
+        absorb = self._absorb_args(consts, events=self._drafted_events)
+        rows = num_run if absorb is None or absorb[12] is None else state[4][1].shape[1]  # (admissions: all of them)
+        views = state[3].get(rows)
         if views is None:  # the run's buffers as arrays of this many requests (the kernel's shapes)
             drafts, ids, crossing = state[4]
-            views = state[3][num_run] = (*(d[:num_run] for d in drafts), *(i[:num_run] for i in ids), crossing)
+            views = state[3][rows] = (*(d[:rows] for d in drafts), *(i[:rows] for i in ids), crossing)
         probs, raw, conf, dec_ids, pre_ids, lengths, chunks, crossing = views
         draft_times = state[1]
-        if num_run > state[0]:  # drafting time by decoding requests, priced once per run
-            for r in range(state[0] + 1, num_run + 1):
+        if num_run > state[0]:  # drafting time by decoding requests, priced once per run (a few more
+            # where admissions may grow the batch inside the block)
+            upto = num_run if rows == num_run else min(rows, num_run + self.cfg.prefill_gpus)
+            for r in range(state[0] + 1, upto + 1):
                 draft_times[r] = drafter.round_time_s(r, gamma)
-            state[0] = num_run
+            state[0] = upto
         finished = self._scratch[4]
         left, at = self.DIAG_ROUNDS - self.diag_n, state[2]
         d_raw, d_conf, d_would = (None, None, None) if diag is None or left <= 0 else \
@@ -1427,7 +1431,7 @@ class Engine:
             coh_args, round_index, _MAX_BLOCK_ROUNDS, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, crossing,
             None if ctl is None else self._elastic_args(ctl), tower, drafter.kind == "draft_model", control_args,
-            self._absorb_args(consts))
+            absorb)
         if control is not None:
             self._kept_control(*control, control_args)
         if ctl_state is not None:
@@ -1469,6 +1473,9 @@ class Engine:
         self._plain_fused = self._plain_block_inputs() if plain_ok else None
         self._kv_kernels = self._kv_kernels_if_own()
         self._absorb = self._absorb_setup()
+        # drafted blocks go on past remote prefills' ends (their batch grows) at a fixed depth and k
+        self._drafted_events = (self._absorb is not None and self._absorb[5] is not None and not self.drafter.elastic
+                                and not self.control.dynamic)
 
     def _absorb_setup(self) -> tuple | None:
         """What blocks need to go on past completions (``_kernels.drafted_block``'s and

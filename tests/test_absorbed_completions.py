@@ -43,7 +43,9 @@ def _absorbed_by_caller(monkeypatch) -> Counter:
     real = Engine._absorbed
 
     def counted(self, absorbed):
-        counts[inspect.stack()[1].function] += absorbed[0]
+        caller = inspect.stack()[1].function
+        counts[caller] += absorbed[0]
+        counts.update((caller, code) for code in self._absorb[4][0][:absorbed[0]].tolist())
         return real(self, absorbed)
 
     monkeypatch.setattr(Engine, "_absorbed", counted)
@@ -57,8 +59,12 @@ def test_blocks_that_go_on_past_completions_match_blocks_that_stop_there(name, m
     counts = _absorbed_by_caller(monkeypatch)
     fast = run(scen, seed=3)
     assert sum(counts.values()) > 0, "no completion went on past: the test would prove nothing"
-    # drafted blocks went on past completions, and plain ones (all of no_spec's rounds are plain)
-    assert counts["_plain_run" if policy["name"] == "no_spec" else "_drafted_block"] > 0, counts
+    # drafted blocks went on past completions, and plain ones (all of no_spec's rounds are plain); on
+    # remote prefill GPUs, past the prefills' ends in their passes too (and admitted their requests)
+    caller = "_plain_run" if policy["name"] == "no_spec" else "_drafted_block"
+    assert counts[caller, 0] > 0, counts
+    if name.startswith("remote-prefill"):
+        assert counts[caller, 1] > 0 and counts[caller, 2] > 0 and counts[caller, 3] > 0, counts
     if name == "remote-prefill-refused":
         assert fast.metrics["num_rejected"] > 0
     monkeypatch.setattr(Engine, "_absorb_setup", lambda self: None)

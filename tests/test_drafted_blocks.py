@@ -101,6 +101,9 @@ def test_a_last_round_across_an_event_is_kept_in_its_block(name, monkeypatch):
     monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
     slow = run(scen, seed=5).state
     monkeypatch.setattr(Engine, "DRAFT_BLOCKS", True)
+    # blocks that stop at the events (not going on past remote prefills' ends and completions, whose
+    # tests are test_absorbed_completions.py's): this path is the one where they cannot go on
+    monkeypatch.setattr(Engine, "_absorb_setup", lambda self: None)
     monkeypatch.setattr(Engine, "_drafted_block", block)
     fast = run(scen, seed=5).state
     assert_same_state(slow, fast)
