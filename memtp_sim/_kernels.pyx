@@ -977,8 +977,10 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
             where requests finish (not at ``next_event``) goes on: the finished requests freed and
             logged (``absorb``'s arrays), the template's queues (fields 4, 7, 11, 12, 13, 25 and 28:
             decoding, batch, emitted, waiting, running, remote prefill, extrapolated) and pricing
-            then those of the requests running, for at most ``max_rows`` rounds in all (``ahead``
-            and the KV cache as above). Its template's field 12 (waiting) must be 0. With
+            then those of the requests running, for at most ``max_rows`` (and ``max_rounds``) rounds
+            in all (``ahead`` and the KV cache as above), while the KV blocks in use fit the
+            capacity; ``finished`` and ``num_finished`` are then the last sub-block's. Its
+            template's field 12 (waiting) must be 0. With
             ``events``, ``(event_t, event_eid, event_id, num_events, other_next, queue_head,
             queue_len, watermark, limit, waiting, prompt, transferred, ready_at, first_token_at,
             admitted_at, (prefill_target, prefilled))``: the remote prefills in flight (float64
@@ -1111,7 +1113,7 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
             now_s = buf.times[total]
             if ab.num_wait and _admit_waiting(&ab, now_s, ids, &num, tok, blk, block_tokens, capacity, &used):
                 break  # one cannot be admitted: the round path's admission waits as well
-            sub_max = max_rows - total
+            sub_max = (max_rows if max_rows < max_rounds else max_rounds) - total  # (the plan buffers' length)
             if num < 1 or sub_max < 1 or ahead - total < 1:
                 break
             nxt = <object>PyList_GET_ITEM(prices, num) if num < PyList_GET_SIZE(prices) else None
@@ -2587,7 +2589,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             its bonus token. Each kept round that drafted updates the learning (``observe``).
         absorb: None, or ``(kind, finished_at, status, actions, action_ids, action_at, next_request,
             num_requests, prefill_idle, prefill_s, refused, think_s, events)``: a kept round (not
-            crossing ``next_event``) that finishes requests goes on instead of stopping the block:
+            crossing ``next_event``, its KV blocks within the capacity) that finishes requests goes
+            on instead of stopping the block:
             their finish time, status 3 and KV blocks freed (``Engine._finish``'s array work:
             float64 and int8 ``(n,)``, written), each logged (code 0, its id and time) in the action
             log (``actions`` int8, ``action_ids`` int64, ``action_at`` float64, ``(4 n + 8,)`` out)

@@ -232,8 +232,8 @@ def _same_numpy(kernels) -> bool:  # noqa: ANN001 - the kernels module
 
 
 _numpy_warned = False
-#: the functions a completion runs (Engine._finish's Python part and what it sets off): a drafted block
-#: goes on past completions (mirroring their effects) only where each is Engine's own
+#: the functions a completion or a remote prefill's end runs (Engine._finish's Python part and what it
+#: sets off): a block goes on past them (mirroring their effects) only where each is Engine's own
 _COMPLETION_PATH = ("_finish", "_complete", "_release_users", "_user_next", "_user_done", "_submit", "_reject",
                     "_start_remote_prefill", "_prefill_time_s", "_price_prefill_s", "_count_in_system", "_enqueue",
                     "_remote_prefill_done", "_admit", "_advance")
@@ -1502,7 +1502,9 @@ class Engine:
         n = self.n
         refused = np.zeros(n, dtype=bool)
         refused[list(self._refused)] = True
-        prefill_s = np.array([self._prefill_time_s(p) for p in self._prompt_list]) if kind == 2 else np.zeros(n)
+        prefill_s = np.zeros(n)  # (a refused request is never prefilled: its prompt is not priced, as before)
+        if kind == 2:
+            prefill_s[:] = [0.0 if j in self._refused else self._prefill_time_s(p) for j, p in enumerate(self._prompt_list)]
         gpus = self.cfg.prefill_gpus
         log = (np.empty(4 * n + 8, dtype=np.int8), np.empty(4 * n + 8, dtype=np.int64), np.empty(4 * n + 8))
         events = (np.empty(gpus), np.empty(gpus, dtype=np.int64), np.empty(gpus, dtype=np.int64),

@@ -5,6 +5,7 @@ every run must match the one whose blocks stop at each completion, and the round
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections import Counter
 
@@ -13,6 +14,7 @@ import pytest
 
 from memtp_sim import _compiled, run
 from memtp_sim.engine import Engine
+from memtp_sim.hardware import SPSTable
 
 from _sim_helpers import assert_same_state, flat_profile, run_engine, scenario, workload
 
@@ -146,3 +148,14 @@ def test_the_random_remote_prefill_loops_go_on_past_each_kind_of_thing(monkeypat
     for seed in range(12):
         codes += _remote_prefill_case(seed, monkeypatch)
     assert all(codes[c] > 0 for c in range(4)), codes
+
+
+def test_a_refused_request_s_prompt_is_not_priced_for_remote_prefill():
+    # a reviewer's case: the refused request's prompt (65 tokens, longer than the model takes with
+    # its output) is never prefilled, so a prefill curve that cannot price it must not fail the run
+    # (going on past completions priced every prompt once)
+    prof = dataclasses.replace(flat_profile(max_model_len=100),
+                               prefill=SPSTable(np.array([8, 64]), np.array([10.0, 10.0]), source="test"))
+    wl = workload([16, 16, 65, 16, 16], [10, 10, 40, 10, 10], concurrency=2)
+    state = run_engine(prof, wl, policy="no_spec", prefill="disaggregated", prefill_gpus=1)
+    assert state.status.tolist() == [3, 3, 4, 3, 3]

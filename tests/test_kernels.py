@@ -152,7 +152,8 @@ def test_one_block_call_plans_applies_and_logs_as_the_separate_kernels_by_hand()
     assert codes == [3] and rounds == 4 and rows == []
 
 
-def _absorbing_block(kind, *, next_request=0, idle=0, prefill_s=0.05, max_rows=64, refused=(False, False, False)):
+def _absorbing_block(kind, *, next_request=0, idle=0, prefill_s=0.05, max_rows=64, refused=(False, False, False),
+                     max_rounds=64, bufs=None):
     """plain_block on two requests (tokens 15 and 3, 4 and 9 tokens left, as :func:`_block`) that
     goes on past the first one's completion (``absorb``): nothing waits, 3 in remote prefill, a
     third request whose remote prefill takes ``prefill_s``; 10 ms a pass at B=2, 20 ms at B=1."""
@@ -165,8 +166,8 @@ def _absorbing_block(kind, *, next_request=0, idle=0, prefill_s=0.05, max_rows=6
     codes, ids, at = np.zeros(20, dtype=np.int8), np.zeros(20, dtype=np.int64), np.zeros(20)
     absorb = (kind, finished_at, status, codes, ids, at, next_request, 3, idle, np.full(3, prefill_s), np.array(refused),
               0.0, None)
-    bufs, finished, rows = _buffers(64), np.zeros(3, dtype=np.int64), []
-    out = kernels.plain_block(np.arange(2, dtype=np.int64), *state, 16, 100, 2, 0.0, math.inf, 1 << 62, 64, max_rows,
+    bufs, finished, rows = bufs or _buffers(max_rounds), np.zeros(3, dtype=np.int64), []
+    out = kernels.plain_block(np.arange(2, dtype=np.int64), *state, 16, 100, 2, 0.0, math.inf, 1 << 62, max_rounds, max_rows,
                               prices[2], (8192, 0.01, 10.0), rows, template, *bufs, finished, absorb, prices)
     return out, rows, state, finished, (finished_at, status, ids, at, codes)
 
@@ -235,6 +236,13 @@ def test_an_absorbed_completion_s_new_remote_prefill_ends_the_block_where_its_ev
     # no GPU free: it queues, no event, the block runs on to request 1's end
     (code, rounds, *_), _, *_ = _absorbing_block(2, next_request=2, idle=0)
     assert (code, rounds) == (3, 9)
+    # a block goes on for at most max_rounds rounds, the plan buffers' length, whatever max_rows
+    # (a reviewer's fault: the sub-blocks after a completion ran on to max_rows, past the buffers)
+    room = _buffers(64)
+    bufs = (room[0][:6], room[1][:5], room[2][:5], room[3][:5])
+    (code, rounds, *_), rows, *_ = _absorbing_block(1, max_rows=64, max_rounds=5, bufs=bufs)
+    assert (code, rounds, len(rows)) == (3, 5, 5)
+    assert not room[0][6:].any() and not room[1][5:].any() and not room[2][5:].any() and not room[3][5:].any()
     # a block longer than max_rows does not go on (the engine logs it as columns)
     (code, rounds, _, _, num_fin, absorbed), rows, *_ = _absorbing_block(1, max_rows=3)
     assert (code, rounds, num_fin, absorbed[0], rows) == (3, 4, 1, 0, [])
