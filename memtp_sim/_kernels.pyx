@@ -676,8 +676,8 @@ cdef struct _Absorb:
     # what a block goes on past (a drafted or plain block's ``absorb``): completions, the kind of
     # what each sets off, Engine._finish's arrays, the log of it all for the caller (act: 0 a
     # completion, 1 a wait across events (Engine._advance's key for its end), 2 a remote prefill's
-    # end, 3 an admission), their users' submissions as mirrored; and with ``events`` (plain
-    # blocks, kind 2) the remote prefills' ends: the ones in flight, the queue (the requests not
+    # end, 3 an admission), their users' submissions as mirrored; and with ``events`` (kind 2:
+    # plain blocks, and drafted ones at a fixed depth and k) the remote prefills' ends: the ones in flight, the queue (the requests not
     # refused from q_head on, q_len of them: submissions are in id order), the next SimPy event
     # besides them, and what a prefill's end and an admission write
     i64 kind, next_req, n, idle, remote
@@ -995,13 +995,15 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
             (code 1, the wait's key, then 2 for each end), then that round's completions, then at
             the round's end the waiting requests admitted as ``Engine._admit`` (code 3; one that
             does not fit stops the block there).
-        prices: with ``absorb``, a list: ``Engine._plain_price``'s 9 fields at each batch size (an
-            entry that is not such a tuple stops the block at the completions, as without ``absorb``).
+        prices: with ``absorb``, a list: ``Engine._plain_price``'s 9 fields at each batch size. A
+            round whose batch size has no such tuple (not priced yet, or the list too short) is not
+            run: the block stops before it, after the last round's completions are freed and logged
+            (the caller prices that size and calls again).
 
     Returns:
         ``(code, rounds, kv_read_tokens, blocks_added, num_finished, absorbed)`` (the first pass's KV
-        read, the KV blocks after the block less before it, ``absorbed`` :func:`drafted_block`'s:
-        ``(num_absorbed, next_request, prefill_idle, num_remote_prefill)``, or None without ``absorb``); code 0: not even one round
+        read, the KV blocks after the block less before it, ``absorbed`` as :func:`drafted_block`'s,
+        or None without ``absorb``); code 0: not even one round
         fits the KV cache (nothing done); 1: planned, but a round check may fail (the engine runs
         ``Engine._check_pass``, which raises); 2 and 3: applied, its rows written if ``rounds <=
         max_rows``, the last with the KV after the block before finished requests free theirs; 3:
@@ -2623,7 +2625,10 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         below_since, below_max_target)`` after them (-1 for None), or None without ``elastic``;
         and the tower's depth after them (None without ``tower``); and with ``control``,
         ``(spec_on, state)`` after them (``state`` as given, empty for kind 1), else None; and with
-        ``absorb``, ``(num_absorbed, next_request, prefill_idle, num_remote_prefill)`` after them, else None.
+        ``absorb``, ``absorbed``: ``(num_actions, next_request, prefill_idle, num_remote_prefill,
+        num_waiting, queue_len)`` after them (the actions logged; the next request to submit, the
+        free prefill GPUs, the requests in remote prefill and those waiting for admission as the
+        mirror left them; the remote prefill queue's length with ``events``, else -1), else None.
 
     Raises:
         TypeError, ValueError, IndexError: arrays of the wrong type or shape, or bad ids;
@@ -2670,7 +2675,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     # the most requests a round may hold: the running ones, or with remote prefills' ends absorbed
     # (admissions) the out arrays' rows (the caller's admission limit)
     cdef Py_ssize_t room = num_run, view_rows = num_run
-    if absorb is not None and PyTuple_GET_SIZE(absorb) == 13 and <object>PyTuple_GET_ITEM(absorb, 12) is not None:
+    if type(absorb) is tuple and PyTuple_GET_SIZE(absorb) == 13 and <object>PyTuple_GET_ITEM(absorb, 12) is not None:
         _check_1d(dec_out, "dec_out", cnp.NPY_INT64, "int64", num_run, False)
         view_rows = cnp.PyArray_DIM(dec_out, 0)
         room = view_rows if view_rows < size else size
@@ -2789,6 +2794,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     # accepted (N), the scan's candidate rows and runs (2*N*L + N + 1); would (N*L); with absorb the ids (N)
     if ab.events and (is_elastic or c_kind):
         raise ValueError("absorb: remote prefills' ends are absorbed only at a fixed depth and k (the batch grows)")
+    if ab.events and (ab.limit if ab.limit < size else size) > room:
+        raise ValueError(f"absorb: admissions may run {min(ab.limit, size)} requests, but the out arrays hold {room} "
+                         "rows (give them the admission limit's rows)")
+    if ab.events:  # a round of up to ``room`` requests reads its drafting time
+        _f64(draft_times, "draft_times", room + 1, False)
     cdef Py_ssize_t most = room * width
     cdef double* fbuf = <double*>PyMem_Malloc((5 * most + room + 1) * sizeof(double))
     cdef i64* ibuf = <i64*>PyMem_Malloc((2 * most + 3 * room + 1) * sizeof(i64))
@@ -3196,4 +3206,5 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             (e_last, e_target, e_above, e_below, e_below_max) if is_elastic else None,
             tw_depth if tw_vals != NULL else None,
             _control_state(c_kind, c_spec, c_k, c_ema, c_off, c_since, c_probing, c_acc_len),
-            (ab.num, ab.next_req, ab.idle, ab.remote, ab.num_wait, -1) if ab.kind else None)
+            (ab.num, ab.next_req, ab.idle, ab.remote, ab.num_wait, ab.q_len if ab.events else -1)
+            if ab.kind else None)

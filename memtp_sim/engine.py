@@ -1484,7 +1484,8 @@ class Engine:
         first), each request's remote prefill time and whether it is refused as it arrives, the
         think time, the action log the kernels write (codes, ids, times: see :meth:`_absorbed`) and,
         for kind 2, the buffers of the remote prefills in flight (times, SimPy event ids, requests)
-        and of the requests waiting for admission (plain blocks also go on past those prefills' ends).
+        and of the requests waiting for admission (blocks also go on past those prefills' ends: plain
+        ones, and drafted ones at a fixed depth and k).
         None where a completion sets off more (a colocated closed loop's user joins the admission
         queue at once), where the KV manager is not the kernels' (:meth:`_kv_kernels_if_own`), or
         where one of the functions a completion or a prefill's end runs is another than this class's:
@@ -1514,7 +1515,8 @@ class Engine:
     def _absorb_args(self, consts: tuple, events: bool = False) -> tuple | None:
         """A block's ``absorb`` argument now (``consts``: the waiting, running and remote prefill
         counts): None while requests wait for admission (a completion would let the next one in);
-        with ``events`` (plain blocks), the remote prefills' ends too (:meth:`_prefill_events`)."""
+        with ``events`` (plain blocks, and drafted ones at a fixed depth and k), the remote
+        prefills' ends too (:meth:`_prefill_events`)."""
         ab = self._absorb
         if ab is None or consts[0]:
             return None
@@ -1522,11 +1524,11 @@ class Engine:
                 ab[1], ab[2], ab[3], self._prefill_events() if events and ab[5] is not None else None)
 
     def _prefill_events(self) -> tuple | None:
-        """``plain_block``'s ``events``: the remote prefills in flight, from SimPy's queue (each
-        one's end, event id and request), the earliest other event, the prefill queue (its first
-        request and length: users submit in id order, so it holds every request not refused from
-        that one on), admission's watermark and limit, and the arrays a prefill's end and an
-        admission write. None where SimPy's queue holds more remote prefills than GPUs."""
+        """The blocks' ``events`` (``plain_block``'s and ``drafted_block``'s): the remote prefills
+        in flight, from SimPy's queue (each one's end, event id and request), the earliest other
+        event, the prefill queue (its first request and length: users submit in id order, so it
+        holds every request not refused from that one on), admission's watermark and limit, and the
+        arrays a prefill's end and an admission write. None where SimPy's queue holds more remote prefills than GPUs."""
         ev_t, ev_eid, ev_id, wait = self._absorb[5]
         done, k, other = self._remote_prefill_done, 0, _INF
         for t, _, eid, event in self.env._queue:
@@ -1580,6 +1582,9 @@ class Engine:
                 self.num_remote_prefill -= 1
                 waiting.append(i)
             else:
+                if not waiting or waiting[0] != i:
+                    raise EngineInvariantError(f"block: request {i} was admitted as the kernel ran it, but the "
+                                               f"admission queue's head is {waiting[0] if waiting else None}")
                 waiting.popleft()
                 running.append(i)
         self.kv.check("finish")

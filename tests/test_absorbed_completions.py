@@ -159,3 +159,23 @@ def test_a_refused_request_s_prompt_is_not_priced_for_remote_prefill():
     wl = workload([16, 16, 65, 16, 16], [10, 10, 40, 10, 10], concurrency=2)
     state = run_engine(prof, wl, policy="no_spec", prefill="disaggregated", prefill_gpus=1)
     assert state.status.tolist() == [3, 3, 4, 3, 3]
+
+
+def test_an_admission_the_kernel_logged_must_be_the_admission_queue_s_head():
+    # review: the replay took the queue's head whatever id the kernel had logged, so a mirror that
+    # admitted another request than the head went unseen (the running list then held the wrong one)
+    from collections import deque
+
+    from memtp_sim.acceptance import AcceptanceModel
+    from memtp_sim.engine import EngineInvariantError, EngineSettings
+    from memtp_sim.policies import make_policy
+
+    eng = Engine(flat_profile(), AcceptanceModel.fixed(0.7), workload([8, 8, 8], [4, 4, 4]),
+                 make_policy("no_spec", {}), EngineSettings(), np.random.default_rng(0))
+    eng._absorb = (None,) * 4 + ((np.array([3], dtype=np.int8), np.array([2]), np.array([0.0])),)
+    eng.waiting = deque([1, 2])
+    with pytest.raises(EngineInvariantError, match="request 2 was admitted.*head is 1"):
+        eng._absorbed((1, 0, eng._prefill_idle, 0, 1, -1))
+    eng.waiting = deque([2, 1])
+    eng._absorbed((1, 0, eng._prefill_idle, 0, 1, -1))  # the head: admitted, as the kernel mirrored (one left waiting)
+    assert list(eng.waiting) == [1] and eng.running == [2]
