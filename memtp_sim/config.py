@@ -54,7 +54,7 @@ from .acceptance import (
     parse_conditional_acceptance,
     parse_rates,
 )
-from .drafting import DraftSpec
+from .drafting import Drafter, DraftSpec, kv_memory_at_start
 from .errors import CalibrationError, ConfigError, InvalidArgumentError
 from .hardware import DrafterCost, load_profile
 from .memtp import MEMTP_DEFAULTS, MemtpSettings
@@ -610,17 +610,21 @@ class Scenario(StrictModel):
                              f"{', '.join(k for k in DRAFTER_KINDS if k != 'draft_model')}")
         if self.engine.prefill_chunk_tokens >= self.engine.max_batch_tokens:
             raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
-        mem = prof.memory
         spec = self.draft_spec()
         m = spec.memtp
-        held = (m.head_cost_gib * (1 if m.elastic else int(m.depth))) if m is not None else \
-            (mem.drafter_weights_gib if spec.speculative else 0.0)
-        if mem.kv_capacity_blocks(speculative=False, other_gib=held) <= 0:
-            what = "memtp.head_cost_gib" if m is not None else "hardware.profile"
+        drafter = Drafter(spec, prof)
+        mem, blocks = kv_memory_at_start(prof, drafter)  # as the engine sizes its KV cache
+        if blocks <= 0:
+            fits = [d for d in range(1, drafter.depth) if mem.kv_capacity_blocks(
+                speculative=False, other_gib=drafter.memory_at(d)) > 0] if drafter.elastic else []
+            what = "memtp.initial_depth" if fits else "memtp.head_cost_gib" if m is not None else "hardware.profile"
+            first = (f" ({drafter.depth} head{'s' if drafter.depth > 1 else ''}: the elastic ensemble's first depth"
+                     f"{' funds them from all the free memory at R = 1' if m.initial_depth is None else ''})"
+                     if drafter.elastic else "")
             raise ValueError(
                 f"{what}: no KV block fits: {mem.gpu_allocatable_gib:.1f} GiB allocatable - weights "
-                f"{mem.weights_gib:.1f} - reserve {mem.reserve_gib:.1f} - drafter/heads {held:.1f} GiB leaves nothing "
-                "for the KV cache")
+                f"{mem.weights_gib:.1f} - reserve {mem.reserve_gib:.1f} - drafter/heads {drafter.held_gib:.1f} GiB"
+                f"{first} leaves nothing for the KV cache" + (f"; allowed: initial_depth <= {fits[-1]}" if fits else ""))
         return self
 
     def capped_settings(self) -> list[str]:

@@ -23,17 +23,17 @@ Draft length rules (docs/model.md sections 1 and 2):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .hardware import GIB, DrafterCost, HardwareProfile
+from .hardware import GIB, DrafterCost, HardwareProfile, MemorySpec
 from .memtp import DepthController, MemtpSettings, memtp_depth
 from .policies import make_policy, policy_class
 
-__all__ = ["DEFAULT_DRAFTER_KIND", "DraftSpec", "Drafter"]
+__all__ = ["DEFAULT_DRAFTER_KIND", "DraftSpec", "Drafter", "kv_memory_at_start"]
 
 #: The drafter a scenario without ``drafter.kind`` runs: DSpark's block drafter.
 DEFAULT_DRAFTER_KIND = "dspark_block"
@@ -313,3 +313,24 @@ def _cost_model(kind: str, profile: HardwareProfile, spec: DraftSpec):  # noqa: 
         return float(sum(step_ms(int(n)) for n in active if n > 0)) / 1000.0
     extra_kv = int(getattr(step, "kv_bytes_per_token", 0) or 0) if kind == "draft_model" else 0
     return chain_time, weights, extra_kv, src
+
+
+def kv_memory_at_start(profile: HardwareProfile, drafter: Drafter) -> tuple[MemorySpec, int]:
+    """The KV memory a run starts with: the profile's memory (a draft model's own KV added to
+    every token's bytes: each token is cached by both models) and the paged-KV blocks left beside
+    the weights, the reserve and what the drafter holds at its first depth (the elastic MEMTP
+    ensemble's first depth funds its heads from all the free memory at R = 1, or
+    ``memtp.initial_depth``). The engine starts from it, and scenario validation refuses a run it
+    leaves no block (0).
+
+    Returns:
+        ``(memory, blocks)``: the :class:`~memtp_sim.hardware.MemorySpec` the KV cache is sized
+        by, and its blocks (>= 0).
+
+    Source:
+        docs/model.md section 2 (memory after weights, reserve and heads funds the KV cache).
+    """
+    mem = profile.memory
+    if drafter.kv_bytes_per_token:
+        mem = replace(mem, kv_bytes_per_token=mem.kv_bytes_per_token + drafter.kv_bytes_per_token)
+    return mem, mem.kv_capacity_blocks(speculative=False, other_gib=drafter.held_gib)

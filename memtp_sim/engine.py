@@ -58,7 +58,7 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from heapq import heappop
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -69,7 +69,7 @@ from . import _compiled
 from ._lazy import expit
 from .acceptance import AcceptanceModel
 from .confidence import ConfidenceHead
-from .drafting import Drafter, DraftSpec
+from .drafting import Drafter, DraftSpec, kv_memory_at_start
 from .errors import CalibrationError, EngineInvariantError
 from .hardware import HardwareProfile
 from .hardware.cost import SPSTable
@@ -524,9 +524,7 @@ class Engine:
         self.kv_transferred = np.zeros(n, dtype=bool)
         self.accepted = np.zeros(n, dtype=np.int64)
 
-        mem = profile.memory
-        if self.drafter.kv_bytes_per_token:  # a draft model keeps its own KV: every token costs both
-            mem = replace(mem, kv_bytes_per_token=mem.kv_bytes_per_token + self.drafter.kv_bytes_per_token)
+        mem, capacity = kv_memory_at_start(profile, self.drafter)
         self.mem = mem
         self.block_gib = mem.kv_block_gib
         half_life = memtp.coherence_half_life_rounds if memtp is not None else MEMTP_DEFAULTS.coherence_half_life_rounds
@@ -534,8 +532,7 @@ class Engine:
             self.coherence = TowerCoherence(max_levels=max(1, self.drafter.max_draft_len), half_life_rounds=half_life)
         else:
             self.coherence = CoherenceEWMA(half_life, initial=1.0)
-        capacity = mem.kv_capacity_blocks(speculative=False, other_gib=self.drafter.held_gib)
-        if capacity <= 0:
+        if capacity <= 0:  # (scenario validation refuses it first: this is for hand-built engines)
             raise CalibrationError(
                 f"{profile.path}: no KV memory left: {mem.gpu_allocatable_gib:.1f} GiB allocatable, weights "
                 f"{mem.weights_gib:.1f}, reserve {mem.reserve_gib:.1f}, draft heads/drafter "

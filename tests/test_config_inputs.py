@@ -735,3 +735,47 @@ def test_report_given_the_study_file_points_to_its_results_folder(tmp_path, caps
     assert main(["report", str(study)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a study file" in err and "results/<study name>/" in err
+
+
+# ------------------------------------------- what validation passes, the engine starts
+# The kind (a fresh user's fuzz): validation sized the KV cache with one elastic head, while the
+# engine starts the elastic ensemble at the depth all the free memory funds at R = 1, so a scenario
+# that validated failed as its run started ("no KV memory left"). Both now size it with one function;
+# over random memory budgets and head costs, a scenario validates exactly when its engine starts.
+@pytest.mark.parametrize("seed", range(4))
+def test_a_scenario_validates_exactly_when_its_engine_has_kv_memory(seed):
+    from memtp_sim import run
+    from memtp_sim.config import MemtpConfig
+    from memtp_sim.errors import CalibrationError
+
+    rng = np.random.default_rng(900 + seed)
+    validated = refused = 0
+    for _ in range(40):
+        memtp = [None, {"depth": int(rng.integers(1, 6))},
+                 {"depth": "elastic", "max_depth": int(rng.integers(1, 9))}][int(rng.integers(3))]
+        if memtp is not None:
+            memtp["head_cost_gib"] = float(rng.choice([0.05, 0.1, 0.25, 0.5]))
+            if memtp["depth"] == "elastic" and rng.random() < 0.3:
+                memtp["initial_depth"] = int(rng.integers(1, memtp["max_depth"] + 1))
+        doc = {"workload": dict(_WL, num_requests=4), "policy": {"name": str(rng.choice(["dspark", "static"]))},
+               "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                            "memory": {"gpu_allocatable_gib": float(rng.uniform(3.16, 3.6)), "weights_bytes": 1 << 30,
+                                       "kv_bytes_per_token": 131072, "max_model_len": 600}}}
+        if doc["policy"]["name"] == "static":
+            doc["policy"]["k"] = 2
+        if memtp is not None:
+            doc["memtp"] = memtp
+        try:
+            scen = Scenario.model_validate(doc)
+        except ValidationError as e:
+            assert "no KV block fits" in str(e), str(e)
+            refused += 1
+            # the same scenario with validation bypassed: its engine refuses to start as well
+            plain = Scenario.model_validate({k: v for k, v in doc.items() if k != "memtp"})
+            bypassed = plain.model_copy(update={"memtp": MemtpConfig.model_validate(memtp)})
+            with pytest.raises(CalibrationError, match="no KV memory left"):
+                run(bypassed, seed=0)
+            continue
+        validated += 1
+        run(scen, seed=0)  # starts, and runs: no CalibrationError
+    assert validated and refused, (validated, refused)
