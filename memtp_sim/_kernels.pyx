@@ -712,7 +712,9 @@ cdef int _read_absorb(object absorb, Py_ssize_t size, i64 waiting, i64 remote, _
     ab.kind, ab.num, ab.remote, ab.events, ab.num_wait, ab.num_ev, ab.q_len, ab.q_head = 0, 0, remote, False, 0, 0, 0, 0
     if absorb is None:
         return 0
-    _check_fields(<tuple?>absorb, "absorb", 13)
+    if type(absorb) is not tuple:
+        raise TypeError(f"absorb: a tuple is required, got {type(absorb).__name__}")
+    _check_fields(<tuple>absorb, "absorb", 13)
     ab.kind, ab.next_req, ab.n, ab.idle, ab.think = absorb[0], absorb[6], absorb[7], absorb[8], absorb[11]
     if not (1 <= ab.kind <= 3 and 0 <= ab.next_req <= ab.n == size and ab.idle >= 0 and 0.0 <= ab.think < INFINITY):
         raise ValueError(f"absorb: kind {ab.kind}, next request {ab.next_req} of {ab.n} ({size} requests), "
@@ -1047,14 +1049,14 @@ def plain_block(cnp.ndarray dec not None, cnp.ndarray tokens not None, cnp.ndarr
     cdef Py_ssize_t room = num
     if ab.events and ab.limit > room:
         room = ab.limit if ab.limit < size else size  # (admissions: never more running than the limit, or requests)
+    if ab.events:  # (checked before the copy below is allocated: a refusal leaks nothing)
+        _check_1d(finished, "finished", cnp.NPY_INT64, "int64", room, False)
     if ab.kind:  # the running ids as the absorbed completions and admissions leave them (the caller's array stays)
         own = <i64*>PyMem_Malloc(room * sizeof(i64) + 1)
         if own == NULL:
             raise MemoryError()
         memcpy(own, ids, num * sizeof(i64))
         ids = own
-    if ab.events:
-        _check_1d(finished, "finished", cnp.NPY_INT64, "int64", room, False)
     cdef i64 rounds, kv_read = 0, kv_read0 = 0, added, j, total = 0, used = blocks_used, sub_max = max_rounds
     cdef double now_s = now
     cdef int code = 3

@@ -56,7 +56,7 @@ from .acceptance import (
 )
 from .drafting import Drafter, DraftSpec, kv_memory_at_start
 from .errors import CalibrationError, ConfigError, InvalidArgumentError
-from .hardware import DrafterCost, load_profile
+from .hardware import DrafterCost, MemorySpec, load_profile
 from .memtp import MEMTP_DEFAULTS, MemtpSettings
 from .policies import available_policies, make_policy, policy_class
 from .policies.control import control_class, make_control
@@ -572,6 +572,35 @@ class PolicySpec(BaseModel):
         return yaml_flow({"name": self.name, **self.params})
 
 
+def _no_kv_block(m: MemtpSettings | None, drafter: Drafter, mem: MemorySpec) -> str:
+    """The error of a scenario whose drafter leaves no KV block at the run's start, naming the
+    field to change: the elastic ensemble's ``max_depth`` (its first depth, unset, is what all the
+    free memory funds at R = 1) or ``initial_depth``, and the deepest start that leaves a block;
+    ``head_cost_gib`` where even one head leaves none (or at a fixed depth); ``drafter.kind`` for a
+    draft model (its weights, and its own KV in every token's bytes); else the profile's memory."""
+    held = f"drafter/heads {drafter.held_gib:.1f} GiB"
+    what, advice = "hardware.profile", ""
+    if drafter.elastic:
+        fits = [d for d in range(1, drafter.depth)
+                if mem.kv_capacity_blocks(speculative=False, other_gib=drafter.memory_at(d)) > 0]
+        heads = "1 head" if drafter.depth == 1 else f"{drafter.depth} heads"
+        if m.initial_depth is None:
+            held += f" ({heads}: the elastic ensemble's first depth, funded by all the free memory at R = 1)"
+            what = "memtp.max_depth" if fits else "memtp.head_cost_gib"
+            advice = f"; allowed: max_depth (or initial_depth) <= {fits[-1]}" if fits else ""
+        else:
+            held += f" ({heads}: memtp.initial_depth)"
+            what = "memtp.initial_depth" if fits else "memtp.head_cost_gib"
+            advice = f"; allowed: initial_depth <= {fits[-1]}" if fits else ""
+    elif m is not None:
+        what = "memtp.head_cost_gib"
+    elif drafter.kind == "draft_model":
+        what = "drafter.kind"
+        held += f" (the draft model's weights; its KV adds {drafter.kv_bytes_per_token} bytes to every token's)"
+    return (f"{what}: no KV block fits: {mem.gpu_allocatable_gib:.1f} GiB allocatable - weights "
+            f"{mem.weights_gib:.1f} - reserve {mem.reserve_gib:.1f} - {held} leaves nothing for the KV cache{advice}")
+
+
 class Scenario(StrictModel):
     """One simulated run (without its seed)."""
 
@@ -611,20 +640,10 @@ class Scenario(StrictModel):
         if self.engine.prefill_chunk_tokens >= self.engine.max_batch_tokens:
             raise ValueError("engine.prefill_chunk_tokens: must be below max_batch_tokens (decode anchors need room)")
         spec = self.draft_spec()
-        m = spec.memtp
         drafter = Drafter(spec, prof)
         mem, blocks = kv_memory_at_start(prof, drafter)  # as the engine sizes its KV cache
         if blocks <= 0:
-            fits = [d for d in range(1, drafter.depth) if mem.kv_capacity_blocks(
-                speculative=False, other_gib=drafter.memory_at(d)) > 0] if drafter.elastic else []
-            what = "memtp.initial_depth" if fits else "memtp.head_cost_gib" if m is not None else "hardware.profile"
-            first = (f" ({drafter.depth} head{'s' if drafter.depth > 1 else ''}: the elastic ensemble's first depth"
-                     f"{' funds them from all the free memory at R = 1' if m.initial_depth is None else ''})"
-                     if drafter.elastic else "")
-            raise ValueError(
-                f"{what}: no KV block fits: {mem.gpu_allocatable_gib:.1f} GiB allocatable - weights "
-                f"{mem.weights_gib:.1f} - reserve {mem.reserve_gib:.1f} - drafter/heads {drafter.held_gib:.1f} GiB"
-                f"{first} leaves nothing for the KV cache" + (f"; allowed: initial_depth <= {fits[-1]}" if fits else ""))
+            raise ValueError(_no_kv_block(spec.memtp, drafter, mem))
         return self
 
     def capped_settings(self) -> list[str]:

@@ -1398,9 +1398,10 @@ class Engine:
             views = state[3][rows] = (*(d[:rows] for d in drafts), *(i[:rows] for i in ids), crossing)
         probs, raw, conf, dec_ids, pre_ids, lengths, chunks, crossing = views
         draft_times = state[1]
-        if num_run > state[0]:  # drafting time by decoding requests, priced once per run (a few more
-            # where admissions may grow the batch inside the block)
-            upto = num_run if rows == num_run else min(rows, num_run + self.cfg.prefill_gpus)
+        # drafting time by decoding requests, priced once per run (a few more where admissions may
+        # grow the batch inside the block)
+        upto = num_run if rows == num_run else min(rows, num_run + self.cfg.prefill_gpus)
+        if upto > state[0]:
             for r in range(state[0] + 1, upto + 1):
                 draft_times[r] = drafter.round_time_s(r, gamma)
             state[0] = upto

@@ -779,3 +779,52 @@ def test_a_scenario_validates_exactly_when_its_engine_has_kv_memory(seed):
         validated += 1
         run(scen, seed=0)  # starts, and runs: no CalibrationError
     assert validated and refused, (validated, refused)
+
+
+def _tight_elastic(memtp: dict) -> dict:
+    # 3.3 GiB allocatable, 1 GiB weights, 2 GiB reserve: 0.3 GiB for heads and KV (2 MiB blocks)
+    return {"workload": dict(_WL, num_requests=4), "policy": {"name": "dspark"},
+            "hardware": {"table": {1: 20.0, 64: 25.0, 512: 80.0},
+                         "memory": {"gpu_allocatable_gib": 3.3, "weights_bytes": 1 << 30, "kv_bytes_per_token": 131072,
+                                    "max_model_len": 600}},
+            "memtp": {"depth": "elastic", "max_depth": 8, "head_cost_gib": 0.05, **memtp}}
+
+
+@pytest.mark.parametrize("memtp, field, allowed", [
+    ({}, "memtp.max_depth", "max_depth"),  # (its first depth, 6 heads, is all the free memory at R = 1)
+    ({"initial_depth": 6}, "memtp.initial_depth", "initial_depth"),
+])
+def test_the_elastic_ensemble_s_no_kv_block_error_names_a_field_whose_advised_value_runs(memtp, field, allowed):
+    # review: the advice named initial_depth, which the dashboard has no control for, where the
+    # user had not set it (max_depth is what sets the first depth then)
+    from memtp_sim import run
+
+    with pytest.raises(ValidationError) as exc:
+        Scenario.model_validate(_tight_elastic(memtp))
+    msg = str(exc.value)
+    assert f"{field}: no KV block fits" in msg and "(6 heads: " in msg, msg
+    bound = int(re.search(rf"allowed: {allowed}\D*<= (\d+)", msg).group(1))
+    assert bound == 5  # 5 heads (0.25 GiB) leave 0.05 GiB: 25 blocks of 2 MiB; 6 leave none
+    run(Scenario.model_validate(_tight_elastic({**memtp, allowed: bound})), seed=0)
+
+
+def test_a_draft_model_that_leaves_no_kv_block_is_refused_naming_drafter_kind(tmp_path):
+    # review: validation counted the profile's MTP head weights, not the draft model's weights and
+    # its own KV bytes a token, so this scenario validated and failed as its run started; a drafter
+    # that fits on the same profile runs
+    import shutil
+
+    from memtp_sim import run
+
+    src = REPO / "calibration" / "h200"
+    shutil.copytree(src, tmp_path / "h200")
+    prof = tmp_path / "h200" / "qwen3-32b-bf16.yaml"
+    text = prof.read_text()
+    assert "gpu_allocatable_gib: 118.2\n" in text
+    # weights 61.02 + reserve 5 GiB + 1.11: the draft model's 1.1 GiB of weights leave no block
+    prof.write_text(text.replace("gpu_allocatable_gib: 118.2\n", "gpu_allocatable_gib: 67.134\n"))
+    doc = {"workload": dict(_WL, num_requests=4), "policy": {"name": "dspark"}, "hardware": {"profile": str(prof)}}
+    with pytest.raises(ValidationError, match="drafter.kind: no KV block fits") as exc:
+        Scenario.model_validate({**doc, "drafter": {"kind": "draft_model"}})
+    assert "the draft model's weights" in str(exc.value)
+    run(Scenario.model_validate({**doc, "drafter": {"kind": "dspark_block"}}), seed=0)

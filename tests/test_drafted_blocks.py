@@ -896,6 +896,36 @@ def test_the_valid_call_of_the_refusal_test_runs():
         assert rounds >= 2 and rows == rounds  # a second round: the elastic call asked its controller
 
 
+def test_a_drafted_block_going_on_past_a_prefill_s_end_admits_it_and_returns_the_queue_it_mirrored():
+    # review: the valid call above checked rounds only, and the queue length the block returns
+    # (which the engine compares with its own) was untested; and each refusal of a malformed
+    # absorb must say why (the refusal test above checks only that it is refused)
+    import ast  # (the child prints its results with repr)
+    import subprocess
+    import sys
+
+    code = _KERNEL_CALL + (
+        "args.update(two_requests())\nout = K.drafted_block(**args)\nab = args['absorb']\n"
+        "for x in (out[-1], ab[3][:out[-1][0]].tolist(), ab[4][:out[-1][0]].tolist(), "
+        "sorted({r[4] for r in args['rows']})):\n    print(repr(x))\n"
+        "for bad in (dict(rows=1), dict(priced=2), dict(rows=1, kind=list)):\n"
+        "    args.update(two_requests(**bad))\n"
+        "    try:\n        K.drafted_block(**args)\n        print('ran')\n"
+        "    except (TypeError, ValueError) as e:\n        print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-300:]
+    lines = out.stdout.splitlines()
+    # request 1's prefill ends inside the first pass: the wait's key (1), its end (2), its
+    # admission (3), then both complete (0, 0); the mirror leaves nothing in remote prefill, 1 GPU
+    # idle, nobody waiting, and the prefill queue empty (0: mirrored; -1 would say not mirrored)
+    absorbed, codes, ids, batches = (ast.literal_eval(x) for x in lines[:4])
+    assert absorbed == (5, 2, 1, 0, 0, 0) and codes == [1, 2, 3, 0, 0], lines[:4]
+    assert ids[1:3] == [1, 1] and sorted(ids[3:]) == [0, 1] and 2 in batches, lines[:4]  # (rows' batch sizes)
+    assert lines[4].startswith("absorb: admissions may run 2 requests, but the out arrays hold 1 rows"), lines[4]
+    assert lines[5] == "draft_times: 3 elements needed, got 2", lines[5]
+    assert lines[6] == "absorb: a tuple is required, got list", lines[6]
+
+
 @pytest.mark.parametrize("patch", ["coherence_instance", "table_class", "policy_instance", "module_function",
                                    "drafter_instance"])
 def test_a_collaborator_replaced_by_a_patch_runs_round_by_round(patch, monkeypatch):
