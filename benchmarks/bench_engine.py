@@ -147,8 +147,8 @@ DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTEC
 def subprocess_s(code: str, repeat: int) -> float:
     """Best wall time of a fresh ``python -c code`` in the repository root (interpreter start
     included), after one untimed run: the first start reads files from disk that later ones find
-    in the page cache (and writes the bytecode caches later ones
-    read), which made a single cold baseline slower than the run measured against it."""
+    in the page cache (and writes the bytecode caches later ones read), which made a single cold
+    baseline slower than the run measured against it."""
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env=DEFAULT_ENV)
     best = float("inf")
     for _ in range(repeat):

@@ -12,11 +12,9 @@ DSpark and no speculation at 64 closed-loop users on remote prefill GPUs (bench_
 from __future__ import annotations
 
 import argparse
-import time
 
-from bench_engine import scenario
+from bench_engine import best_of, same_answers, scenario
 
-from memtp_sim import run
 from memtp_sim.engine import Engine
 
 
@@ -36,16 +34,11 @@ def main() -> None:
             for _ in range(args.turns):
                 for way, setup in ways.items():
                     Engine._absorb_setup = setup
-                    for _ in range(args.repeat):
-                        t0 = time.perf_counter()
-                        res = run(scen, seed=0)
-                        best[way] = min(best[way], time.perf_counter() - t0)
-                    m = res.metrics
-                    answers[way] = (m["output_tokens_total"], m["makespan_s"], m["num_rounds"])
+                    wall, answers[way] = best_of(scen, args.repeat)
+                    best[way] = min(best[way], wall)
         finally:
             Engine._absorb_setup = going_on
-        if answers["going on"] != answers["stopping"]:
-            raise SystemExit(f"{policy}: the two ways gave different answers: {answers}")
+        same_answers(answers["going on"], answers["stopping"], f"{policy}: blocks going on past completions")
         print(f"{policy:8s} 64 users, {args.requests} requests: going on {best['going on'] * 1e3:.2f} ms, "
               f"stopping {best['stopping'] * 1e3:.2f} ms a run: x{best['stopping'] / best['going on']:.2f}")
 

@@ -677,9 +677,10 @@ cdef struct _Absorb:
     # what each sets off, Engine._finish's arrays, the log of it all for the caller (act: 0 a
     # completion, 1 a wait across events (Engine._advance's key for its end), 2 a remote prefill's
     # end, 3 an admission), their users' submissions as mirrored; and with ``events`` (kind 2:
-    # plain blocks, and drafted ones at a fixed depth and k) the remote prefills' ends: the ones in flight, the queue (the requests not
-    # refused from q_head on, q_len of them: submissions are in id order), the next SimPy event
-    # besides them, and what a prefill's end and an admission write
+    # plain blocks, and drafted ones at a fixed depth and k) the remote prefills' ends: the ones
+    # in flight, the queue (the requests not refused from q_head on, q_len of them: submissions
+    # are in id order), the next SimPy event besides them, and what a prefill's end and an
+    # admission write
     i64 kind, next_req, n, idle, remote
     Py_ssize_t num, cap
     double think
@@ -2673,7 +2674,6 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     if base is not None:
         bs = _f64_2d(<cnp.ndarray?>base, "base", num_dom, width)
     cdef double* t = _f64(temps, "temps", width, False)
-    cdef double* dts = _f64(draft_times, "draft_times", num_run + 1, False)
     # the most requests a round may hold: the running ones, or with remote prefills' ends absorbed
     # (admissions) the out arrays' rows (the caller's admission limit)
     cdef Py_ssize_t room = num_run, view_rows = num_run
@@ -2681,6 +2681,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         _check_1d(dec_out, "dec_out", cnp.NPY_INT64, "int64", num_run, False)
         view_rows = cnp.PyArray_DIM(dec_out, 0)
         room = view_rows if view_rows < size else size
+    cdef double* dts = _f64(draft_times, "draft_times", room + 1, False)  # (a round of up to room requests)
     cdef i64* dec = _i64(_w(dec_out, "dec_out"), "dec_out", view_rows)
     cdef i64* pre = _i64(_w(pre_out, "pre_out"), "pre_out", view_rows)
     cdef double* p = _f64_2d(_w(probs, "probs"), "probs", view_rows, width)
@@ -2799,8 +2800,6 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     if ab.events and (ab.limit if ab.limit < size else size) > room:
         raise ValueError(f"absorb: admissions may run {min(ab.limit, size)} requests, but the out arrays hold {room} "
                          "rows (give them the admission limit's rows)")
-    if ab.events:  # a round of up to ``room`` requests reads its drafting time
-        _f64(draft_times, "draft_times", room + 1, False)
     cdef Py_ssize_t most = room * width
     cdef double* fbuf = <double*>PyMem_Malloc((5 * most + room + 1) * sizeof(double))
     cdef i64* ibuf = <i64*>PyMem_Malloc((2 * most + 3 * room + 1) * sizeof(i64))

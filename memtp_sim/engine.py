@@ -1526,7 +1526,8 @@ class Engine:
         in flight, from SimPy's queue (each one's end, event id and request), the earliest other
         event, the prefill queue (its first request and length: users submit in id order, so it
         holds every request not refused from that one on), admission's watermark and limit, and the
-        arrays a prefill's end and an admission write. None where SimPy's queue holds more remote prefills than GPUs."""
+        arrays a prefill's end and an admission write. None where SimPy's queue holds more remote
+        prefills than GPUs."""
         ev_t, ev_eid, ev_id, wait = self._absorb[5]
         done, k, other = self._remote_prefill_done, 0, _INF
         for t, _, eid, event in self.env._queue:
