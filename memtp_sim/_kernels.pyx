@@ -2495,12 +2495,14 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     ``history``, and the round verifies its own top K drafts with the K of ``lag_rounds`` rounds
     before (capped by the pass; 0 while none is that old); with 4, those of
     ``policies.goodput.GoodputPolicy``: one k for every request, the one of the best expected rate
-    (SmartSpec's goodput). Only DSpark's and goodput's plans have a gate.
+    (SmartSpec's goodput). Only DSpark's and goodput's plans have a gate: while it falls back, its
+    plain rounds (``draft_lengths`` answers 0) run here too, as rounds of k 0: nothing drawn, a
+    pass of the decode table at a plain round's overhead, every request emits its bonus token.
 
     Each round, before it draws: the running requests split into decoding (at least one) and
-    prefilling ones, the decoding ones' anchors and ``1 + gamma`` lookahead slots fit the KV cache,
-    chunked prefill takes the budget left, the cost tables price the round from their arrays, and
-    the fallback gate (DSpark's, goodput's) drafts (its ``draft_lengths`` answers ``gamma``). Then it drafts (``rng``: the
+    prefilling ones, the gate answers (DSpark's, goodput's), the decoding ones' anchors and
+    ``1 + gamma`` lookahead slots fit the KV cache, chunked prefill takes the budget left and the
+    cost tables price the round from their arrays. Then it drafts (``rng``: the
     round offsets; ``head_rng``: the head noise) and plans (Algorithm 1, ``fixed_k`` each, the
     threshold, the lagged top K or goodput's k), and keeps the round only if neither the KV cache nor
     ``fit_to_budget`` trims it (a plan's own trims, ``take_top``'s, are its plan) and the pass passes
@@ -2538,8 +2540,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             Other plans read neither, but ``history`` must be such an array.
         block_gib, held_gib, fixed_gib: KV block size, drafter memory and the memory left after
             weights (the memory check).
-        gate: ``(enabled, alpha, gain, last_round, skipped, probe_every)`` of the policy's ``FallbackGate``
-            (read for DSpark's and goodput's plans only).
+        gate: ``(enabled, alpha, gain, last_round, skipped, probe_every, plain_overhead_s)``: the
+            policy's ``FallbackGate`` (read for DSpark's and goodput's plans only) and a round's host
+            overhead without drafts, s (``Engine._overhead_s(False)``: a gate's plain round's).
         coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``; with
             ``tower``, ``(alpha, value, 0, False)``: every level's alpha and the tower's ``R``.
         round_index, max_rounds: the first round's index and the most rounds to run.
@@ -2692,7 +2695,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64* chunks = _i64(_w(chunks_out, "chunks_out"), "chunks_out", view_rows)
     cdef double* pf = _f64(_w(crossing, "crossing"), "crossing", 2)
     cdef object consts = row_consts
-    _check_fields(gate, "gate", 6)
+    _check_fields(gate, "gate", 7)
     _check_fields(coherence, "coherence", 4)
     _check_fields(row_consts, "row_consts", 3)
     cdef double* dg_raw = NULL
@@ -2756,7 +2759,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef i64 c_kind = 0, c_depth = gamma, c_num = -1, c_first_k = gamma, c_k_min = 0, c_every = 1, c_k = 0
     cdef i64 c_off = 0, c_since = 0, c_acc_len = -1, t_off = 0, t_since = 0, k_r = gamma, kk, b_k, best_k
     cdef bint c_spec = True, c_probing = False, t_probing = False, c_asked = False
-    cdef double c_tax = 1.0, c_switch = 0.0, c_plain_ov = overhead_s, c_alpha = 0.0, c_lo = 0.0, c_hi = 0.0
+    cdef double c_tax = 1.0, c_switch = 0.0, c_plain_ov = gate[6], c_alpha = 0.0, c_lo = 0.0, c_hi = 0.0
     cdef double c_ema = NAN, c_fixed = 0.0, c_rate, c_best, c_cum, c_pt, c_nd, ov
     cdef double* c_dbk = NULL
     cdef double* c_acc = NULL
@@ -2822,6 +2825,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
 
     cdef int code = 0
     cdef bint had_prefill = False, extrapolated, across = False, use_noise = not oracle and noise_sd != 0.0
+    cdef bint gate_plain
     cdef Py_ssize_t num = 0, num_pre, cells, nf
     cdef i64 rounds = 0, ri, i, anchors, need, kv_read, l_max, num_req, budget, limit
     cdef i64 chunk_total, num_prefill, completed, n_limit, n_cov_limit, verify_tokens, peak, b, tested, base_b
@@ -2887,6 +2891,22 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                             k_r = best_k
                     if k_r != 0 and k_r != gamma:
                         break  # another k than the block's: the round path drafts it
+            gate_plain = False
+            if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
+                # FallbackGate.draft_lengths, first (Engine._draft_length): while it falls back, a probe
+                # every probe_every rounds and plain rounds between, run here as rounds of k 0; its
+                # state is the round's once the round draws (a probe) or is kept (a plain round)
+                t_gain, t_last, t_skipped = gain, last_round, skipped
+                if ri < t_last:  # a new run
+                    t_gain, t_last, t_skipped = 0.0, -1, 0
+                if not enabled or t_gain > 0.0 or t_last < 0:
+                    t_skipped = 0
+                else:
+                    t_skipped += 1
+                    if t_skipped < probe_every:
+                        k_r, gate_plain = 0, True
+                    else:
+                        t_skipped = 0
             if k_r:  # the lookahead (Engine._reserve_lookahead: only where the round drafts)
                 for k in range(num):
                     need += _blocks_for(tok[dec[k]] + 1 + k_r, block_tokens) - blk[dec[k]]
@@ -2994,18 +3014,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     if n_cov_limit < 0 or not _price_range(&vp, base_b, base_b + n_cov_limit, req, d_l_max, d_kv,
                                                            times):
                         break
-                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
-                    # FallbackGate.draft_lengths, last before the draws (a round stopped before it leaves it as it was)
-                    t_gain, t_last, t_skipped = gain, last_round, skipped
-                    if ri < t_last:  # a new run
-                        t_gain, t_last, t_skipped = 0.0, -1, 0
-                    if not enabled or t_gain > 0.0 or t_last < 0:
-                        t_skipped = 0
-                    else:  # falling back: a probe every probe_every rounds, plain rounds between (the round path)
-                        t_skipped += 1
-                        if t_skipped < probe_every:
-                            break
-                        t_skipped = 0
+                if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:  # the gate's answer stands
                     gain, last_round, skipped = t_gain, t_last, t_skipped
                 # draft (AcceptanceModel.round_logits, ConfidenceHead.raw_logits: the same draws in order)
                 if sigma_round > 0.0:
@@ -3089,6 +3098,10 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                 break  # Engine._check_pass raises
             if c_asked and k_r == 0:  # kept: the controller's answer for this round stands
                 _commit_control(c_kind, t_off, t_since, t_probing, &c_off, &c_since, &c_probing)
+            if gate_plain:  # kept: the gate's and the depth controller's answers for this round stand
+                gain, last_round, skipped = t_gain, t_last, t_skipped
+                if e_proposed:
+                    e_last, e_target, e_above, e_below, e_below_max = t_last_r, t_target, t_above, t_below, t_below_max
             if k_r and (plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT):  # planned: FallbackGate.report
                 # (DSparkPolicy.plan_round and GoodputPolicy.plan report before the pass)
                 best_rate = theta_g if isfinite(theta_g) else theta

@@ -238,7 +238,7 @@ _COMPLETION_PATH = ("_finish", "_complete", "_release_users", "_user_next", "_us
                     "_start_remote_prefill", "_prefill_time_s", "_price_prefill_s", "_count_in_system", "_enqueue",
                     "_remote_prefill_done", "_admit", "_advance")
 #: the drafted-block kernel's gate fields for a policy without a gate (it reads none of them)
-_NO_GATE = (False, 0.0, 0.0, -1, 0, 1)
+_NO_GATE = (False, 0.0, 0.0, -1, 0, 1, 0.0)
 
 
 def _block_pricer(table: SPSTable) -> tuple | None:
@@ -1274,15 +1274,14 @@ class Engine:
         path): with a dynamic controller, the k it answers (the round path's one
         :meth:`_draft_length` this round), and the block's width: k, or for k = 0 the next draft's
         (``acceptance_target``'s probe of 1, ``probing``'s probe of the depth; the batch's
-        controllers then run round by round); for the elastic ensemble, its depth ``gamma`` (no
-        block for a gate's plain round)."""
+        controllers then run round by round); for the elastic ensemble, its depth ``gamma`` (the
+        block runs a gate's plain rounds too)."""
         if dynamic:
             k = self._draft_length(dec, gamma, round_index)
             probe = 1 if type(self.control) is AcceptanceTarget else gamma if type(self.control) is Probing else 0
             width = k or (probe if dec.size else 0)
             return k, width, (self._inputs_at_depth(by_depth, width) if width else None)
-        return gamma, gamma, (None if self.policy.plain_rounds_ahead(round_index)
-                              else self._inputs_at_depth(by_depth, gamma))
+        return gamma, gamma, self._inputs_at_depth(by_depth, gamma)
 
     def _inputs_at_depth(self, by_depth: dict[int, tuple | None], gamma: int) -> tuple | None:
         """The drafted-block inputs at depth (or a controller's width) ``gamma``, made the first time."""
@@ -1425,7 +1424,7 @@ class Engine:
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
             _NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
-                                           gate.probe_every),
+                                           gate.probe_every, self._overhead_s(False)),
             coh_args, round_index, _MAX_BLOCK_ROUNDS, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, crossing,
             None if ctl is None else self._elastic_args(ctl), tower, drafter.kind == "draft_model", control_args,
@@ -1449,8 +1448,8 @@ class Engine:
             # end, or at that round's start (SimPy's clock, as the round path moves it)
             self.env._now = now if code != 3 else float(crossing[0])
             self._kept_coherence(coh_value, coh_n, tower, tower_depth)
-            if control is None:  # (a dynamic controller's: as its rounds left it)
-                self._spec_on = True
+            if control is None:  # whether the last round drafted (a gate's plain round does not; a dynamic
+                self._spec_on = log.rows[-1][8] > 0  # controller's: as its rounds left it)
             if had_prefill and self._run_ids is not None:  # (None: completions went out of the run)
                 self._run_ids = (run, None)  # "all decode" may have become true
             if kv.blocks_used > kv.capacity:

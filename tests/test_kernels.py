@@ -1202,14 +1202,14 @@ _ZERO_D_CALLS = {
     "drafted_block": (f"K.drafted_block({_I1}, {_I1}, {_I1}, {_I1}, {_F1}, {{i}}, {_I1}, {_I1}, {_I1}, {_I1}, {_I1}, "
                       f"{_I1}, {_F1}, {_F1}, {_F1}, None, 0.0, True, 0.0, 1.0, np.ones(2), np.random.default_rng(), "
                       f"np.random.default_rng(), {_PRICE}, {_PRICE}, False, np.zeros(2), 2, 8, 8, 16, 8, 0, 0.0, 1.0, "
-                      f"0.0, False, 0, 0, 0.0, 0, np.zeros((4, 2), np.int64), 0, 0.0, 0.0, 1.0, (True, 0.1, 0.0, -1, 0, 16), (0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), "
+                      f"0.0, False, 0, 0, 0.0, 0, np.zeros((4, 2), np.int64), 0, 0.0, 0.0, 1.0, (True, 0.1, 0.0, -1, 0, 16, 0.0), (0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), "
                       f"{_I1}, {_I1}, np.empty((1, 2)), np.empty((1, 2)), np.empty((1, 2)), {_I1}, None, None, None, {_I1}, "
                       f"{_I1}, np.zeros(2))"),
     "drafted_block_diag": (f"K.drafted_block({_I1}, {_I1}, {_I1}, {_I1}, {_F1}, {_I1}, {_I1}, {_I1}, {_I1}, {_I1}, "
                            f"{_I1}, {_I1}, {_F1}, {_F1}, {_F1}, None, 0.0, True, 0.0, 1.0, np.ones(2), "
                            f"np.random.default_rng(), np.random.default_rng(), {_PRICE}, {_PRICE}, False, np.zeros(2), "
                            f"2, 8, 8, 16, 8, 0, 0.0, 1.0, 0.0, False, 0, 0, 0.0, 0, np.zeros((4, 2), np.int64), 0, 0.0, 0.0, 1.0, "
-                           f"(True, 0.1, 0.0, -1, 0, 16), "
+                           f"(True, 0.1, 0.0, -1, 0, 16, 0.0), "
                            f"(0.1, 1.0, 0, False), 0, 4, [], (0, 1, 0), {_I1}, {_I1}, np.empty((1, 2)), "
                            f"np.empty((1, 2)), np.empty((1, 2)), {_I1}, {{a}}, np.empty((1, 2)), "
                            f"np.empty((1, 2), bool), {_I1}, {_I1}, np.zeros(2))"),

@@ -127,7 +127,10 @@ def test_a_policy_that_drafts_takes_no_block(monkeypatch):
 def test_a_policy_falling_back_runs_its_plain_rounds_as_blocks(policy, monkeypatch):
     # at 64 users on gfx1151 drafting stops paying: the fallback gate decodes plainly between
     # probes (policy.plain_rounds_ahead), and those rounds run as blocks; the gate's state, the
-    # probes and every drafted round stay as round by round
+    # probes and every drafted round stay as round by round. Drafted blocks run the gate's plain
+    # rounds themselves (tests/test_drafted_blocks.py): off here, as where drafted rounds cannot
+    # run as blocks (the numpy engine, a p_min, a policy that learns)
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
     scen = scenario(policy=policy, workload={"concurrency": 64, "num_requests": 150},
                     engine={"prefill": "disaggregated", "prefill_gpus": 4})
     slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
