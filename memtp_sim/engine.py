@@ -1442,14 +1442,15 @@ class Engine:
             self._kept_diag(diag, state, at, diag_rows)
         if rounds:
             kv.blocks_used = blocks_used
+            last_drafted = log.rows[-1][8] > 0  # the last round's k (a gate's plain round's is 0)
             if absorbed is not None and absorbed[0]:
                 self._absorbed(absorbed)
             # no event falls inside the rounds run but a crossing last one's pass: the clock at its
             # end, or at that round's start (SimPy's clock, as the round path moves it)
             self.env._now = now if code != 3 else float(crossing[0])
             self._kept_coherence(coh_value, coh_n, tower, tower_depth)
-            if control is None:  # whether the last round drafted (a gate's plain round does not; a dynamic
-                self._spec_on = log.rows[-1][8] > 0  # controller's: as its rounds left it)
+            if control is None:  # (a dynamic controller's: as its rounds left it)
+                self._spec_on = last_drafted
             if had_prefill and self._run_ids is not None:  # (None: completions went out of the run)
                 self._run_ids = (run, None)  # "all decode" may have become true
             if kv.blocks_used > kv.capacity:
