@@ -2277,6 +2277,7 @@ cdef enum:
     _PLAN_THRESHOLD = 2
     _PLAN_ASYNC = 3
     _PLAN_GOODPUT = 4
+    _PLAN_NONE = 5
 
 
 cdef double _pairwise_sum(double* a, Py_ssize_t n) noexcept nogil:
@@ -2498,6 +2499,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     (SmartSpec's goodput). Only DSpark's and goodput's plans have a gate: while it falls back, its
     plain rounds (``draft_lengths`` answers 0) run here too, as rounds of k 0: nothing drawn, a
     pass of the decode table at a plain round's overhead, every request emits its bonus token.
+    With 5, those of ``policies.static.NoSpecPolicy``: every round is such a round (``gamma`` is
+    then only the buffers' width; ``fixed_k`` the drafter's depth the round log records).
 
     Each round, before it draws: the running requests split into decoding (at least one) and
     prefilling ones, the gate answers (DSpark's, goodput's), the decoding ones' anchors and
@@ -2533,7 +2536,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
         early_stop: Algorithm 1's early stop (DSpark's plan only).
         plan_kind, fixed_k, threshold: 0 for DSpark's plan; 1 for static k's (``fixed_k`` in
             ``1..gamma``); 2 for the threshold policy's (``threshold`` in [0, 1]); 3 for DSpark's
-            asynchronous scheduler's; 4 for goodput's. The gate is read only for DSpark's and goodput's.
+            asynchronous scheduler's; 4 for goodput's; 5 for no speculation's (``fixed_k``: the
+            drafter's depth, 0..127). The gate is read only for DSpark's and goodput's.
         lag_rounds, history, history_len: plan 3's lag (>= 1) and its remembered ``(round, K)``
             pairs, the first ``history_len`` rows of the int64 ``(H, 2)`` array (``H`` > the
             live pairs; updated in place: the live pairs are rows ``h0..h_len`` of the result).
@@ -2542,7 +2546,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             weights (the memory check).
         gate: ``(enabled, alpha, gain, last_round, skipped, probe_every, plain_overhead_s)``: the
             policy's ``FallbackGate`` (read for DSpark's and goodput's plans only) and a round's host
-            overhead without drafts, s (``Engine._overhead_s(False)``: a gate's plain round's).
+            overhead without drafts, s (``Engine._overhead_s(False)``: a gate's plain round's, and
+            every round's of plan 5).
         coherence: ``(alpha, value, num_updates, per_tested)`` of the ``CoherenceEWMA``; with
             ``tower``, ``(alpha, value, 0, False)``: every level's alpha and the tower's ``R``.
         round_index, max_rounds: the first round's index and the most rounds to run.
@@ -2648,10 +2653,11 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                          f"{block_tokens})")
     if not (plan_kind == _PLAN_DSPARK or (plan_kind == _PLAN_STATIC and 1 <= fixed_k <= gamma)
             or (plan_kind == _PLAN_THRESHOLD and 0.0 <= threshold <= 1.0)
-            or (plan_kind == _PLAN_ASYNC and lag_rounds >= 1) or plan_kind == _PLAN_GOODPUT):
+            or (plan_kind == _PLAN_ASYNC and lag_rounds >= 1) or plan_kind == _PLAN_GOODPUT
+            or (plan_kind == _PLAN_NONE and 0 <= fixed_k <= 127)):
         raise ValueError(f"drafted_block: plan {plan_kind} with k {fixed_k}, threshold {threshold} and lag "
                          f"{lag_rounds}: needs 0, 1 with k in 1..{gamma}, 2 with a threshold in [0, 1], 3 with a "
-                         "lag >= 1, or 4")
+                         "lag >= 1, 4, or 5 with a depth in 0..127")
     if cnp.PyArray_NDIM(history) != 2 or cnp.PyArray_DIM(history, 1) != 2:
         raise TypeError(f"history: a C-contiguous (H, 2) int64 array is required, got {_layout(history)}")
     cdef Py_ssize_t h_cap = cnp.PyArray_DIM(history, 0), h0 = 0, h_len = history_len
@@ -2763,7 +2769,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
     cdef double c_ema = NAN, c_fixed = 0.0, c_rate, c_best, c_cum, c_pt, c_nd, ov
     cdef double* c_dbk = NULL
     cdef double* c_acc = NULL
-    cdef object py_depth = py_gamma
+    cdef object py_depth = py_gamma if plan_kind != _PLAN_NONE else fixed_k
     if control is not None:
         _check_fields(<tuple?>control, "control", 10)
         c_kind, c_depth, c_num, c_tax, c_spec, c_switch, c_plain_ov, c_first_k = control[:8]
@@ -2892,7 +2898,9 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     if k_r != 0 and k_r != gamma:
                         break  # another k than the block's: the round path drafts it
             gate_plain = False
-            if plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
+            if plan_kind == _PLAN_NONE:  # no speculation: every round drafts nothing
+                k_r = 0
+            elif plan_kind == _PLAN_DSPARK or plan_kind == _PLAN_GOODPUT:
                 # FallbackGate.draft_lengths, first (Engine._draft_length): while it falls back, a probe
                 # every probe_every rounds and plain rounds between, run here as rounds of k 0; its
                 # state is the round's once the round draws (a probe) or is kept (a plain round)

@@ -87,7 +87,7 @@ from .policies.goodput import GoodputPolicy
 from .policies import _candidates as _candidates_module
 from .policies import static as _static_module
 from .policies import threshold as _threshold_module
-from .policies.static import Mtp1Policy, StaticPolicy
+from .policies.static import Mtp1Policy, NoSpecPolicy, StaticPolicy
 from .policies.threshold import ThresholdPolicy
 from .workload import Workload
 
@@ -237,8 +237,9 @@ _numpy_warned = False
 _COMPLETION_PATH = ("_finish", "_complete", "_release_users", "_user_next", "_user_done", "_submit", "_reject",
                     "_start_remote_prefill", "_prefill_time_s", "_price_prefill_s", "_count_in_system", "_enqueue",
                     "_remote_prefill_done", "_admit", "_advance")
-#: the drafted-block kernel's gate fields for a policy without a gate (it reads none of them)
-_NO_GATE = (False, 0.0, 0.0, -1, 0, 1, 0.0)
+#: the drafted-block kernel's gate fields for a policy without a gate (it reads none of them; the
+#: seventh, a plain round's overhead, follows them)
+_NO_GATE = (False, 0.0, 0.0, -1, 0, 1)
 
 
 def _block_pricer(table: SPSTable) -> tuple | None:
@@ -1295,7 +1296,8 @@ class Engine:
         decode table is priced apart, the head's base logits, the gate, the plan), or None where
         drafted rounds run one by one: without the kernels, or unless the policy is ``dspark``
         itself with its fallback gate, or ``static``, ``mtp1``, ``threshold``, ``dspark_async``
-        (with a lag) or ``goodput`` (with its gate) themselves, the controller ``always`` (or a
+        (with a lag) or ``goodput`` (with its gate) themselves, or ``no_spec`` (every round plain:
+        blocks where prefill chunks share the passes), the controller ``always`` (or a
         dynamic one the kernel keeps, :meth:`_controls_in_blocks`), the EWMA or tower coherence,
         and nothing else decides or learns per round (no p_min, drift or observers but
         ``acceptance_target``'s and ``probing``'s) and both tables price from arrays. The elastic MEMTP
@@ -1317,14 +1319,17 @@ class Engine:
             plan = (3, 0, 0.0)
         elif type(pol) is GoodputPolicy and drafter.depth <= pol.params.gamma:
             gate, plan = pol._gate, (4, 0, 0.0)
+        elif type(pol) is NoSpecPolicy and not drafter.elastic:  # nothing drafted: buffers one position wide
+            plan, width = (5, drafter.depth, 0.0), 1
         else:
             return None
+        none = plan[0] == 5
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
                 or _mirrored_replaced(self)
                 or (gate is not None and type(gate) is not FallbackGate)
                 or not (type(self.control) is AlwaysDraft or self._controls_in_blocks())
                 or (drafter.elastic and type(drafter.controller) is not DepthController)
-                or drafter.spec.p_min > 0 or not 1 <= width <= drafter.depth or self.logit_shift is not None
+                or drafter.spec.p_min > 0 or not (none or 1 <= width <= drafter.depth) or self.logit_shift is not None
                 or (self._listens() and type(self.control) not in (AcceptanceTarget, Probing))
                 or not self._coherence_mirrored()):
             return None
@@ -1338,7 +1343,7 @@ class Engine:
         memtp = drafter.spec.memtp
         per_tested = memtp is not None and memtp.coherence_estimator == "per_tested"
         diag = (np.empty((self.DIAG_ROUNDS, gamma)), np.empty((self.DIAG_ROUNDS, gamma)),
-                np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS else None
+                np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS and not none else None
         limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)  # the most running requests
         # mutable: drafting times priced up to this many requests, the times, the diagnostics' next row,
         # and the buffers the kernel writes into: the drafts, the ids, lengths and chunks of a round,
@@ -1346,15 +1351,16 @@ class Engine:
         buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64), np.empty(2))
         # ... and the asynchronous scheduler's lag, and rows for its (round, K) history (live pairs: <= lag + 1)
         lag = pol.params.lag_rounds if plan[0] == 3 else 0
-        state = [0, np.full(limit + 1, np.nan), 0, {}, buffers, lag, np.empty((2 * lag + 8, 2), dtype=np.int64)]
+        state = [limit if none else 0, np.full(limit + 1, np.nan), 0, {}, buffers, lag,  # (none: no drafting time)
+                 np.empty((2 * lag + 8, 2), dtype=np.int64)]
         head, kv = self.head, self.kv
         # the kernel's arguments that stay the same objects for the whole run (none is rebound)
         fixed = (self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
                  self.num_rounds, self.verified, self.accepted, kv.tokens, kv.blocks, self.first_token_at, acc.mu,
                  acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence),
-                 self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
+                 np.ones(1) if none else self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
         early_stop = bool(pol.params.early_stop) if type(pol) is DSparkPolicy else False
-        return fixed, per_tested, self._overhead_s(True), diag, state, gate, plan, early_stop
+        return fixed, per_tested, (self._overhead_s(True), self._overhead_s(False)), diag, state, gate, plan, early_stop
 
     def _coherence_mirrored(self) -> bool:
         """Whether the kernel keeps this run's coherence: the EWMA, or the tower of EWMA levels
@@ -1384,10 +1390,10 @@ class Engine:
             that raises), else None; and, when > 0, the seconds the last round's pass runs from
             the clock now, across the next event.
         """
-        fixed, per_tested, overhead_s, diag, state, gate, plan, early_stop = inputs
+        fixed, per_tested, (overhead_s, plain_overhead_s), diag, state, gate, plan, early_stop = inputs
         kv, drafter, log = self.kv, self.drafter, self.log
         consts = (len(self.waiting), len(self.running), self.num_remote_prefill)
-        run = self._run_ids[0]
+        run, gamma = self._run_ids[0], 1 if plan[0] == 5 else gamma  # (no speculation: the buffers' width)
         num_run = run.size
         absorb = self._absorb_args(consts, events=self._drafted_events)
         rows = num_run if absorb is None or absorb[12] is None else state[4][1].shape[1]  # (admissions: all of them)
@@ -1423,8 +1429,8 @@ class Engine:
             run, *fixed, gamma, cfg.max_batch_tokens,
             cfg.prefill_chunk_tokens, kv.block_tokens, kv.capacity, kv.blocks_used, self.env.now, self.env.peek(),
             overhead_s, early_stop, *plan, lag, history, num_hist, self.block_gib, drafter.held_gib, log.fixed_gib,
-            _NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
-                                           gate.probe_every, self._overhead_s(False)),
+            (*(_NO_GATE if gate is None else (gate.enabled, gate._alpha, gate._gain, gate._last_round, gate._skipped,
+                                              gate.probe_every)), plain_overhead_s),
             coh_args, round_index, _MAX_BLOCK_ROUNDS, log.rows, consts,
             dec_ids, pre_ids, probs, raw, conf, finished, d_raw, d_conf, d_would, lengths, chunks, crossing,
             None if ctl is None else self._elastic_args(ctl), tower, drafter.kind == "draft_model", control_args,

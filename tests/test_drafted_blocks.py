@@ -618,8 +618,10 @@ def random_case(seed, monkeypatch):
     params = {"gamma": int(rng.integers(1, 8)), "early_stop": bool(rng.random() < 0.5),
               "fallback": bool(rng.random() < 0.5)}
     # static k and threshold: budget trims at 32 tokens
-    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1", "threshold", "dspark_async", "goodput"]))
-    if policy == "goodput":
+    policy = str(rng.choice(["dspark", "dspark", "static", "mtp1", "threshold", "dspark_async", "goodput", "no_spec"]))
+    if policy == "no_spec":  # every round plain: blocks where prefill chunks share the passes
+        params = {}
+    elif policy == "goodput":
         params = {"gamma": params["gamma"], "fallback": params["fallback"]}
     elif policy == "dspark_async":
         params = {"gamma": params["gamma"], "lag_rounds": int(rng.integers(1, 4))}
@@ -669,6 +671,20 @@ def test_goodput_at_64_users_falls_back_and_sums_columns_as_numpy_does(gamma, mo
     assert_same_state(slow, fast)
     r = fast.rounds
     assert np.any(r["verify_tokens"] == 0) and np.any(r["num_decode"] >= 16)
+
+
+@pytest.mark.parametrize("name", ["closed-4", "poisson-colocated", "closed-8-chunked", "closed-8-tight-pass",
+                                  "h200-poisson", "kv-pressure"])
+def test_no_speculation_runs_the_rounds_with_prefill_chunks_in_blocks(name, monkeypatch):
+    # plain blocks take no round that carries prefill chunks: no_spec's such rounds run in the
+    # drafted-block kernel as rounds of k 0 (before, every one of them ran in Python); bit for
+    # bit as round by round, and the round log's depth is the drafter's (0), not the buffers' 1
+    scen = scenario(**(SCENARIOS[name] | {"policy": {"name": "no_spec"}}))
+    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=3).state)
+    assert calls and max(calls) > 1, "no block of two rounds or more: the test would prove nothing"
+    assert_same_state(slow, fast)
+    r = fast.rounds
+    assert np.all(r["depth"] == 0) and np.all(r["verify_tokens"] == 0) and np.any(r["prefill_tokens"] > 0)
 
 
 def test_a_static_policy_whose_plan_is_replaced_runs_round_by_round(monkeypatch):
@@ -865,7 +881,8 @@ def two_requests(rows=2, priced=3, limit=2, kind=tuple):
 
 @pytest.mark.parametrize("bad", [
     "gate=(True, 0.1)", "coherence=(0.1,)", "row_consts=()", "plan_kind=1, fixed_k=3", "plan_kind=1, fixed_k=0",
-    "plan_kind=2, threshold=1.5", "plan_kind=2, threshold=float('nan')", "plan_kind=5", "plan_kind=-1",
+    "plan_kind=2, threshold=1.5", "plan_kind=2, threshold=float('nan')", "plan_kind=6", "plan_kind=-1",
+    "plan_kind=5, fixed_k=-1", "plan_kind=5, fixed_k=128",
     "plan_kind=3, lag_rounds=0",
     "history=np.zeros((4, 3), dtype=np.int64)", "history=np.zeros((4, 2))", "history_len=5", "history_len=-1",
     # the crossing round's out buffer of another size
