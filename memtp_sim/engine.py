@@ -1323,13 +1323,13 @@ class Engine:
             plan, width = (5, drafter.depth, 0.0), 1
         else:
             return None
-        none = plan[0] == 5
+        no_drafts = plan[0] == 5
         if (self._kernels is None or not self.DRAFT_BLOCKS or not _same_numpy(self._kernels)
                 or _mirrored_replaced(self)
                 or (gate is not None and type(gate) is not FallbackGate)
                 or not (type(self.control) is AlwaysDraft or self._controls_in_blocks())
                 or (drafter.elastic and type(drafter.controller) is not DepthController)
-                or drafter.spec.p_min > 0 or not (none or 1 <= width <= drafter.depth) or self.logit_shift is not None
+                or drafter.spec.p_min > 0 or not (no_drafts or 1 <= width <= drafter.depth) or self.logit_shift is not None
                 or (self._listens() and type(self.control) not in (AcceptanceTarget, Probing))
                 or not self._coherence_mirrored()):
             return None
@@ -1343,7 +1343,7 @@ class Engine:
         memtp = drafter.spec.memtp
         per_tested = memtp is not None and memtp.coherence_estimator == "per_tested"
         diag = (np.empty((self.DIAG_ROUNDS, gamma)), np.empty((self.DIAG_ROUNDS, gamma)),
-                np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS and not none else None
+                np.empty((self.DIAG_ROUNDS, gamma), dtype=bool)) if self.diag_n < self.DIAG_ROUNDS and not no_drafts else None
         limit = min(self.cfg.max_num_seqs, self.cfg.max_batch_tokens)  # the most running requests
         # mutable: drafting times priced up to this many requests, the times, the diagnostics' next row,
         # and the buffers the kernel writes into: the drafts, the ids, lengths and chunks of a round,
@@ -1351,14 +1351,14 @@ class Engine:
         buffers = (np.empty((3, limit, gamma)), np.empty((4, limit), dtype=np.int64), np.empty(2))
         # ... and the asynchronous scheduler's lag, and rows for its (round, K) history (live pairs: <= lag + 1)
         lag = pol.params.lag_rounds if plan[0] == 3 else 0
-        state = [limit if none else 0, np.full(limit + 1, np.nan), 0, {}, buffers, lag,  # (none: no drafting time)
+        state = [limit if no_drafts else 0, np.full(limit + 1, np.nan), 0, {}, buffers, lag,  # (no_drafts: no drafting time)
                  np.empty((2 * lag + 8, 2), dtype=np.int64)]
         head, kv = self.head, self.kv
         # the kernel's arguments that stay the same objects for the whole run (none is rebound)
         fixed = (self.prefilled, self.prefill_target, self.domain, self.difficulty, self.generated, self.output,
                  self.num_rounds, self.verified, self.accepted, kv.tokens, kv.blocks, self.first_token_at, acc.mu,
                  acc.slope, base, acc.sigma_round, head.oracle, float(head.noise_sd), float(head.overconfidence),
-                 np.ones(1) if none else self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
+                 np.ones(1) if no_drafts else self.temps, self.rng, self.head_rng, prices[0], prices[1], separate, state[1])
         early_stop = bool(pol.params.early_stop) if type(pol) is DSparkPolicy else False
         return fixed, per_tested, (self._overhead_s(True), self._overhead_s(False)), diag, state, gate, plan, early_stop
 
