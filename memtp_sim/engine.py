@@ -907,8 +907,8 @@ class Engine:
             drafted, k, width = None, gamma, gamma  # a round the block drew but did not keep: (probs, raw, conf)
             if by_depth is not None:  # the elastic ensemble's depth or a dynamic controller's k, and its inputs
                 k, width, block = self._inputs_this_round(by_depth, dynamic, dec, gamma, round_index)
-            if block is not None and not num_preempted and not head_load_s:  # drafted rounds at once (exact;
-                # a round that loads heads stalls for them: the round path)
+            if block is not None and dec.size and not num_preempted and not head_load_s:  # drafted rounds at once
+                # (exact; a round that loads heads stalls for them, one of prefill alone stops the kernel: the round path)
                 rounds, dec, pre, drafted, wait_s = self._drafted_block(dec, pre, width, round_index, block, k)
                 round_index += rounds
                 if wait_s:  # its last round's pass runs across the next event: wait for its end
@@ -1319,7 +1319,8 @@ class Engine:
             plan = (3, 0, 0.0)
         elif type(pol) is GoodputPolicy and drafter.depth <= pol.params.gamma:
             gate, plan = pol._gate, (4, 0, 0.0)
-        elif type(pol) is NoSpecPolicy and not drafter.elastic:  # nothing drafted: buffers one position wide
+        elif type(pol) is NoSpecPolicy and not drafter.elastic and drafter.kind != "draft_model":  # nothing drafted:
+            # buffers one position wide (a draft model prefills its own cache: the kernel stops at each chunk)
             plan, width = (5, drafter.depth, 0.0), 1
         else:
             return None

@@ -630,7 +630,9 @@ def random_case(seed, monkeypatch):
                   {"gamma": params["gamma"], "threshold": float(rng.choice([0.0, 0.2, 0.6]))})
     slow, fast, calls = both_ways(
         monkeypatch, lambda: run_engine(prof, wl, policy, params, seed=seed, **settings))
-    assert calls
+    # no_spec calls the kernel only for a round that holds decoding requests and prefill chunks
+    # (one user's prompt prefills alone): its blocks are checked on the scenarios above
+    assert calls or policy == "no_spec"
     assert_same_state(slow, fast)
     return fast
 
