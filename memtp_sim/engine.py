@@ -320,6 +320,7 @@ ROUND_DTYPES: dict[str, type] = {f: np.int32 for f in ROUND_FIELDS} | {
 } | {"gamma": np.int8, "depth": np.int8, "cost_extrapolated": np.int8}
 # kv_gib and free_gib follow from other columns and the run's constants: computed once at the end
 _LOGGED = tuple(f for f in ROUND_FIELDS if f not in ("kv_gib", "free_gib"))
+_K_FIELD = _LOGGED.index("gamma")  # a row's k: the positions every decoding request drafted
 
 
 class _RoundLog:
@@ -1449,7 +1450,7 @@ class Engine:
             self._kept_diag(diag, state, at, diag_rows)
         if rounds:
             kv.blocks_used = blocks_used
-            last_drafted = log.rows[-1][8] > 0  # the last round's k (a gate's plain round's is 0)
+            last_drafted = log.rows[-1][_K_FIELD] > 0  # (a gate's plain round's k is 0)
             if absorbed is not None and absorbed[0]:
                 self._absorbed(absorbed)
             # no event falls inside the rounds run but a crossing last one's pass: the clock at its

@@ -555,10 +555,10 @@ def test_the_diagnostics_fill_up_inside_a_block(diag_rounds, monkeypatch):
     assert fast.confidence_raw.shape[0] == diag_rounds
 
 
-def gate_blocks(monkeypatch, scen, seed: int) -> tuple[dict, list[int]]:
+def gate_blocks(monkeypatch, scen, seed: int):  # noqa: ANN201 - (dict, list[int], EngineState)
     """The drafted-block calls of a run: their count, the rounds they kept, the blocks holding
-    both plain (k 0) and drafted rounds, the run's rounds and its plain ones; and the rounds at
-    which a call started where the gate announced plain rounds."""
+    both plain (k 0) and drafted rounds, the run's rounds and its plain ones; the rounds at
+    which a call started where the gate announced plain rounds; and the run's state."""
     calls, in_plain = [], []
     real_block = Engine._drafted_block
 
@@ -570,22 +570,25 @@ def gate_blocks(monkeypatch, scen, seed: int) -> tuple[dict, list[int]]:
         return out
 
     monkeypatch.setattr(Engine, "_drafted_block", block)
-    verify = run(scen, seed=seed).state.rounds["verify_tokens"]
+    state = run(scen, seed=seed).state
+    verify = state.rounds["verify_tokens"]
     mixed = sum(1 for at, n in calls if np.any(verify[at: at + n] == 0) and np.any(verify[at: at + n] > 0))
     return dict(calls=len(calls), rounds=sum(n for _, n in calls), mixed=mixed, total=verify.size,
-                plain_rounds=int(np.sum(verify == 0))), in_plain
+                plain_rounds=int(np.sum(verify == 0))), in_plain, state
 
 
 @pytest.mark.parametrize("policy", [{"name": "dspark"}, {"name": "dspark", "early_stop": True}, {"name": "goodput"}])
 def test_the_gate_s_plain_rounds_run_inside_drafted_blocks(policy, monkeypatch):
     # at 64 users on gfx1151 drafting stops paying: the gate decodes plainly between probes, and
     # a block goes on through its plain rounds and probes (it stopped at each, 176 calls for the
-    # benchmark's 1,552 rounds); the same answers as round by round, the gate's state included
+    # benchmark's 1,552 rounds); the same answers as round by round
     scen = scenario(policy=policy, workload={"concurrency": 64, "num_requests": 150},
                     engine={"prefill": "disaggregated", "prefill_gpus": 4})
-    slow, fast, calls = both_ways(monkeypatch, lambda: run(scen, seed=0).state)
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", False)
+    slow = run(scen, seed=0).state
+    monkeypatch.setattr(Engine, "DRAFT_BLOCKS", True)
+    blocks, _, fast = gate_blocks(monkeypatch, scen, 0)
     assert_same_state(slow, fast)
-    blocks, _ = gate_blocks(monkeypatch, scen, 0)
     assert blocks["plain_rounds"] >= 50 and np.any(fast.rounds["verify_tokens"] > 0)
     assert blocks["mixed"] >= 1 and blocks["calls"] * 5 < blocks["rounds"]
 
@@ -1249,7 +1252,7 @@ def test_the_elastic_ensemble_runs_the_gate_s_plain_rounds_in_the_kernel(monkeyp
     # depth controller asked each round: blocks start in them and hold plain and drafted rounds
     # together, so the calls are few (a reviewer's goodput run once made 8,156 calls for 509
     # rounds kept, slower than round by round). Same answers: "elastic-gate" in the tests above
-    blocks, in_plain = gate_blocks(monkeypatch, scenario(policy={"name": "dspark"}, **ELASTIC["elastic-gate"]), 2)
+    blocks, in_plain, _ = gate_blocks(monkeypatch, scenario(policy={"name": "dspark"}, **ELASTIC["elastic-gate"]), 2)
     assert in_plain and blocks["mixed"] >= 1
     assert blocks["plain_rounds"] >= 20  # the gate did fall back to plain rounds
     assert blocks["rounds"] >= 0.9 * blocks["total"] and blocks["calls"] * 2 < blocks["rounds"]
