@@ -1941,11 +1941,20 @@ cdef double* _bin_edges(i64 n_bins) except NULL:
 
 
 cdef inline i64 _bin_of(double v, i64 n_bins, double* edges) noexcept nogil:
-    # v's bin, v in [0, 1]: a guess within one bin of the answer (v * n is off by at most an ulp),
-    # then one exact correction each way against the edges (as confidence._bin_index); without
-    # jumps (& of the comparisons, not "and"): whether a value sits in the first or last bin is
-    # data, and its mispredicted jumps cost more than the rest of the binning
-    cdef i64 idx = <i64>(v * <double>n_bins)  # floor: v >= 0
+    # v's bin, v in [0, 1]: bin i holds (edges[i], edges[i + 1]], 0 in bin 0 (confidence._bin_index).
+    # Fast path: t = v * n more than 1e-6 from an integer is floor(t)'s bin, as the edges'
+    # comparisons would say (t is off from v * n, and each edge * n from i, by under n * 2**-52:
+    # below 1e-6 for n < 2**30); it skips the two dependent loads of the edges, which cost more
+    # than the rest of a binning (survival_bins runs about twice as fast)
+    cdef double t = v * <double>n_bins
+    cdef i64 idx = <i64>t  # floor: v >= 0
+    cdef double frac = t - <double>idx
+    if frac > 1e-6 and frac < 1.0 - 1e-6 and idx < n_bins and n_bins < (1 << 30):  # all but values near an edge
+        return idx
+    # near an edge: a guess within one bin of the answer (v * n is off by at most an ulp), then
+    # one exact correction each way against the edges; without jumps (& of the comparisons, not
+    # "and"): whether a value sits in the first or last bin is data, and mispredicted jumps cost
+    # more than the loads
     idx = n_bins - 1 if idx > n_bins - 1 else idx
     idx -= (idx > 0) & (v <= edges[idx])
     idx += (idx < n_bins - 1) & (v > edges[idx + 1])

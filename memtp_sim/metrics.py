@@ -353,9 +353,11 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         curves_all = {"raw": curves_raw, "used": curves_used}
     else:
         cum_raw, cum_used = np.cumprod(raw, axis=1), np.cumprod(used, axis=1)
+    n = raw.shape[0]
     for k in range(1, raw.shape[1] + 1):
-        rows = width >= k  # rounds that drafted position k (elastic depth varies)
-        if rows.sum() < 50:
+        rows = None if full else width >= k  # rounds that drafted position k (elastic depth varies)
+        num_rows = n if full else int(rows.sum())
+        if num_rows < 50:
             break
         if full:
             m_raw = (m_raw_all.ece[k - 1], m_raw_all.auc[k - 1], m_raw_all.brier[k - 1])
@@ -369,7 +371,7 @@ def _calibration_metrics(st: EngineState) -> dict[str, Any]:
         auc.append(m_used[1])
         brier_raw.append(m_raw[2])
         brier.append(m_used[2])
-        counts.append(int(rows.sum()))
+        counts.append(num_rows)
         for name in ("raw", "used"):
             if full:
                 rc = curves_all[name][k - 1]

@@ -870,7 +870,10 @@ def test_a_policy_that_plans_lengths_outside_its_drafts_stops_the_run(bad, compi
         run(scenario(policy={"name": "dspark"}, workload={"concurrency": 4, "num_requests": 8}), seed=0)
 
 
-_EDGES = st.sampled_from([0.0, 1.0, 1 / 15, 2 / 15, 0.1, 0.2, 0.3, 14 / 15, 0.5, 7 / 15]) | st.floats(0.0, 1.0)
+_ON_EDGES = [0.0, 1.0, 1 / 15, 2 / 15, 0.1, 0.2, 0.3, 14 / 15, 0.5, 7 / 15]
+# an ulp either side of each edge, and values typed as an edge that round off it (3 * 0.1)
+_NEAR_EDGES = [float(np.nextafter(e, t)) for e in _ON_EDGES for t in (0.0, 1.0)] + [3 * 0.1, 0.1 + 0.2, 7 * (1 / 15)]
+_EDGES = st.sampled_from(_ON_EDGES) | st.sampled_from([e for e in _NEAR_EDGES if 0.0 <= e <= 1.0]) | st.floats(0.0, 1.0)
 _SIGNED_EDGES = _EDGES | st.just(-0.0)  # -0.0 passes the [0, 1] check and ties 0.0
 
 
@@ -932,6 +935,30 @@ def test_survival_calibration_in_one_pass_is_the_numpy_metrics(n, gamma, n_bins,
             assert got_m.auc[k] == pytest.approx(auc_score(survival[:, k], ok[:, k]), abs=1e-12)
         else:
             assert np.isnan(got_m.auc[k])
+
+
+@needs_kernels
+@pytest.mark.parametrize("n_bins", [*range(1, 65), 100, 999, 4096])
+def test_binned_rows_match_numpy_binning_around_every_edge(n_bins):
+    # oracle: the numpy binning (_bin_index's exact comparisons against the edges), kernels off.
+    # Every edge i / n_bins, the ulps around it and values a little further off, where the
+    # kernel's fast path (v * n more than 1e-6 from a whole number) hands over to the comparisons
+    from memtp_sim.confidence import _binned_rows
+
+    edges = np.arange(n_bins + 1) / n_bins
+    near = [edges, np.nextafter(edges, 0.0), np.nextafter(edges, 1.0),
+            np.nextafter(np.nextafter(edges, 0.0), 0.0), np.nextafter(np.nextafter(edges, 1.0), 1.0)]
+    near += [(np.arange(n_bins + 1) + d) / n_bins for d in (-3e-6, -1e-6, -5e-7, 5e-7, 1e-6, 3e-6)]
+    probs = np.clip(np.concatenate(near), 0.0, 1.0)[:, None]  # a row each: every value's own bin compared
+    outcomes = (np.arange(probs.size) % 3 == 0)[:, None]
+    got = _binned_rows(probs, outcomes, n_bins)
+    try:
+        _compiled.ENABLED = False
+        want = _binned_rows(probs, outcomes, n_bins)
+    finally:
+        _compiled.ENABLED = True
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
 
 
 @needs_kernels
