@@ -70,14 +70,13 @@ def flat_profile(*, pass_ms: float = 10.0, max_b: int = 64, kv_blocks: int = 102
                  sps: SPSTable | None = None) -> HardwareProfile:
     """A profile whose KV cache holds exactly ``kv_blocks`` blocks.
 
-    KV bytes per token = 1 MiB, so a block of 16 tokens is 16 MiB = 1/64 GiB; the allocatable memory
-    is kv_blocks/64 GiB (an exact binary fraction) and nothing else uses memory, hence
-    floor((kv_blocks/64) / (1/64)) = kv_blocks blocks with or without a drafter.
+    KV bytes per token = 1 MiB, so a block of ``block_tokens`` tokens is block_tokens/1024 GiB (an
+    exact binary fraction: 1/64 GiB for 16); the allocatable memory is kv_blocks times that and
+    nothing else uses memory, hence kv_blocks blocks with or without a drafter.
     """
-    assert block_tokens == 16, "the exact-capacity arithmetic above assumes 16-token blocks"
     table = sps if sps is not None else SPSTable(np.array([1, max_b]), np.array([pass_ms, pass_ms]),
                                                  source="test: flat")
-    mem = MemorySpec(gpu_allocatable_gib=kv_blocks / 64.0, weights_gib=0.0, drafter_weights_gib=0.0,
+    mem = MemorySpec(gpu_allocatable_gib=kv_blocks * block_tokens / 1024.0, weights_gib=0.0, drafter_weights_gib=0.0,
                      reserve_gib=0.0, kv_bytes_per_token=MEBI, kv_block_tokens=block_tokens,
                      max_model_len=max_model_len)
     return HardwareProfile(name="test-flat", description="hand-made", chip="none", sps=table,

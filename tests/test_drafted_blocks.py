@@ -598,13 +598,27 @@ def test_drafted_blocks_match_round_by_round_on_random_workloads(seed, monkeypat
     random_case(seed, monkeypatch)
 
 
-def random_case(seed, monkeypatch):
-    """A random hand-made workload run both ways (asserting they agree); the blocked run's state."""
+@pytest.mark.parametrize("block_tokens", [1, 3, 5, 12, 32])
+@pytest.mark.parametrize("seed", range(3))
+def test_kv_blocks_of_any_size_match_the_numpy_engine(block_tokens, seed, monkeypatch):
+    # oracle: the numpy engine (the compiled kernels off), whose KV blocks are -(-tokens // size);
+    # the kernels shift where the size is a power of two and divide where it is not: both sizes,
+    # under KV pressure (preemptions, trimmed drafts), blocks and round by round
+    fast = random_case(seed, monkeypatch, block_tokens)
+    monkeypatch.setattr(_compiled, "ENABLED", False)
+    assert_same_state(random_case(seed, monkeypatch, block_tokens), fast)
+    assert fast.rounds["kv_blocks_after"].max() > 0
+
+
+def random_case(seed, monkeypatch, block_tokens=16):
+    """A random hand-made workload run both ways (asserting they agree); the blocked run's state.
+    ``block_tokens``: the KV cache's block size (the kernels shift by a power of two, divide by
+    any other)."""
     rng = np.random.default_rng(100 + seed)
     n = int(rng.integers(3, 25))
     kv_blocks = int(rng.integers(24, 120))  # tight: requests wait for memory, drafts are trimmed, requests preempted
-    prompt = np.minimum(rng.integers(1, 300, n), kv_blocks * 16 // 3)
-    output = np.minimum(rng.integers(1, 150, n), kv_blocks * 16 // 3)
+    prompt = np.minimum(rng.integers(1, 300, n), kv_blocks * block_tokens // 3)
+    output = np.minimum(rng.integers(1, 150, n), kv_blocks * block_tokens // 3)
     closed = rng.random() < 0.5
     wl = (workload(prompt, output, concurrency=int(rng.integers(1, 7)), think_time_s=float(rng.choice([0.0, 0.05])))
           if closed else workload(prompt, output, np.sort(rng.exponential(0.2, n)).cumsum()))
@@ -615,7 +629,7 @@ def random_case(seed, monkeypatch):
     pass_ms = float(rng.choice([5.0, 10.0]))
     sps = SPSTable(np.array([1, top // 2, top]), np.array([pass_ms, pass_ms * 1.3, pass_ms * 2.0]),
                    beyond_max=beyond, dense_limit=64)
-    prof = flat_profile(kv_blocks=kv_blocks, sps=sps)
+    prof = flat_profile(kv_blocks=kv_blocks, sps=sps, block_tokens=block_tokens)
     settings = {"max_num_seqs": int(rng.integers(1, 9)), "kv_watermark_frac": float(rng.choice([0.0, 0.05])),
                 "max_batch_tokens": int(rng.choice([32, 64])), "prefill_chunk_tokens": int(rng.choice([8, 32]))}
     params = {"gamma": int(rng.integers(1, 8)), "early_stop": bool(rng.random() < 0.5),
@@ -634,8 +648,9 @@ def random_case(seed, monkeypatch):
     slow, fast, calls = both_ways(
         monkeypatch, lambda: run_engine(prof, wl, policy, params, seed=seed, **settings))
     # no_spec calls the kernel only for a round that holds decoding requests and prefill chunks
-    # (one user's prompt prefills alone): its blocks are checked on the scenarios above
-    assert calls or policy == "no_spec"
+    # (one user's prompt prefills alone): its blocks are checked on the scenarios above; the numpy
+    # engine (compiled kernels off) runs no blocks
+    assert calls or policy == "no_spec" or not _compiled.ENABLED
     assert_same_state(slow, fast)
     return fast
 
