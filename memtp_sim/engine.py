@@ -554,6 +554,10 @@ class Engine:
         self._progress_step = max(1, n // 50)
         self._prefill_idle = settings.prefill_gpus  # remote prefill GPUs free now
         self._prefill_queue, self._prefill_memo = deque[int](), _remote_prefill_memo(profile, settings)  # FIFO
+        # while a block's actions are replayed (_absorbed): the requests whose remote prefill ends in
+        # them, and the end times of those whose prefill started there too (no SimPy event made)
+        self._replay_ends: frozenset[int] | set[int] = frozenset()
+        self._replay_started: dict[int, float] = {}
         self._init_users(workload, settings)
         self._use_kernels(n)
         self._init_request_paths(profile.memory.max_model_len, settings)
@@ -639,8 +643,13 @@ class Engine:
     # queue) with one SimPy timeout per prompt: a process and a Resource per request cost more
     # events than the rest of a request's life at high load.
     def _start_remote_prefill(self, i: int) -> None:
+        delay = self._prefill_time_s(self._prompt_list[i])
+        if i in self._replay_ends:  # it ends in the block being replayed too: no event, its id taken as SimPy takes one
+            next(self.env._eid)
+            self._replay_started[i] = self.env._now + delay  # (SimPy's time for it: the same sum)
+            return
         # the request id as the timeout's value: one bound method for every prompt, no closure each
-        self.env.timeout(self._prefill_time_s(self._prompt_list[i]), i).callbacks.append(self._remote_prefill_done)
+        self.env.timeout(delay, i).callbacks.append(self._remote_prefill_done)
 
     def _remote_prefill_done(self, done: simpy.Event) -> None:
         i = done.value
@@ -1568,6 +1577,11 @@ class Engine:
         codes, ids, times = (a[:num].tolist() for a in self._absorb[4])
         env, running, waiting = self.env, self.running, self.waiting
         self._run_ids = None
+        # a prefill that starts and ends in these actions makes no SimPy event (created, then taken
+        # off the queue: most of what a replayed request cost); its end is checked against the kernel's
+        started = self._replay_started
+        if 2 in codes:
+            self._replay_ends = {i for code, i in zip(codes, ids) if code == 2}
         for code, i, t in zip(codes, ids, times):
             if code == 0:
                 env._now = t
@@ -1576,11 +1590,17 @@ class Engine:
             elif code == 1:
                 next(env._eid)
             elif code == 2:
-                t_queued, _, _, event = heappop(env._queue)
-                if t_queued != t or event._value != i:
-                    raise EngineInvariantError(f"block: SimPy's next event is {event!r} at {t_queued} s, not request "
-                                               f"{i}'s remote prefill end at {t} s as the kernel ran it")
-                event.callbacks = None  # processed, as Environment.step leaves it
+                if i in started:
+                    if started.pop(i) != t:
+                        raise EngineInvariantError(f"block: request {i}'s remote prefill ends at {t} s as the kernel "
+                                                   "ran it, not when it started plus its prefill time")
+                else:
+                    t_queued, _, _, event = heappop(env._queue)
+                    if t_queued != t or event._value != i:
+                        raise EngineInvariantError(f"block: SimPy's next event is {event!r} at {t_queued} s, not "
+                                                   f"request {i}'s remote prefill end at {t} s as the kernel ran it")
+                    event.callbacks = None  # processed, as Environment.step leaves it
+                    self._replay_ends.discard(i)  # (a later prefill of it would not end in these actions)
                 env._now = t
                 if self._prefill_queue:
                     self._start_remote_prefill(self._prefill_queue.popleft())
@@ -1594,6 +1614,10 @@ class Engine:
                                                f"admission queue's head is {waiting[0] if waiting else None}")
                 waiting.popleft()
                 running.append(i)
+        self._replay_ends = frozenset()
+        if started:  # (only requests whose end is in the actions start without an event)
+            raise EngineInvariantError(f"block: remote prefills of requests {sorted(started)} started in its actions "
+                                       "without an event, and did not end there")
         self.kv.check("finish")
         mirrored = (next_request, prefill_idle, num_remote, num_waiting, queued)
         if (self._next_request, self._prefill_idle, self.num_remote_prefill, len(waiting),
