@@ -2295,6 +2295,30 @@ def expit(cnp.ndarray x not None):
 
 
 # ------------------------------------------------------------------------------ drafted blocks
+cdef inline i64 _context_of(i64* dec, Py_ssize_t num, i64* tok, i64* l_max) noexcept nogil:
+    # the KV tokens of the requests dec[:num] (a pass reads them) and, in l_max, the longest; in
+    # locals of its own (drafted_block's variables live in memory: its loops added to the stack)
+    cdef i64 total = 0, longest = 0, b
+    cdef Py_ssize_t k
+    for k in range(num):
+        b = tok[dec[k]]
+        total += b
+        if b > longest:
+            longest = b
+    l_max[0] = longest
+    return total
+
+
+cdef inline i64 _blocks_to_hold(i64* dec, Py_ssize_t num, i64* tok, i64* blk, i64* more, i64 extra,
+                                i64 block_tokens) noexcept nogil:
+    # the KV blocks requests dec[:num] add to hold extra more tokens each (plus more[k], unless NULL)
+    cdef i64 total = 0
+    cdef Py_ssize_t k
+    for k in range(num):
+        total += _blocks_for(tok[dec[k]] + extra + (0 if more == NULL else more[k]), block_tokens) - blk[dec[k]]
+    return total
+
+
 # the plans drafted_block makes (its plan_kind)
 cdef enum:
     _PLAN_DSPARK = 0
@@ -2874,12 +2898,8 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
             ri = round_index + rounds
             num = _split_core(ids, num_run, done, want, tok, block_tokens, dec, pre, more)  # Engine._guarantee_anchors
             num_pre, anchors = more[0], more[1]
-            need = kv_read = l_max = 0
-            for k in range(num):  # the decoding requests' context
-                b = tok[dec[k]]
-                kv_read += b
-                if b > l_max:
-                    l_max = b
+            need = 0
+            kv_read = _context_of(dec, num, tok, &l_max)  # the decoding requests' context
             if num == 0 or blocks_used + anchors > capacity:
                 break  # nothing to draft, or the round path preempts
             k_r, c_asked = gamma, False  # this round's drafted positions; whether the controller was asked
@@ -2941,8 +2961,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     else:
                         t_skipped = 0
             if k_r:  # the lookahead (Engine._reserve_lookahead: only where the round drafts)
-                for k in range(num):
-                    need += _blocks_for(tok[dec[k]] + 1 + k_r, block_tokens) - blk[dec[k]]
+                need = _blocks_to_hold(dec, num, tok, blk, NULL, 1 + k_r, block_tokens)
                 if blocks_used + need > capacity:
                     break  # the round path preempts
             if is_elastic and rounds > 0:  # Engine._resize_drafter (the caller resized for the call's first)
@@ -3106,9 +3125,7 @@ def drafted_block(cnp.ndarray run not None, cnp.ndarray prefilled not None, cnp.
                     theta = res.theta_star
                     theta_g = res.theta_best if res.n_cov == res.n_max else NAN
                     verify_tokens = res.n_star
-            peak = blocks_used
-            for k in range(num):
-                peak += _blocks_for(tok[dec[k]] + 1 + lengths[k], block_tokens) - blk[dec[k]]
+            peak = blocks_used + _blocks_to_hold(dec, num, tok, blk, lengths, 1, block_tokens)
             if peak > capacity:
                 break  # KVCacheManager.fit_lookahead trims
             b = num + verify_tokens + chunk_total
