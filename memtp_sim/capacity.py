@@ -409,7 +409,9 @@ def load_capacity_scenarios(path: str | Path, policies: Sequence[str] | None = N
         if tuple(loc) == ("policies",):  # the list as a whole: one policy given twice
             raise ConfigError(f"--policies: {msg}") from None
         raise ConfigError(format_validation_error(e, str(path), Scenario)) from None
-    return [scen for _, scen, _ in study.expand(source=str(path))]
+    # fields named as the scenario file names them (it has no base section), parameters as the flag's
+    return [scen for _, scen, _ in study.expand(
+        source=str(path), name_field=lambda f: f"--policies {f}" if f.startswith("policy.") else f)]
 
 
 def _unloaded_scenario(scenario: Scenario) -> Scenario:

@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -888,7 +889,8 @@ class Study(StrictModel):
                                  f"per run, so set it in one place (drop {param} from the entry)")
         return self
 
-    def expand(self, *, source: str = "<study>") -> list[tuple[dict[str, Any], Scenario, int]]:
+    def expand(self, *, source: str = "<study>", name_field: Callable[[str], str] | None = None,
+               ) -> list[tuple[dict[str, Any], Scenario, int]]:
         """All runs: (labels, scenario, seed), in a stable order.
 
         Each run starts from ``base``, takes its policy from ``policies`` (when given), then the
@@ -901,6 +903,12 @@ class Study(StrictModel):
         is None (for its variant too, when every override of the variant was such a parameter).
         Such runs that come out the same (no_spec at each value of a ``policy.gamma`` sweep) run
         once; a label on which the merged runs differ is None.
+
+        Args:
+            source: the file named in errors.
+            name_field: how errors name a scenario field (``workload.concurrency``); by default
+                where this study sets it (``base.workload.concurrency``, ``sweep.<path>``,
+                ``variants.<name>.<path>``, ``policies[i].<param>``).
 
         Raises:
             ConfigError: a sweep value or variant makes an invalid scenario (the message names the
@@ -964,9 +972,23 @@ class Study(StrictModel):
                                   f"{', '.join(allowed) or 'no parameters'}")
         for path, n in applicable.items():
             if len(ignored.get(path, [])) == n:
-                raise ConfigError(f"{source}: {path}: has no effect in any run of this study ({ignored[path][0]}); "
-                                  "remove it or change the setting it depends on")
+                raise ConfigError(f"{source}: {(name_field or self._where_set)(path)}: has no effect in any run of this study "
+                                  f"({ignored[path][0]}); remove it or change the setting it depends on")
         return [(labels, scen, int(seed)) for labels, scen in _merge_unchanged(points) for seed in self.seeds]
+
+    def _where_set(self, path: str) -> str:
+        """Where this study file sets scenario field ``path``, as its other errors name places:
+        ``sweep.<path>``, ``variants.<name>.<path>``, ``policies[i].<param>`` or ``base.<path>``
+        (the first that sets it, in the order their values take effect)."""
+        if path in self.sweep:
+            return f"sweep.{path}"
+        for name, overrides in (self.variants or {}).items():
+            if path in overrides:
+                return f"variants.{name}.{path}"
+        for i, pol in enumerate(self.policies or []):
+            if path in pol.param_paths:
+                return f"policies[{i}].{path.removeprefix('policy.')}"
+        return f"base.{path}"
 
     @property
     def label_keys(self) -> list[str]:

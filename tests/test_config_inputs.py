@@ -615,7 +615,8 @@ def test_a_setting_with_effect_in_some_run_of_a_study_is_accepted(tmp_path, case
     with pytest.raises(ConfigError) as exc:
         load_study(f)
     msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith(f"{f}: {path}: has no effect in any run of this study"), msg
+    # named where the file sets it (every case here sets it in base), as the study's other errors name places
+    assert "\n" not in msg and msg.startswith(f"{f}: base.{path}: has no effect in any run of this study"), msg
 
 
 def test_memtp_with_no_spec_in_the_list_runs_and_no_spec_runs_plain(tmp_path, capsys):
@@ -645,16 +646,19 @@ def test_a_run_point_error_never_prints_empty_parentheses(tmp_path):
 # policy's gamma), so a gamma the user set was replaced without a word: a sweep of policy.gamma
 # under MEMTP gave identical runs labelled 3 and 7 (a fresh user's report).
 @pytest.mark.parametrize("extra, path", [
-    ({"sweep": {"policy.gamma": [3, 7]}}, "policy.gamma"),
-    ({"policies": [{"name": "dspark", "gamma": 7}, {"name": "threshold", "gamma": 5}]}, "policy.gamma"),
-    ({"policies": [{"name": "goodput", "gamma": 4}]}, "policy.gamma"),
+    ({"sweep": {"policy.gamma": [3, 7]}}, "sweep.policy.gamma"),
+    ({"policies": [{"name": "dspark", "gamma": 7}, {"name": "threshold", "gamma": 5}]}, "policies[0].gamma"),
+    ({"policies": [{"name": "mtp1"}, {"name": "goodput", "gamma": 4}]}, "policies[1].gamma"),
+    ({"base": {"workload": dict(_WL), "memtp": {"depth": "elastic"}, "policy": {"name": "dspark", "gamma": 4}}},
+     "base.policy.gamma"),
+    ({"variants": {"a": {"policy.gamma": 5}}}, "variants.a.policy.gamma"),
 ])
 def test_a_draft_length_the_memtp_ensemble_replaces_is_refused(tmp_path, extra, path):
     f = tmp_path / "study.yaml"
     f.write_text(yaml.safe_dump({"name": "t", "base": {"workload": dict(_WL), "memtp": {"depth": "elastic"}}, **extra}))
     with pytest.raises(ConfigError) as exc:
         load_study(f).expand(source=str(f))
-    msg = str(exc.value)
+    msg = str(exc.value)  # named where the file sets it
     assert msg.startswith(f"{f}: {path}: has no effect in any run of this study") and "memtp.max_depth" in msg, msg
 
 

@@ -113,7 +113,7 @@ def test_relative_paths_resolve_against_the_study_file(tmp_path, monkeypatch):
 ])
 def test_a_setting_that_changes_nothing_is_refused(tmp_path, section, fields, needle):
     f = _study_file(tmp_path, {"name": "i", "base": _base(**{section: fields})})
-    with pytest.raises(ConfigError, match=rf"s\.yaml: {needle}: has no effect"):
+    with pytest.raises(ConfigError, match=rf"s\.yaml: base\.{needle}: has no effect"):
         load_study(f)
     scen = tmp_path / "scenario.yaml"
     scen.write_text(yaml.safe_dump(_base(**{section: fields})))
