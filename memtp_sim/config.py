@@ -908,7 +908,7 @@ class Study(StrictModel):
             source: the file named in errors.
             name_field: how errors name a scenario field (``workload.concurrency``); by default
                 where this study sets it (``base.workload.concurrency``, ``sweep.<path>``,
-                ``variants.<name>.<path>``, ``policies[i].<param>``).
+                ``variants.<name>.<path>``, ``policies.<i>.<param>``).
 
         Raises:
             ConfigError: a sweep value or variant makes an invalid scenario (the message names the
@@ -978,7 +978,8 @@ class Study(StrictModel):
 
     def _where_set(self, path: str) -> str:
         """Where this study file sets scenario field ``path``, as its other errors name places:
-        ``sweep.<path>``, ``variants.<name>.<path>``, ``policies[i].<param>`` or ``base.<path>``
+        ``sweep.<path>``, ``variants.<name>.<path>``, ``policies.<i>.<param>`` (a list's items numbered
+        as validation errors number them) or ``base.<path>``
         (the first that sets it, in the order their values take effect)."""
         if path in self.sweep:
             return f"sweep.{path}"
@@ -987,7 +988,7 @@ class Study(StrictModel):
                 return f"variants.{name}.{path}"
         for i, pol in enumerate(self.policies or []):
             if path in pol.param_paths:
-                return f"policies[{i}].{path.removeprefix('policy.')}"
+                return f"policies.{i}.{path.removeprefix('policy.')}"
         return f"base.{path}"
 
     @property

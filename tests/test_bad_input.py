@@ -46,7 +46,7 @@ def _one_line_exit_2(argv, capsys, *needles):
     ("policy: {name: no_spec}", "policy: {name: dspark, gamma: 3}\npolicies: [{name: dspark}]", "base.policy"),
     ("policy: {name: no_spec}", "policy: {name: dspark, fallback: false, probe_every: 2}", "policy.probe_every"),
     ("policy: {name: no_spec}", "policy: {name: no_spec}\npolicies: [{name: goodput, fallback: false, probe_every: 2}]",
-     "policies[0].probe_every"),
+     "policies.0.probe_every"),
     ("seeds: [0]", "seeds: [0]\npolicies: []", "policies"),
     ("seeds: [0]", "seeds: [0]\nseeds: [1]", "twice"),
     ("  engine:", "  memtp: {depth: 0}\n  engine:", "memtp.depth"),

@@ -647,8 +647,8 @@ def test_a_run_point_error_never_prints_empty_parentheses(tmp_path):
 # under MEMTP gave identical runs labelled 3 and 7 (a fresh user's report).
 @pytest.mark.parametrize("extra, path", [
     ({"sweep": {"policy.gamma": [3, 7]}}, "sweep.policy.gamma"),
-    ({"policies": [{"name": "dspark", "gamma": 7}, {"name": "threshold", "gamma": 5}]}, "policies[0].gamma"),
-    ({"policies": [{"name": "mtp1"}, {"name": "goodput", "gamma": 4}]}, "policies[1].gamma"),
+    ({"policies": [{"name": "dspark", "gamma": 7}, {"name": "threshold", "gamma": 5}]}, "policies.0.gamma"),
+    ({"policies": [{"name": "mtp1"}, {"name": "goodput", "gamma": 4}]}, "policies.1.gamma"),
     ({"base": {"workload": dict(_WL), "memtp": {"depth": "elastic"}, "policy": {"name": "dspark", "gamma": 4}}},
      "base.policy.gamma"),
     ({"variants": {"a": {"policy.gamma": 5}}}, "variants.a.policy.gamma"),
