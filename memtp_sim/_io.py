@@ -5,6 +5,8 @@
 * :func:`not_a_file`: why a path given as an input file is none (a folder, or missing).
 * :func:`read_yaml`: a YAML mapping with one-line errors (file, line) that refuses a key given
   twice in one mapping (PyYAML silently keeps the last).
+* :func:`check_keys`: refuse a key a hand-read input mapping (a calibration file) does not know,
+  naming the file, the key's path and the keys allowed there.
 * :func:`file_digest`: content hash of an input file, cached by (path, mtime, size).
 * :func:`json_default`: ``json.dumps`` hook for numpy scalars and arrays.
 * :func:`disk_cached`: a JSON value computed once per machine, keyed by a hash of its inputs
@@ -34,7 +36,8 @@ import yaml
 from ._version import __version__
 from .errors import ConfigError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "load_yaml", "not_a_file", "file_digest", "json_default", "yaml_loader",
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_yaml", "load_yaml", "not_a_file", "check_keys", "file_digest",
+           "json_default", "yaml_loader",
            "cache_dir", "disk_cached", "disk_cached_arrays", "MAX_EXACT_COUNT", "CACHE_ENV", "check_writable_dir"]
 
 
@@ -294,6 +297,40 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
 
 
 #: Environment variable naming the disk-cache folder; ``off`` (or ``0``, ``none``) disables it.
+#: In a :func:`check_keys` schema: a mapping whose keys are the user's (a column filter, named
+#: drafters); with ``{ANY_KEY: schema}``, each of its values follows ``schema``.
+ANY_KEY = "*"
+
+
+def check_keys(doc: Any, schema: dict[str, Any], where: str, *, error: type[Exception] = ConfigError,
+               path: str = "") -> None:
+    """Refuse a key that ``schema`` does not know, anywhere in ``doc`` (a misspelled optional key
+    would otherwise be read as missing, and its default used without a word).
+
+    Args:
+        doc: the parsed mapping (anything else is left to the reader's own checks).
+        schema: the keys allowed: each maps to None (any value), to the schema of its value when
+            that value is a mapping, or is :data:`ANY_KEY` (see there).
+        where: the file, the start of the message; error: the exception raised.
+        path: the dotted path of ``doc`` in the file (for the message).
+
+    Raises:
+        ``error``: one line, ``"{where}: {path.key}: unknown key; allowed: ..."``.
+    """
+    if not isinstance(doc, dict):
+        return
+    if ANY_KEY in schema:
+        for k, v in doc.items():
+            if schema[ANY_KEY] is not None:
+                check_keys(v, schema[ANY_KEY], where, error=error, path=f"{path}{k}.")
+        return
+    for k, v in doc.items():
+        if k not in schema:
+            raise error(f"{where}: {path}{k}: unknown key; allowed: {', '.join(sorted(schema))}")
+        if schema[k] is not None:
+            check_keys(v, schema[k], where, error=error, path=f"{path}{k}.")
+
+
 def check_writable_dir(folder: str | os.PathLike[str], flag: str = "--out") -> None:
     """Check now, before any work, that files can be written in ``folder`` (created if missing).
 

@@ -39,7 +39,7 @@ from typing import Callable, Any, Mapping, Sequence
 
 import numpy as np
 
-from ._io import disk_cached, not_a_file, read_yaml
+from ._io import ANY_KEY, check_keys, disk_cached, not_a_file, read_yaml
 from ._lazy import brentq, expit, logit
 from .errors import CalibrationError
 from .hardware import calibration_dir
@@ -524,7 +524,8 @@ def load_acceptance(name_or_path: str | Path | None = None) -> AcceptanceModel:
     found = _FOUND_ACCEPTANCE.get(where)
     if found is None or not os.path.isfile(found):
         found = _FOUND_ACCEPTANCE[where] = _find_acceptance(key)
-    return _load_acceptance_cached(found)
+    st = os.stat(found)  # in the cache's key, as a hardware profile's: an edited file is read again
+    return _load_acceptance_cached(found, st.st_mtime_ns, st.st_size)
 
 
 _FOUND_ACCEPTANCE: dict[tuple[str, str], str] = {}
@@ -548,7 +549,7 @@ def _find_acceptance(key: str) -> str:
 
 
 @lru_cache(maxsize=16)
-def _load_acceptance_cached(path: str) -> AcceptanceModel:
+def _load_acceptance_cached(path: str, mtime_ns: int, size: int) -> AcceptanceModel:  # stat in the key: edits reload
     where = path
     doc = read_yaml(path, error=CalibrationError, what="an acceptance profile mapping (name, domains, ...)")
     kind = doc.get("kind", "table1")
@@ -556,6 +557,7 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
         return _load_per_position(path, doc)
     if kind != "table1":
         raise CalibrationError(f"{where}: kind: {kind!r} is not a profile kind; use table1 (default) or per_position")
+    check_keys(doc, _TABLE1_KEYS, where, error=CalibrationError)
     try:
         gamma = int(doc["fit_gamma"])
         flat_through = int(doc.get("flat_through", gamma))
@@ -591,7 +593,14 @@ def _load_acceptance_cached(path: str) -> AcceptanceModel:
 
 _PER_POSITION_KEYS = {"name", "kind", "source", "sigma_request", "sigma_round", "sigma_note", "beyond_measured",
                       "domains", "confidence", "provenance", "notes"}
+#: a table1 profile's keys (memtp_sim._io.check_keys): each domain's Table 1 rows (model -> taus) and slope
+_TABLE1_KEYS = {**dict.fromkeys(("name", "kind", "source", "notes", "sigma_note", "fit_gamma", "flat_through",
+                                 "sigma_request", "sigma_round")),
+                "domains": {ANY_KEY: {"table1_tau": None, "slope": None}}}
 _CONFIDENCE_KEYS = {"noise_sd", "overconfidence"}
+#: every key a per_position profile may hold (memtp_sim._io.check_keys); provenance is free (what made it)
+_PER_POSITION_SCHEMA = {**dict.fromkeys(_PER_POSITION_KEYS), "domains": {ANY_KEY: {"conditional_acceptance": None}},
+                        "confidence": dict.fromkeys(_CONFIDENCE_KEYS)}
 
 
 def _sigma_field(path: str, doc: dict[str, Any], key: str) -> float:
@@ -605,9 +614,7 @@ def _sigma_field(path: str, doc: dict[str, Any], key: str) -> float:
 
 def _load_per_position(path: str, doc: dict[str, Any]) -> AcceptanceModel:
     """A ``kind: per_position`` profile -> AcceptanceModel (see :func:`load_acceptance`)."""
-    unknown = sorted(set(doc) - _PER_POSITION_KEYS)
-    if unknown:
-        raise CalibrationError(f"{path}: {unknown[0]}: unknown field; allowed: {', '.join(sorted(_PER_POSITION_KEYS))}")
+    check_keys(doc, _PER_POSITION_SCHEMA, path, error=CalibrationError)
     s_req, s_round = _sigma_field(path, doc, "sigma_request"), _sigma_field(path, doc, "sigma_round")
     rule = doc.get("beyond_measured", "repeat_last")
     if rule != "repeat_last":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from functools import lru_cache
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from .config import DriftConfig, Scenario
 from .drafting import Drafter
 from .errors import InvalidArgumentError
 from .engine import Engine, EngineSettings
-from .hardware import HardwareProfile, load_profile
+from .hardware import HardwareProfile, load_profile, profile_files
 from .metrics import RunResult, compute_metrics
 from .policies import make_policy
 from .policies.control import make_control
@@ -25,8 +26,27 @@ from .workload import build_workload, load_trace
 __all__ = ["run", "build_acceptance", "confidence_setup"]
 
 
-@lru_cache(maxsize=16)
+_PROFILE_FILES: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
 def _profile(key: str) -> HardwareProfile:
+    """The hardware profile ``key`` names, as :func:`load_profile` reads it: its files looked up
+    once per key (a relative path: from this folder), the profile once per version of them, so an
+    edited file is read again (a dashboard runs for hours) for two ``stat`` calls a run."""
+    where = (key, "" if os.path.isabs(key) else os.getcwd())
+    files = _PROFILE_FILES.get(where)
+    try:
+        stats = tuple((st.st_mtime_ns, st.st_size) for st in map(os.stat, files or ()))
+    except OSError:  # moved or deleted: looked up again (load_profile names what is missing)
+        files = None
+    if not files:
+        files = _PROFILE_FILES[where] = tuple(map(str, profile_files(key)))
+        stats = tuple((st.st_mtime_ns, st.st_size) for st in map(os.stat, files))
+    return _profile_at(key, where[1], stats)
+
+
+@lru_cache(maxsize=16)
+def _profile_at(key: str, cwd: str, stats: tuple) -> HardwareProfile:  # the files' stat in the key: edits reload
     return load_profile(key)
 
 

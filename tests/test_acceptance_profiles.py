@@ -175,7 +175,8 @@ def test_load_per_position_profile(tmp_path):
     ({"sigma_round": -1}, "sigma_round"),
     ({"domains": {"chat": {"conditional_acceptance": [0.9, 1.0]}}}, "domains.chat.conditional_acceptance"),
     ({"domains": {"chat": {"conditional_acceptance": "high"}}}, "domains.chat.conditional_acceptance"),
-    ({"domains": {"chat": {"alpha": [0.9]}}}, "domains.chat.conditional_acceptance"),
+    # a key the domain does not know, named with the one it needs (allowed: conditional_acceptance)
+    ({"domains": {"chat": {"alpha": [0.9]}}}, "domains.chat.alpha: unknown key; allowed: conditional_acceptance"),
     ({"domains": {"a": {"conditional_acceptance": [0.9]}, "b": {"conditional_acceptance": [0.9, 0.8]}}},
      "domains"),
     ({"sigma_rounds": 0.5}, "sigma_rounds"),

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from .._io import load_yaml, not_a_file, yaml_error_text
+from .._io import ANY_KEY, check_keys, load_yaml, not_a_file, yaml_error_text
 from ..errors import CalibrationError
 from .cost import BELOW_MIN_RULES, BEYOND_MAX_RULES, DrafterCost, Overheads, SPSTable
 from . import tables
@@ -177,6 +177,11 @@ def _list_profiles(files: tuple) -> tuple[tuple[tuple[str, Path], ...], tuple[tu
             unreadable.append((p, str(e)))
             continue
         if isinstance(doc, dict) and "name" in doc and "verify" in doc and ("measurements" in doc or "costs" in doc):
+            try:
+                _check_profile_keys(doc, str(p))
+            except CalibrationError as e:
+                unreadable.append((p, str(e)))
+                continue
             out.append((str(doc["name"]), p))
     return tuple(out), tuple(unreadable)
 
@@ -397,7 +402,7 @@ def profile_files(name_or_path: str | Path | None = None) -> tuple[Path, Path]:
 def _profile_source(name_or_path: str | Path | None) -> tuple[Path, Path, bool]:
     """:func:`profile_files`, and whether the profile is format 2 (a ``costs:`` table)."""
     path = _resolve_profile_path(name_or_path).resolve()
-    doc = _read_profile_doc(str(path), *_stat_key(path))
+    doc = _checked_profile_doc(str(path), *_stat_key(path))
     format2 = "costs" in doc
     key, what = ("costs", "cost table") if format2 else ("measurements", "measurements file")
     csv_path = path.parent / str(_require(doc, key, str(path)))
@@ -412,6 +417,38 @@ def _stat_key(path: Path) -> tuple[int, int]:
     return st.st_mtime_ns, st.st_size
 
 
+#: The keys a profile may hold, by section (:func:`memtp_sim._io.check_keys`): what the readers
+#: below read, and the ``*_source`` and note fields that document them. A ``select`` filters the
+#: measured rows by column (each reader checks the columns).
+_FREE = {ANY_KEY: None}
+_MEMORY_KEYS: dict[str, Any] = dict.fromkeys(
+    ("gpu_allocatable_gib", "gpu_allocatable_source", "weights_bytes", "weights_source", "reserve_gib",
+     "reserve_source", "kv_bytes_per_token", "kv_source", "kv_block_tokens", "kv_block_tokens_source", "max_model_len",
+     "max_model_len_source"))
+_PROFILE_KEYS_V1: dict[str, Any] = {
+    **dict.fromkeys(("name", "description", "chip", "model", "engine", "build", "format", "measurements")),
+    "verify": {"select": _FREE, "lookup": None, "beyond_max": None, "below_min": None, "caveats": None},
+    "memory": _MEMORY_KEYS,
+    "drafter": {"parallel_select": _FREE, "parallel_tests": dict.fromkeys(("small", "large")),
+                **dict.fromkeys(("parallel_time_scale", "parallel_mapping_note", "seq_head_rank", "seq_head_vocab",
+                                 "seq_head_bytes_per_param", "mem_bandwidth_gb_s", "mem_bandwidth_source",
+                                 "weights_gib", "weights_source", "kv_bytes_per_token", "kv_source"))},
+}
+_CURVE_KEYS: dict[str, Any] = {"select": _FREE, "context": {"ms_per_kv_token": None, "source": None},
+                               **dict.fromkeys(("reference_context", "tokens_per_request", "below_min", "beyond_max"))}
+_PROFILE_KEYS_V2: dict[str, Any] = {
+    **dict.fromkeys(("name", "description", "chip", "model", "engine", "build", "format", "costs", "caveats",
+                     "default_drafter")),
+    "select": _FREE, "verify": _CURVE_KEYS, "decode": _CURVE_KEYS, "prefill": _CURVE_KEYS, "memory": _MEMORY_KEYS,
+    "drafters": {ANY_KEY: {"select": _FREE, "sequential_head": dict.fromkeys(("rank", "vocab", "bytes_per_param",
+                                                                              "mem_bandwidth_gb_s")),
+                           **dict.fromkeys(("kind", "sequential_head_source", "weights_gib", "weights_source",
+                                            "time_scale", "kv_bytes_per_token", "kv_source", "note"))}},
+    "overheads": dict.fromkeys(("host_ms_per_round", "host_source", "planner_ms_per_round", "planner_source",
+                                "graph_sizes", "graph_source", "eager_factor")),
+}
+
+
 @lru_cache(maxsize=64)
 def _read_profile_doc(path_s: str, mtime_ns: int, size: int) -> dict[str, Any]:  # stat in the key: edits reload
     try:
@@ -422,6 +459,20 @@ def _read_profile_doc(path_s: str, mtime_ns: int, size: int) -> dict[str, Any]: 
         raise CalibrationError(f"{path_s}: not a UTF-8 text file (a hardware profile is YAML text)") from None
     if not isinstance(doc, dict):
         raise CalibrationError(f"{path_s}: expected a mapping at the top level")
+    return doc
+
+
+def _check_profile_keys(doc: dict[str, Any], path_s: str) -> None:
+    """Refuse a key a profile of its format does not know (a misspelled optional key would be read
+    as absent and its default used): one line naming the file, the key's path and what is allowed."""
+    check_keys(doc, _PROFILE_KEYS_V2 if "costs" in doc else _PROFILE_KEYS_V1, path_s, error=CalibrationError)
+
+
+@lru_cache(maxsize=64)
+def _checked_profile_doc(path_s: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    """:func:`_read_profile_doc` of a file that must be a profile, its keys checked once a version."""
+    doc = _read_profile_doc(path_s, mtime_ns, size)
+    _check_profile_keys(doc, path_s)
     return doc
 
 
