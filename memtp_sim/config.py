@@ -1188,6 +1188,10 @@ def format_validation_error(e: ValidationError, source: str, model: type[BaseMod
             # a section's check about one of its fields ("concurrency: ..." under workload): the
             # field's dotted path, as a field's own error has it (the dashboard shows it there)
             line = f"{source}: {field}.{head}: {rest}"
+        elif not named and sep and loc and re.fullmatch(r"\w+(\.\w+)+", head) and head.split(".")[0] == str(loc[-1]):
+            # a section's check naming its own path ("policy.gamam: ..." under base.policy): the
+            # path once, not the section twice (base.policy: policy.gamam)
+            line = f"{source}: {'.'.join(map(str, loc[:-1]))}{'.' if len(loc) > 1 else ''}{head}: {rest}"
         else:
             line = f"{source}: {msg}" if named else f"{source}: {field}: {msg}"
     else:

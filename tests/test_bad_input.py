@@ -78,6 +78,9 @@ def _edited_study(tmp_path, old: str, new: str):
     # (was depth 9 vs max_depth 7: a fixed depth no longer reads max_depth, see test_config_inputs)
     ("  engine:", "  memtp: {depth: elastic, initial_depth: 9, max_depth: 7}\n  engine:",
      "base.memtp.initial_depth: 9 exceeds max_depth 7"),
+    # a check that names its own section's path: the path once (was "base.policy: policy.gamam: ...")
+    ("policy: {name: no_spec}", "policy: {name: dspark, gamam: 5}",
+     "base.policy.gamam: unknown parameter of policy 'dspark'; allowed: gamma"),
 ])
 def test_a_sections_check_about_one_field_names_that_fields_path(tmp_path, capsys, old, new, path):
     """A check that spans a section (pydantic locates it at the section) still names the field
