@@ -6,18 +6,21 @@ Usage:
 
 Runs are matched by their labels (sweep values, policy) and seed, not by run id or row order; every
 numeric metric must agree to a relative 1e-9 (bit-for-bit in practice: same seeds, same random
-streams). Exits 1 and lists the first differences otherwise.
+streams). Exits 1 and lists the first differences otherwise; exits 2 with one line on bad input (a
+study the loader refuses, a missing reference), as `python -m memtp_sim run` does.
 """
 
 from __future__ import annotations
 
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from memtp_sim.config import load_study
+from memtp_sim.errors import CalibrationError, ConfigError
 from memtp_sim.study import run_study
 
 
@@ -37,7 +40,14 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     mode, study_path, ref = argv
-    table = _runs(study_path)
+    if mode == "compare" and not Path(ref).is_file():  # before the runs: they take minutes
+        print(f"error: {ref}: reference not found (make it with: save {study_path} {ref})", file=sys.stderr)
+        return 2
+    try:
+        table = _runs(study_path)
+    except (ConfigError, CalibrationError) as e:  # bad input, one line, not "different" (exit 1)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if mode == "save":
         table.to_csv(ref, index=False)
         print(f"saved {len(table)} runs to {ref}")
@@ -63,7 +73,8 @@ def main(argv: list[str]) -> int:
             bad = (a.astype(str) != b.astype(str)).to_numpy()
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            problems.append(f"{c}: {int(bad.sum())} runs differ, e.g. {common[i]}: {a.iloc[i]!r} -> {b.iloc[i]!r}")
+            was, now = (x.item() if isinstance(x, np.generic) else x for x in (a.iloc[i], b.iloc[i]))  # 20, not np.int64(20)
+            problems.append(f"{c}: {int(bad.sum())} runs differ, e.g. {common[i]}: {was!r} -> {now!r}")
     if problems:
         print("DIFFERENT:\n  " + "\n  ".join(problems))
         return 1

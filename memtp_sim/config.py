@@ -234,7 +234,10 @@ class AcceptanceConfig(StrictModel):
         try:
             model = self.build()
         except (CalibrationError, ValueError) as e:
-            raise ValueError(str(e).removeprefix("Value error, ")) from None
+            msg = str(e).removeprefix("Value error, ")
+            # a profile file's fault at the field that names it (acceptance.profile: FILE: ...), as
+            # hardware.profile's
+            raise ValueError(f"profile: {msg}" if self.profile is not None else msg) from None
         mix = self.resolved_mix(model.domains)
         unknown = sorted(set(mix) - set(model.domains))
         if unknown:

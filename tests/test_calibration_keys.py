@@ -118,3 +118,19 @@ def test_an_edited_calibration_file_is_read_again_by_the_next_run_in_the_process
     assert second["kv_capacity_blocks"] > 1.9 * first["kv_capacity_blocks"], (first["kv_capacity_blocks"],
                                                                                  second["kv_capacity_blocks"])
     assert first["tau"] > 4.5 and second["tau"] < 1.2, (first["tau"], second["tau"])
+
+
+def test_a_misspelled_acceptance_profile_key_is_named_at_the_profile_field(tmp_path, capsys):
+    # as a hardware profile's error sits at base.hardware.profile (it sat at base.acceptance)
+    doc = yaml.safe_load((CALIBRATION / "acceptance" / "dspark-qwen3.yaml").read_text())
+    doc["sigma_rond"] = doc["sigma_round"]
+    acc = tmp_path / "acc.yaml"
+    acc.write_text(yaml.safe_dump(doc))
+    study = tmp_path / "s.yaml"
+    trace = REPO / "data" / "traces" / "azure2023_conv.csv"
+    study.write_text(yaml.safe_dump({"name": "t", "base": {
+        "workload": {"trace": str(trace), "mode": "closed_loop", "concurrency": 1, "num_requests": 2},
+        "acceptance": {"profile": str(acc)}, "policy": {"name": "dspark"}}, "seeds": [0]}))
+    assert main(["run", str(study), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {study}: base.acceptance.profile: {acc}: sigma_rond: unknown key"), err
