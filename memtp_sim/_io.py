@@ -296,7 +296,6 @@ def read_yaml(path: str | os.PathLike[str], *, error: type[Exception] = ConfigEr
     return doc
 
 
-#: Environment variable naming the disk-cache folder; ``off`` (or ``0``, ``none``) disables it.
 #: In a :func:`check_keys` schema: a mapping whose keys are the user's (a column filter, named
 #: drafters); with ``{ANY_KEY: schema}``, each of its values follows ``schema``.
 ANY_KEY = "*"
@@ -351,6 +350,7 @@ def check_writable_dir(folder: str | os.PathLike[str], flag: str = "--out") -> N
         raise ConfigError(f"{folder}: cannot write results here ({e.strerror}); choose another {flag}") from None
 
 
+#: Environment variable naming the disk-cache folder; ``off`` (or ``0``, ``none``) disables it.
 CACHE_ENV = "MEMTP_SIM_CACHE_DIR"
 
 

@@ -73,19 +73,25 @@ def test_a_misspelled_key_anywhere_in_a_shipped_calibration_file_is_refused(tmp_
             loader(str(out))
 
 
+def _refused_study(tmp_path, capsys, **base):
+    """A one-run study of ``base`` (two requests, one user) that ``run`` must refuse with exit 2:
+    (the study file, the lines on stderr)."""
+    study = tmp_path / "s.yaml"
+    trace = REPO / "data" / "traces" / "azure2023_conv.csv"
+    study.write_text(yaml.safe_dump({"name": "t", "base": {
+        "workload": {"trace": str(trace), "mode": "closed_loop", "concurrency": 1, "num_requests": 2}, **base},
+        "seeds": [0]}))
+    assert main(["run", str(study), "--out", str(tmp_path / "out")]) == 2
+    return study, capsys.readouterr().err.strip().splitlines()
+
+
 def test_a_misspelled_optional_profile_key_is_one_line_from_the_cli(tmp_path, capsys):
     # the report: kv_blok_tokens ran with the default block size
     src = CALIBRATION / "gfx1151" / "llama31-8b-q4km-vulkan.yaml"
     doc = yaml.safe_load(src.read_text())
     doc["memory"]["kv_blok_tokens"] = doc["memory"].pop("kv_block_tokens", 16)
     prof = _copy(src, doc, tmp_path)
-    study = tmp_path / "s.yaml"
-    trace = REPO / "data" / "traces" / "azure2023_conv.csv"
-    study.write_text(yaml.safe_dump({"name": "t", "base": {
-        "workload": {"trace": str(trace), "mode": "closed_loop", "concurrency": 1, "num_requests": 2},
-        "hardware": {"profile": str(prof)}, "policy": {"name": "no_spec"}}, "seeds": [0]}))
-    assert main(["run", str(study), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    _, err = _refused_study(tmp_path, capsys, hardware={"profile": str(prof)}, policy={"name": "no_spec"})
     assert len(err) == 1 and "memory.kv_blok_tokens: unknown key; allowed: " in err[0] and "kv_block_tokens" in err[0], err
 
 
@@ -126,11 +132,5 @@ def test_a_misspelled_acceptance_profile_key_is_named_at_the_profile_field(tmp_p
     doc["sigma_rond"] = doc["sigma_round"]
     acc = tmp_path / "acc.yaml"
     acc.write_text(yaml.safe_dump(doc))
-    study = tmp_path / "s.yaml"
-    trace = REPO / "data" / "traces" / "azure2023_conv.csv"
-    study.write_text(yaml.safe_dump({"name": "t", "base": {
-        "workload": {"trace": str(trace), "mode": "closed_loop", "concurrency": 1, "num_requests": 2},
-        "acceptance": {"profile": str(acc)}, "policy": {"name": "dspark"}}, "seeds": [0]}))
-    assert main(["run", str(study), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    study, err = _refused_study(tmp_path, capsys, acceptance={"profile": str(acc)}, policy={"name": "dspark"})
     assert len(err) == 1 and err[0].startswith(f"error: {study}: base.acceptance.profile: {acc}: sigma_rond: unknown key"), err

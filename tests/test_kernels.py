@@ -877,19 +877,10 @@ _EDGES = st.sampled_from(_ON_EDGES) | st.sampled_from([e for e in _NEAR_EDGES if
 _SIGNED_EDGES = _EDGES | st.just(-0.0)  # -0.0 passes the [0, 1] check and ties 0.0
 
 
-@needs_kernels
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 4), st.integers(1, 40), st.sampled_from([1, 2, 3, 10, 15]), st.booleans(), st.data())
-def test_binned_rows_match_numpy_binning_on_edges_and_between(m, n, n_bins, shared, data):
-    # oracle: the numpy binning (_bin_index and np.bincount), run with the kernels switched off;
-    # values on the edges i / n_bins go to the lower bin, 0 to bin 0
+def _assert_binned_like_numpy(probs, outcomes, n_bins):
+    """The kernels' binning of ``probs`` equals the numpy binning (kernels off) bit for bit."""
     from memtp_sim.confidence import _binned_rows
 
-    probs = np.array(data.draw(st.lists(_EDGES, min_size=m * n, max_size=m * n))).reshape(m, n)
-    outcomes = np.array(data.draw(st.lists(st.booleans(), min_size=n if shared else m * n,
-                                           max_size=n if shared else m * n)))
-    if not shared:
-        outcomes = outcomes.reshape(m, n)
     got = _binned_rows(probs, outcomes, n_bins)
     try:
         _compiled.ENABLED = False
@@ -898,6 +889,20 @@ def test_binned_rows_match_numpy_binning_on_edges_and_between(m, n, n_bins, shar
         _compiled.ENABLED = True
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+
+
+@needs_kernels
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 40), st.sampled_from([1, 2, 3, 10, 15]), st.booleans(), st.data())
+def test_binned_rows_match_numpy_binning_on_edges_and_between(m, n, n_bins, shared, data):
+    # oracle: the numpy binning (_bin_index and np.bincount), run with the kernels switched off;
+    # values on the edges i / n_bins go to the lower bin, 0 to bin 0
+    probs = np.array(data.draw(st.lists(_EDGES, min_size=m * n, max_size=m * n))).reshape(m, n)
+    outcomes = np.array(data.draw(st.lists(st.booleans(), min_size=n if shared else m * n,
+                                           max_size=n if shared else m * n)))
+    if not shared:
+        outcomes = outcomes.reshape(m, n)
+    _assert_binned_like_numpy(probs, outcomes, n_bins)
 
 
 @needs_kernels
@@ -943,22 +948,13 @@ def test_binned_rows_match_numpy_binning_around_every_edge(n_bins):
     # oracle: the numpy binning (_bin_index's exact comparisons against the edges), kernels off.
     # Every edge i / n_bins, the ulps around it and values a little further off, where the
     # kernel's fast path (v * n more than 1e-6 from a whole number) hands over to the comparisons
-    from memtp_sim.confidence import _binned_rows
-
     edges = np.arange(n_bins + 1) / n_bins
     near = [edges, np.nextafter(edges, 0.0), np.nextafter(edges, 1.0),
             np.nextafter(np.nextafter(edges, 0.0), 0.0), np.nextafter(np.nextafter(edges, 1.0), 1.0)]
     near += [(np.arange(n_bins + 1) + d) / n_bins for d in (-3e-6, -1e-6, -5e-7, 5e-7, 1e-6, 3e-6)]
     probs = np.clip(np.concatenate(near), 0.0, 1.0)[:, None]  # a row each: every value's own bin compared
     outcomes = (np.arange(probs.size) % 3 == 0)[:, None]
-    got = _binned_rows(probs, outcomes, n_bins)
-    try:
-        _compiled.ENABLED = False
-        want = _binned_rows(probs, outcomes, n_bins)
-    finally:
-        _compiled.ENABLED = True
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+    _assert_binned_like_numpy(probs, outcomes, n_bins)
 
 
 @needs_kernels
